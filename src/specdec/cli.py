@@ -1,0 +1,220 @@
+"""`specdec` command line: generate, serve, bench. A thin layer over the Python API.
+
+Bad input never shows a traceback: it ends with one `specdec: error: ...` line
+on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from specdec.config import SamplingParams, SpecConfig, parse_spec_types
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage dump
+        raise UsageError(message)
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", default=None,
+                   help="GGUF file, HF folder or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--max-model-len", type=positive_int, default=4096, help="context length (tokens)")
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding (llama-server flag names)")
+    g.add_argument("--spec-type", default="none",
+                   help="none, ngram, ngram-map-k, ngram-map-k4v, suffix, draft-self, draft-model; "
+                        "a comma list chains them (the first that proposes wins)")
+    g.add_argument("--spec-draft-n-max", type=positive_int, default=None, help="most drafted tokens per step")
+    g.add_argument("--spec-draft-n-min", type=int, default=0, help="drop drafts shorter than this")
+    g.add_argument("--spec-draft-p-min", type=float, default=0.0, help="draft model stops below this probability")
+    g.add_argument("--spec-ngram-size-n", type=positive_int, default=12, help="longest n-gram matched")
+    g.add_argument("--spec-ngram-size-m", type=positive_int, default=48, help="most tokens an n-gram proposes")
+    g.add_argument("--spec-ngram-min-hits", type=positive_int, default=1)
+    g.add_argument("--draft-model", default=None, help="draft model for --spec-type draft-model")
+
+
+def spec_from_args(args: argparse.Namespace) -> SpecConfig:
+    try:
+        types = parse_spec_types(args.spec_type)
+        n_max = args.spec_draft_n_max or SpecConfig.draft_n_max
+        return SpecConfig(
+            types=types, draft_n_max=n_max, draft_n_min=args.spec_draft_n_min,
+            draft_p_min=args.spec_draft_p_min, ngram_size_n=args.spec_ngram_size_n,
+            ngram_size_m=args.spec_ngram_size_m, ngram_min_hits=args.spec_ngram_min_hits,
+            draft_model=args.draft_model,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="specdec", description="Lossless speculative decoding for open LLMs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    g = sub.add_parser("generate", help="generate text from a prompt")
+    g.add_argument("prompt", nargs="?", help="prompt text")
+    g.add_argument("--prompt-file", help="read the prompt from a file")
+    g.add_argument("--prompts-file", help="JSONL file, one {\"prompt\": ...} per line")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    g.add_argument("--system", help="system message (with --chat)")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--n", type=positive_int, default=1, help="independent samples per prompt")
+    g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
+    add_model_args(g)
+    add_spec_args(g)
+    from specdec.bench.cli import add_bench_args
+    from specdec.server.app import add_serve_args
+
+    add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
+    add_bench_args(sub.add_parser("bench", help="benchmark methods and peers side by side"))
+    return parser
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    given = [x for x in (args.prompt, args.prompt_file, args.prompts_file) if x is not None]
+    if len(given) != 1:
+        raise UsageError("give exactly one of PROMPT, --prompt-file or --prompts-file")
+    if args.prompt is not None:
+        prompts = [args.prompt]
+    elif args.prompt_file:
+        prompts = [_read_text(args.prompt_file)]
+    else:
+        prompts = []
+        for n, line in enumerate(_read_text(args.prompts_file).splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"{args.prompts_file}:{n}: invalid JSON ({exc.msg})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+                raise UsageError(f'{args.prompts_file}:{n}: expected an object with a "prompt" string')
+            prompts.append(row["prompt"])
+    if not prompts or any(not p.strip() for p in prompts):
+        raise UsageError("the prompt is empty")
+    return prompts
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
+    try:
+        return SamplingParams(
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+            top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop), n=args.n,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc).replace("max_new_tokens", "--max-new-tokens")) from None
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    prompts = read_prompts(args)
+    params = sampling_from_args(args)
+    spec = spec_from_args(args)
+    from specdec.llm import LLM
+
+    llm = LLM(args.model, dtype=args.dtype, spec=spec, max_model_len=args.max_model_len, device=args.device)
+    inputs: list[str | list[int]] = []
+    for p in prompts:
+        if args.chat:
+            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            inputs.append(llm.chat_prompt([*messages, {"role": "user", "content": p}]))
+        else:
+            inputs.append(p)
+    for ids in inputs:
+        llm.engine.check_prompt(llm.encode(ids))
+    llm.warmup()
+    for prompt in inputs:
+        if args.json:
+            out = llm.generate(prompt, params)[0]
+            record = {"text": out.text, "token_ids": out.token_ids, "finish_reason": out.choices[0].finish_reason,
+                      "stats": out.stats.to_dict()}
+            if params.n > 1:
+                record["choices"] = [{"text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
+                                     for c in out.choices]
+            print(json.dumps(record), flush=True)
+        else:
+            for i in range(params.n):
+                sample = params if params.n == 1 else _seeded(params, i)
+                for event in llm.stream(prompt, sample):
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+                    if event.finished:
+                        print()
+                        print(stats_line(event.stats, spec), file=sys.stderr)
+    return 0
+
+
+def _seeded(params: SamplingParams, i: int) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(params, n=1, seed=None if params.seed is None else params.seed + i)
+
+
+def stats_line(stats, spec: SpecConfig) -> str:
+    line = (f"[specdec] {stats.new_tokens} tokens in {stats.seconds:.2f} s ({stats.tokens_per_s:.1f} tok/s), "
+            f"{stats.target_forwards} target passes")
+    if spec.enabled:
+        line += (f" | {','.join(t.value for t in spec.types)}: drafted {stats.drafted}, accepted {stats.accepted} "
+                 f"(alpha {stats.acceptance_rate:.2f}), tau {stats.mean_accepted_len:.2f}, "
+                 f"draft {stats.draft_seconds:.2f} s, verify {stats.verify_seconds:.2f} s")
+    return line
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from specdec.model.weights import ModelLoadError
+
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "generate":
+            return cmd_generate(args)
+        if args.command == "serve":
+            from specdec.server.app import cmd_serve
+
+            return cmd_serve(args)
+        from specdec.bench.cli import cmd_bench
+
+        return cmd_bench(args)
+    except (UsageError, ModelLoadError, ValueError) as exc:
+        print(f"specdec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specdec: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

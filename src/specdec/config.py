@@ -1,0 +1,134 @@
+"""Frozen configuration dataclasses: the model, sampling and speculation settings."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a decoder-only transformer; family differences are flags."""
+
+    arch: str  # "llama", "qwen2", "qwen3", "mistral", "gemma3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int = 8192
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # llama3-style {"rope_type": "llama3", "factor", ...}
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # qkv bias (Qwen2)
+    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3, Gemma3)
+    # Gemma3 flags
+    norm_offset: bool = False  # RMSNorm weight is (1 + w)
+    sandwich_norm: bool = False  # extra norms after attention and MLP
+    embed_scale: bool = False  # multiply embeddings by sqrt(hidden)
+    hidden_act: str = "silu"  # "silu" or "gelu_pytorch_tanh"
+    query_pre_attn_scalar: float | None = None
+    sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] = ()  # layers that attend within sliding_window only
+    rope_local_base_freq: float | None = None
+    final_logit_softcapping: float | None = None
+    attn_logit_softcapping: float | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def layer_is_sliding(self, layer: int) -> bool:
+        return self.sliding_window is not None and layer in self.sliding_layers
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen. temperature == 0 means greedy."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p < 1:
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class SpecType(str, enum.Enum):
+    """Drafting methods, named as llama-server's --spec-type values."""
+
+    NONE = "none"
+    NGRAM = "ngram"
+    NGRAM_MAP_K = "ngram-map-k"
+    NGRAM_MAP_K4V = "ngram-map-k4v"
+    SUFFIX = "suffix"
+    DRAFT_SELF = "draft-self"
+    DRAFT_MODEL = "draft-model"
+
+
+def parse_spec_types(text: str) -> tuple[SpecType, ...]:
+    """'suffix,draft-model' -> (SpecType.SUFFIX, SpecType.DRAFT_MODEL); raises ValueError."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    valid = ", ".join(t.value for t in SpecType)
+    out = []
+    for name in names:
+        try:
+            out.append(SpecType(name))
+        except ValueError:
+            raise ValueError(f"unknown spec type {name!r}; choose from: {valid}") from None
+    if not out:
+        raise ValueError(f"empty spec type; choose from: {valid}")
+    if SpecType.NONE in out and len(out) > 1:
+        raise ValueError("'none' cannot be combined with other spec types")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculation settings (llama-server flag names in comments)."""
+
+    types: tuple[SpecType, ...] = (SpecType.NONE,)  # --spec-type, comma list = chain
+    draft_n_max: int = 8  # --spec-draft-n-max: most tokens drafted per step
+    draft_n_min: int = 0  # --spec-draft-n-min: drop drafts shorter than this
+    draft_p_min: float = 0.0  # --spec-draft-p-min: draft model stops below this top prob
+    ngram_size_n: int = 12  # --spec-ngram-size-n: longest n-gram matched
+    ngram_size_m: int = 48  # --spec-ngram-size-m: most tokens proposed by n-gram lookup
+    ngram_min_hits: int = 1  # --spec-ngram-min-hits
+    draft_model: str | None = None  # --draft-model
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.draft_n_max < 1:
+            raise ValueError(f"spec draft n max must be >= 1, got {self.draft_n_max}")
+        if not 0 <= self.draft_n_min <= self.draft_n_max:
+            raise ValueError("spec draft n min must be in [0, draft n max]")
+        if self.ngram_size_n < 1 or self.ngram_size_m < 1:
+            raise ValueError("ngram sizes must be >= 1")
+        if SpecType.DRAFT_MODEL in self.types and not self.draft_model:
+            raise ValueError("--spec-type draft-model needs --draft-model")
+
+    @property
+    def enabled(self) -> bool:
+        return self.types != (SpecType.NONE,)

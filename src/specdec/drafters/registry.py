@@ -1,0 +1,72 @@
+"""SpecType -> drafter class, and the state drafters share across requests."""
+
+from __future__ import annotations
+
+from specdec.config import SpecConfig, SpecType
+from specdec.drafters.base import ChainedDrafter, Drafter
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.draft_self import DraftSelfDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.ngram_map import NgramMapDrafter, NgramMapK4VDrafter
+from specdec.drafters.suffix import SuffixCache, SuffixDrafter
+from specdec.model.weights import ModelLoadError
+from specdec.runner import ModelRunner, load_runner
+
+TOKEN_DRAFTERS: dict[SpecType, type] = {
+    SpecType.NGRAM: NgramDrafter,
+    SpecType.NGRAM_MAP_K: NgramMapDrafter,
+    SpecType.NGRAM_MAP_K4V: NgramMapK4VDrafter,
+    SpecType.DRAFT_SELF: DraftSelfDrafter,
+}
+
+
+class DraftResources:
+    """Shared by all requests of one engine: the suffix cache and the draft model."""
+
+    def __init__(
+        self,
+        spec: SpecConfig,
+        target: ModelRunner,
+        tokenizer,
+        max_num_seqs: int = 1,
+        dtype: str = "float32",
+        device: str | None = None,
+    ) -> None:
+        self.spec = spec
+        self.suffix_cache = SuffixCache() if SpecType.SUFFIX in spec.types else None
+        self.draft_runner: ModelRunner | None = None
+        if SpecType.DRAFT_MODEL in spec.types:
+            self.draft_runner, folder = load_runner(
+                spec.draft_model, dtype=dtype, device=device,
+                max_seq_len=target.max_seq_len, num_slots=max_num_seqs,
+            )
+            check_same_vocab(target, self.draft_runner, tokenizer, folder)
+
+    def new_drafter(self) -> Drafter | None:
+        """A fresh drafter for one request (None when speculation is off)."""
+        if not self.spec.enabled:
+            return None
+        drafters = [self._make(t) for t in self.spec.types]
+        return drafters[0] if len(drafters) == 1 else ChainedDrafter(drafters)
+
+    def _make(self, kind: SpecType) -> Drafter:
+        if kind in TOKEN_DRAFTERS:
+            return TOKEN_DRAFTERS[kind].from_config(self.spec)
+        if kind is SpecType.SUFFIX:
+            return SuffixDrafter.from_config(self.spec, cache=self.suffix_cache)
+        if kind is SpecType.DRAFT_MODEL:
+            assert self.draft_runner is not None
+            return DraftModelDrafter(self.draft_runner, p_min=self.spec.draft_p_min)
+        raise ValueError(f"no drafter for spec type {kind.value}")
+
+
+def check_same_vocab(target: ModelRunner, draft: ModelRunner, tokenizer, draft_folder) -> None:
+    """A draft model must share the target's tokenizer: its token ids mean the same text."""
+    from specdec.text import load_tokenizer
+
+    draft_tok = load_tokenizer(draft_folder)
+    if target.vocab_size != draft.vocab_size or tokenizer.get_vocab() != draft_tok.get_vocab():
+        raise ModelLoadError(
+            f"the draft model's vocabulary ({draft.vocab_size} tokens) differs from the target's "
+            f"({target.vocab_size}); a draft model needs the same tokenizer"
+        )

@@ -1,0 +1,187 @@
+"""The draft -> verify -> commit loop, for one sequence or a batch of them.
+
+State of a sequence between steps: the KV cache holds every committed token but
+the newest one, the *root*. A step drafts tokens after the root, runs the root
+and the draft through the target in one pass, lets the verifier keep a prefix
+(plus one recovered or bonus token), and compacts the cache to the kept path.
+Plain decoding is the same step with an empty draft.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.config import SamplingParams
+from specdec.drafters.base import Drafter, DraftProposal
+from specdec.runner import ModelRunner, SeqInput
+from specdec.sampling import make_generator
+from specdec.stats import SpecStats
+from specdec.verify import verify
+
+
+class ContextOverflowError(ValueError):
+    """The prompt does not fit in the model's context."""
+
+
+@dataclass
+class Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams
+    drafter: Drafter | None = None
+    should_stop: Callable[[list[int]], bool] | None = None  # e.g. a stop string was produced
+    tokens: list[int] = field(default_factory=list)  # prompt + output: every committed token
+    slot: int = -1
+    generator: torch.Generator | None = None
+    stats: SpecStats = field(default_factory=SpecStats)
+    finish_reason: str | None = None  # "stop" or "length"
+
+    def __post_init__(self) -> None:
+        self.tokens = list(self.prompt_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[len(self.prompt_ids) :]
+
+    @property
+    def num_output(self) -> int:
+        return len(self.tokens) - len(self.prompt_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class Draft:
+    seq: Sequence
+    proposal: DraftProposal
+    cache_len: int  # the sequence's cache length before this pass
+
+
+class Engine:
+    def __init__(self, runner: ModelRunner, draft_n_max: int = 8, draft_n_min: int = 0) -> None:
+        self.runner = runner
+        self.draft_n_max = draft_n_max
+        self.draft_n_min = draft_n_min
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def check_prompt(self, prompt_ids: list[int]) -> None:
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_ids) >= self.runner.max_seq_len:
+            raise ContextOverflowError(
+                f"the prompt has {len(prompt_ids)} tokens but the context holds "
+                f"{self.runner.max_seq_len}; shorten it or raise --max-model-len"
+            )
+
+    def start(self, seqs: list[Sequence]) -> None:
+        """Allocate cache slots and prefill every prompt but its last token (the first root)."""
+        for seq in seqs:
+            self.check_prompt(seq.prompt_ids)
+            seq.slot = self.runner.allocate()
+            seq.stats.prompt_tokens = len(seq.prompt_ids)
+            if not seq.params.greedy:
+                seq.generator = make_generator(seq.params.seed, self.runner.device)
+            if seq.drafter is not None:
+                seq.drafter.begin(seq.prompt_ids, seq.params)
+        todo = [s for s in seqs if len(s.prompt_ids) > 1]
+        if todo:
+            out = self.runner.run([SeqInput(s.slot, s.prompt_ids[:-1], all_logits=False) for s in todo])
+            for s in todo:
+                s.stats.target_forwards += 1
+                s.stats.prefill_seconds += out.seconds
+                s.stats.verify_seconds += out.seconds
+
+    def finish(self, seq: Sequence) -> None:
+        if seq.slot >= 0:
+            self.runner.free(seq.slot)
+            seq.slot = -1
+        if seq.drafter is not None:
+            seq.drafter.end(seq.tokens)
+
+    # -- one step ----------------------------------------------------------------------------
+    def step(self, seqs: list[Sequence]) -> list[list[int]]:
+        """Draft, verify and commit once for every running sequence; return each one's new tokens."""
+        drafts = [self._draft(seq) for seq in seqs]
+        inputs = [
+            SeqInput(d.seq.slot, [d.seq.tokens[-1], *d.proposal.token_ids], self._parents(d.proposal))
+            for d in drafts
+        ]
+        out = self.runner.run(inputs)
+        return [self._commit(d, logits, out.seconds) for d, logits in zip(drafts, out.logits, strict=True)]
+
+    def _draft(self, seq: Sequence) -> Draft:
+        cache_len = self.runner.lengths[seq.slot]
+        room = min(
+            self.draft_n_max,
+            seq.params.max_new_tokens - seq.num_output - 1,  # the bonus token needs a place too
+            self.runner.max_seq_len - cache_len - 2,
+        )
+        proposal = DraftProposal([])
+        if seq.drafter is not None and room > 0:
+            t0 = time.perf_counter()
+            proposal = seq.drafter.propose(seq.tokens, room)
+            seq.stats.draft_seconds += time.perf_counter() - t0
+            if len(proposal) > room:
+                raise RuntimeError(f"drafter {seq.drafter.name} proposed {len(proposal)} > {room} tokens")
+            if not self.runner.supports_trees:
+                proposal = proposal.first_path()
+            if len(proposal) < self.draft_n_min:
+                proposal = DraftProposal([])
+        return Draft(seq, proposal, cache_len)
+
+    @staticmethod
+    def _parents(proposal: DraftProposal) -> list[int] | None:
+        return None if proposal.is_chain else [-1, *proposal.parents]
+
+    def _commit(self, d: Draft, logits: torch.Tensor, pass_seconds: float) -> list[int]:
+        seq, stats = d.seq, d.seq.stats
+        result = verify(
+            d.proposal.to_tree(seq.tokens[-1]), logits, seq.params, d.proposal.probs, seq.generator
+        )
+        self.runner.commit(seq.slot, d.cache_len, result.path)
+        new = self._truncate(seq, result.token_ids)
+        seq.tokens.extend(new)
+        if seq.drafter is not None:
+            seq.drafter.accept(seq.tokens, result.num_accepted)
+        stats.target_forwards += 1
+        stats.decode_passes += 1
+        stats.decode_tokens += len(result.token_ids)
+        stats.new_tokens += len(new)
+        stats.verify_seconds += pass_seconds
+        stats.record_draft(len(d.proposal), result.num_accepted)
+        if seq.finish_reason is None and seq.should_stop is not None and seq.should_stop(seq.output_ids):
+            seq.finish_reason = "stop"
+        if seq.finish_reason is None and self.runner.lengths[seq.slot] + 2 >= self.runner.max_seq_len:
+            seq.finish_reason = "length"
+        return new
+
+    def _truncate(self, seq: Sequence, tokens: list[int]) -> list[int]:
+        """Cut the step's tokens at EOS or max_new_tokens, setting the finish reason."""
+        left = seq.params.max_new_tokens - seq.num_output
+        if not seq.params.ignore_eos:
+            for i, tok in enumerate(tokens[:left]):
+                if tok in self.runner.eos_token_ids:
+                    seq.finish_reason = "stop"
+                    return tokens[: i + 1]
+        if len(tokens) >= left:
+            seq.finish_reason = "length"
+        return tokens[:left]
+
+    # -- one sequence to the end ---------------------------------------------------------------
+    def generate(self, seq: Sequence) -> Iterator[list[int]]:
+        """Run ``seq`` alone until it finishes, yielding the tokens committed by each step."""
+        t0 = time.perf_counter()
+        try:
+            self.start([seq])
+            while not seq.finished:
+                new = self.step([seq])[0]
+                seq.stats.seconds = time.perf_counter() - t0
+                yield new
+        finally:
+            seq.stats.seconds = time.perf_counter() - t0
+            self.finish(seq)

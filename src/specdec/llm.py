@@ -1,0 +1,156 @@
+"""The Python API: ``LLM(model=...).generate(prompts, SamplingParams)``, in the spirit of vLLM's LLM."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+from specdec.config import SamplingParams, SpecConfig, SpecType, parse_spec_types
+from specdec.drafters.registry import DraftResources
+from specdec.engine import Engine, Sequence
+from specdec.model.weights import ModelLoadError
+from specdec.runner import load_runner
+from specdec.stats import SpecStats
+from specdec.text import StopChecker, TextStream, load_tokenizer
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+
+
+@dataclass
+class Output:
+    prompt: str | list[int]
+    prompt_token_ids: list[int]
+    choices: list[Completion]
+    stats: SpecStats = field(default_factory=SpecStats)
+
+    @property
+    def text(self) -> str:
+        return self.choices[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.choices[0].token_ids
+
+
+@dataclass
+class StreamEvent:
+    text: str  # new text since the previous event
+    token_ids: list[int]  # tokens committed by this step
+    finished: bool
+    finish_reason: str | None = None
+    stats: SpecStats | None = None  # on the last event
+
+
+class LLM:
+    """Load a model (GGUF, local folder or hub id; None = the embedded default) and generate.
+
+    ``spec`` is a SpecConfig, or a --spec-type string such as "ngram" or "suffix,draft-model".
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        dtype: str = "float32",
+        spec: SpecConfig | str | None = None,
+        max_model_len: int = 4096,
+        device: str | None = None,
+        max_num_seqs: int = 1,
+    ) -> None:
+        if isinstance(spec, str):
+            spec = SpecConfig(types=parse_spec_types(spec))
+        self.spec = spec or SpecConfig()
+        self.runner, self.folder = load_runner(
+            model, dtype=dtype, device=device, max_seq_len=max_model_len, num_slots=max_num_seqs
+        )
+        self.tokenizer = load_tokenizer(self.folder)
+        self.drafts = DraftResources(self.spec, self.runner, self.tokenizer, max_num_seqs, dtype, device)
+        self.engine = Engine(self.runner, self.spec.draft_n_max, self.spec.draft_n_min)
+        self.model_name = str(model) if model else "SmolLM2-135M-Instruct"
+
+    # -- prompts -------------------------------------------------------------------------------
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, list):
+            return prompt
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        return self.tokenizer(prompt).input_ids
+
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of ``messages`` under the model's chat template."""
+        if not messages:
+            raise ValueError("messages is empty")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("this model has no chat template")
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    # -- generation ----------------------------------------------------------------------------
+    def new_sequence(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        stop = StopChecker(self.tokenizer, params.stop) if params.stop else None
+        return Sequence(prompt_ids, params, drafter=self.drafts.new_drafter(), should_stop=stop)
+
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[StreamEvent]:
+        """Generate one completion, yielding text as each step commits tokens."""
+        params = params or SamplingParams()
+        seq = self.new_sequence(self.encode(prompt), params)
+        text = TextStream(self.tokenizer, params.stop)
+        for new in self.engine.generate(seq):
+            delta = text.push(seq.output_ids)
+            if not seq.finished:
+                yield StreamEvent(delta, new, False)
+            else:
+                delta += text.flush(seq.output_ids)
+                yield StreamEvent(delta, new, True, seq.finish_reason, seq.stats)
+
+    def generate(
+        self, prompts: str | list[int] | Seq[str | list[int]], params: SamplingParams | None = None
+    ) -> list[Output]:
+        """One Output per prompt; with params.n > 1, n independent samples per prompt."""
+        params = params or SamplingParams()
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        outputs = []
+        for prompt in prompts:
+            ids = self.encode(prompt)
+            self.engine.check_prompt(ids)
+            out = Output(prompt, ids, [])
+            t0 = time.perf_counter()
+            for i in range(params.n):
+                seed = None if params.seed is None else params.seed + i
+                sample_params = _replace(params, seed=seed)
+                text, tokens, reason, stats = self._run_one(ids, sample_params)
+                out.choices.append(Completion(text, tokens, reason))
+                out.stats.merge(stats)
+            out.stats.seconds = time.perf_counter() - t0
+            outputs.append(out)
+        return outputs
+
+    def _run_one(self, ids: list[int], params: SamplingParams) -> tuple[str, list[int], str | None, SpecStats]:
+        seq = self.new_sequence(ids, params)
+        for _ in self.engine.generate(seq):
+            pass
+        text = TextStream(self.tokenizer, params.stop).final(seq.output_ids)
+        return text, seq.output_ids, seq.finish_reason, seq.stats
+
+    def warmup(self) -> None:
+        """One short generation so timings exclude first-call costs (allocations, kernel picks)."""
+        self.generate("Hello", SamplingParams(max_new_tokens=4))
+
+
+def _replace(params: SamplingParams, **changes) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(params, **changes)
+
+
+__all__ = ["LLM", "Output", "Completion", "StreamEvent", "SamplingParams", "SpecConfig", "SpecType",
+           "ModelLoadError"]

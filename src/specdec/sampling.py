@@ -1,0 +1,50 @@
+"""Logits -> probabilities under SamplingParams, and seeded sampling.
+
+The same ``probs_from_logits`` turns both target and draft logits into the p and
+q of rejection sampling: applying temperature, top-k, top-p and min-p
+identically to both is what keeps speculative sampling lossless.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.config import SamplingParams
+
+
+def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[N, V] float logits -> [N, V] probabilities after temperature/top-k/top-p/min-p."""
+    logits = logits.float() / max(params.temperature, 1e-5)
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        # Drop a token when the mass strictly before it already reaches top_p (the top one stays).
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        drop_sorted = before >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+    if params.min_p > 0.0:
+        top = probs.max(dim=-1, keepdim=True).values
+        probs = probs.masked_fill(probs < params.min_p * top, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """[N, V] probabilities -> [N] sampled token ids."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def uniform(n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    return torch.rand(n, generator=generator, device=device)

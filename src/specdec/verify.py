@@ -1,0 +1,119 @@
+"""The verifier: the only place that decides which drafted tokens are kept.
+
+Terms (as in vLLM's rejection sampler):
+- accepted tokens: drafted tokens the target agrees with;
+- recovered token: at the first rejection, a token drawn from the residual
+  max(0, p - q) / sum(max(0, p - q)) (greedy: the target's argmax);
+- bonus token: when every drafted token on the path is accepted, one more token
+  drawn from the target's distribution after the last of them.
+
+Every verify returns the accepted tokens plus exactly one recovered or bonus
+token, so a step always makes progress. Verification is lossless: greedy output
+equals plain greedy decoding, sampled output has the target's distribution.
+
+Inputs use the tree layout of ``specdec.tree``: node 0 is the root (the newest
+committed token), nodes 1..N are drafted tokens; ``target_logits[i]`` is the
+target's prediction for the token after node i. A chain is the tree where node
+i's parent is i - 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.config import SamplingParams
+from specdec.sampling import probs_from_logits, sample
+from specdec.tree import DraftTree
+
+
+@dataclass
+class VerifyResult:
+    token_ids: list[int]  # accepted drafted tokens, then one recovered or bonus token
+    path: list[int]  # tree nodes kept in the KV cache: the root, then the accepted nodes
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.token_ids) - 1
+
+
+def verify(
+    tree: DraftTree,
+    target_logits: torch.Tensor,
+    params: SamplingParams,
+    draft_probs: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> VerifyResult:
+    """target_logits: [N+1, V]; draft_probs: [N, V] q of each drafted node, None = one-hot."""
+    if params.greedy:
+        return verify_greedy(tree, target_logits)
+    assert generator is not None, "sampling needs a generator"
+    return verify_sampling(tree, probs_from_logits(target_logits, params), draft_probs, generator)
+
+
+def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
+    """Follow the child whose token is the target's argmax, as long as one exists.
+
+    Example: chain r -> a -> b -> c with argmax [a, b, x, y]: a and b are
+    accepted, c is rejected, the recovered token is x: tokens [a, b, x].
+    """
+    best = target_logits.argmax(dim=-1).tolist()  # the one host sync
+    node, path = 0, [0]
+    while True:
+        nxt = next((c for c in tree.children[node] if tree.tokens[c] == best[node]), None)
+        if nxt is None:
+            break
+        node = nxt
+        path.append(node)
+    return VerifyResult([tree.tokens[n] for n in path[1:]] + [best[node]], path)
+
+
+def verify_sampling(
+    tree: DraftTree,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    generator: torch.Generator,
+) -> VerifyResult:
+    """Recursive rejection sampling over the tree (SpecInfer's multi-draft rule).
+
+    At node u with target distribution p, try u's children in order. Child c
+    with token x, drawn from q_c, is accepted with probability min(1, p(x) / q_c(x));
+    on acceptance move to c, on rejection set p <- norm(max(0, p - q_c)) and try
+    the next child. When no child is accepted, sample from the current p (the
+    recovered token; the bonus token at a leaf). A deterministic drafter's q_c is
+    one-hot at x, so acceptance has probability p(x) and the residual is p with x
+    removed: sampling without replacement, which keeps the marginal exactly p.
+    """
+    device = target_probs.device
+    node, path = 0, [0]
+    while True:
+        p = target_probs[node]
+        moved = False
+        for c in tree.children[node]:
+            x = tree.tokens[c]
+            q = None if draft_probs is None else draft_probs[c - 1]
+            q_x = 1.0 if q is None else float(q[x])
+            p_x = float(p[x])
+            u = float(torch.rand(1, generator=generator, device=device))
+            if q_x > 0 and u < min(1.0, p_x / q_x):
+                node, moved = c, True
+                path.append(c)
+                break
+            p = _residual(p, q, x)
+        if not moved:
+            token = int(sample(p.unsqueeze(0), generator)[0])
+            return VerifyResult([tree.tokens[n] for n in path[1:]] + [token], path)
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor | None, x: int) -> torch.Tensor:
+    """norm(max(0, p - q)); q None means one-hot at x."""
+    if q is None:
+        r = p.clone()
+        r[x] = 0.0
+    else:
+        r = torch.clamp(p - q, min=0.0)
+    total = r.sum()
+    # total == 0 only when p <= q everywhere, i.e. p == q: then every draft is accepted
+    # with probability 1 and this is unreachable; guard against rounding anyway.
+    return r / total if total > 0 else p
