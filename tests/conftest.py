@@ -35,9 +35,14 @@ def default_model_folder() -> Path:
 
 def build_tiny_model(
     folder: Path, arch: str, tokenizer_folder: Path, seed: int = 0, logit_scale: float = 1.0,
-    num_layers: int = 2,
+    num_layers: int = 2, bigram: bool = False,
 ) -> Path:
-    """Save a random ``arch`` model with the real tokenizer under ``folder``."""
+    """Save a random ``arch`` model with the real tokenizer under ``folder``.
+
+    bigram=True zeroes the attention outputs, so the next-token distribution depends
+    on the last token only: greedy chains of it are predictable, which lets tests
+    build prompts whose look-up drafts the model often accepts.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -65,6 +70,10 @@ def build_tiny_model(
                 p.normal_(0.0 if arch == "gemma3" else 1.0, 0.1)
             else:
                 p.normal_(0.0, 0.2)
+        if bigram:
+            for name, p in model.named_parameters():
+                if "o_proj" in name:
+                    p.zero_()
         head = model.get_output_embeddings()
         if logit_scale != 1.0 and not config.tie_word_embeddings:
             head.weight.mul_(logit_scale)
@@ -79,11 +88,13 @@ def build_tiny_model(
 def tiny_model_factory(tmp_path_factory, default_model_folder):
     cache: dict[tuple, Path] = {}
 
-    def make(arch: str = "llama", seed: int = 0, logit_scale: float = 1.0, num_layers: int = 2) -> Path:
-        key = (arch, seed, logit_scale, num_layers)
+    def make(
+        arch: str = "llama", seed: int = 0, logit_scale: float = 1.0, num_layers: int = 2, bigram: bool = False
+    ) -> Path:
+        key = (arch, seed, logit_scale, num_layers, bigram)
         if key not in cache:
             folder = tmp_path_factory.mktemp(f"tiny-{arch}-{seed}")
-            cache[key] = build_tiny_model(folder, arch, default_model_folder, seed, logit_scale, num_layers)
+            cache[key] = build_tiny_model(folder, arch, default_model_folder, seed, logit_scale, num_layers, bigram)
         return cache[key]
 
     return make

