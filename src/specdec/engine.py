@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.adaptive import DraftLengthPolicy, PassCost
 from specdec.config import SamplingParams
 from specdec.drafters.base import Drafter, DraftProposal
 from specdec.runner import ModelRunner, SeqInput
@@ -37,6 +38,7 @@ class Sequence:
     slot: int = -1
     generator: torch.Generator | None = None
     stats: SpecStats = field(default_factory=SpecStats)
+    policy: DraftLengthPolicy = field(default_factory=DraftLengthPolicy)
     finish_reason: str | None = None  # "stop" or "length"
 
     def __post_init__(self) -> None:
@@ -63,10 +65,15 @@ class Draft:
 
 
 class Engine:
-    def __init__(self, runner: ModelRunner, draft_n_max: int = 8, draft_n_min: int = 0) -> None:
+    def __init__(
+        self, runner: ModelRunner, draft_n_max: int = 8, draft_n_min: int = 0, adaptive: bool = True
+    ) -> None:
         self.runner = runner
         self.draft_n_max = draft_n_max
         self.draft_n_min = draft_n_min
+        # Dynamic K: draft only what pays for its verification (see adaptive.py).
+        self.adaptive = adaptive
+        self.pass_cost = PassCost()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def check_prompt(self, prompt_ids: list[int]) -> None:
@@ -106,18 +113,22 @@ class Engine:
     # -- one step ----------------------------------------------------------------------------
     def step(self, seqs: list[Sequence]) -> list[list[int]]:
         """Draft, verify and commit once for every running sequence; return each one's new tokens."""
-        drafts = [self._draft(seq) for seq in seqs]
+        drafts = [self._draft(seq, others=len(seqs) - 1) for seq in seqs]
         inputs = [
             SeqInput(d.seq.slot, [d.seq.tokens[-1], *d.proposal.token_ids], self._parents(d.proposal))
             for d in drafts
         ]
         out = self.runner.run(inputs)
+        self.pass_cost.observe(sum(len(i.token_ids) for i in inputs), out.seconds)
         return [self._commit(d, logits, out.seconds) for d, logits in zip(drafts, out.logits, strict=True)]
 
-    def _draft(self, seq: Sequence) -> Draft:
+    def _draft(self, seq: Sequence, others: int) -> Draft:
         cache_len = self.runner.lengths[seq.slot]
+        k = self.draft_n_max
+        if self.adaptive and seq.drafter is not None:
+            k = seq.policy.choose(self.pass_cost, k, others)
         room = min(
-            self.draft_n_max,
+            k,
             seq.params.max_new_tokens - seq.num_output - 1,  # the bonus token needs a place too
             self.runner.max_seq_len - cache_len - 2,
         )
@@ -154,6 +165,7 @@ class Engine:
         stats.new_tokens += len(new)
         stats.verify_seconds += pass_seconds
         stats.record_draft(len(d.proposal), result.num_accepted)
+        seq.policy.observe(len(d.proposal), result.num_accepted)
         if seq.finish_reason is None and seq.should_stop is not None and seq.should_stop(seq.output_ids):
             seq.finish_reason = "stop"
         if seq.finish_reason is None and self.runner.lengths[seq.slot] + 2 >= self.runner.max_seq_len:
