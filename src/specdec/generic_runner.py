@@ -70,5 +70,7 @@ class GenericRunner(ModelRunner):
     def commit(self, slot: int, start: int, keep: list[int]) -> None:
         if keep != list(range(len(keep))):
             raise ValueError("the generic runner keeps chain prefixes only")
+        remove = self.lengths[slot] - (start + len(keep))
+        if remove > 0:
+            self.caches[slot].crop(-remove)  # a negative count means "drop this many" in 4.x and 5.x alike
         self.lengths[slot] = start + len(keep)
-        self.caches[slot].crop(self.lengths[slot])
