@@ -10,7 +10,9 @@ mask and rope factors are built once per forward, not per layer.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +20,7 @@ from torch import nn
 
 from specdec.cache import KVCache
 from specdec.config import ModelConfig
-from specdec.model.matmul import MAKERS, Linear, pick_backend
+from specdec.model.matmul import MAKERS, Linear, numpy_linear, pick_backend
 
 
 @dataclass
@@ -98,8 +100,7 @@ class Layer(nn.Module):
         self.gate_up: Linear
         self.down: Linear
 
-    def bind_linears(self, backend: str) -> None:
-        make = MAKERS[backend]
+    def bind_linears(self, make: Callable[..., Linear]) -> None:
         self.qkv = make(self.wqkv, self.bqkv)
         self.o = make(self.wo)
         self.gate_up = make(self.w_gate_up)
@@ -133,9 +134,14 @@ class Transformer(nn.Module):
         """Choose how linear layers multiply (see ``matmul``); call after the weights are loaded."""
         if backend == "auto":
             backend = pick_backend(self.layers[0].w_gate_up)
+        make = MAKERS[backend]
+        if backend == "numpy":
+            # A second weight layout speeds verification ~20%; skip it for big models.
+            weight_bytes = sum(p.numel() * p.element_size() for p in self.parameters())
+            make = partial(numpy_linear, dual=weight_bytes < 2 * 2**30)
         for layer in self.layers:
-            layer.bind_linears(backend)
-        self.head = MAKERS[backend](self.lm_head)
+            layer.bind_linears(make)
+        self.head = make(self.lm_head)
         self.matmul_backend = backend
         return backend
 
