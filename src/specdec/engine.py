@@ -114,6 +114,11 @@ class Engine:
     def step(self, seqs: list[Sequence]) -> list[list[int]]:
         """Draft, verify and commit once for every running sequence; return each one's new tokens."""
         drafts = [self._draft(seq, others=len(seqs) - 1) for seq in seqs]
+        # A batched pass pads every row to the widest one, and each row writes that many
+        # cache entries: cut drafts so the padded width fits the fullest row's cache.
+        width = min(self.runner.max_seq_len - d.cache_len for d in drafts)
+        for d in drafts:
+            d.proposal = d.proposal.truncate(width - 1)
         inputs = [
             SeqInput(d.seq.slot, [d.seq.tokens[-1], *d.proposal.token_ids], self._parents(d.proposal))
             for d in drafts

@@ -51,6 +51,14 @@ class DraftProposal:
     def is_chain(self) -> bool:
         return self.parents is None or all(p == i for i, p in enumerate(self.parents))
 
+    def truncate(self, n: int) -> DraftProposal:
+        """The first n nodes: parents precede children, so a prefix of a tree is a tree."""
+        if len(self) <= n:
+            return self
+        parents = None if self.parents is None else self.parents[:n]
+        probs = None if self.probs is None else self.probs[:n]
+        return DraftProposal(self.token_ids[:n], parents, probs)
+
     def first_path(self) -> DraftProposal:
         """The chain through each node's first child (for runners that verify chains only)."""
         if self.is_chain:

@@ -1,0 +1,424 @@
+"""Continuous batching: a bounded request queue and one thread that drives the engine.
+
+Requests join and leave between steps. Each turn of the loop
+
+1. drops cancelled requests (the client left), freeing their KV cache slots;
+2. admits waiting requests, first come first served, while slots are free, and
+   prefills them (``engine.start``);
+3. sets the step's draft budget K(batch) and runs one ``engine.step`` over every
+   running sequence: each sequence keeps its own number of accepted tokens;
+4. hands every request its new tokens on its asyncio queue
+   (``loop.call_soon_threadsafe``) and finishes the sequences that are done.
+
+Only this thread touches the engine, the runner and the drafters. A failure that
+belongs to one request (its drafter, its stop check, its prefill) fails that
+request alone; a failure of the shared target pass fails the requests in that
+pass. Either way the loop keeps running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+from specdec.config import SamplingParams
+from specdec.drafters.base import EMPTY, Drafter, DraftProposal
+from specdec.engine import Engine, Sequence
+from specdec.stats import SpecStats
+
+logger = logging.getLogger("specdec.scheduler")
+
+
+class QueueFullError(Exception):
+    """Every slot is taken and the waiting queue is full: the client should retry later (429)."""
+
+
+@dataclass(frozen=True)
+class DraftBudget:
+    """How many tokens each sequence may draft in a step of ``batch`` sequences: K(batch).
+
+    A batched target pass pads every sequence to the longest draft, so one pass
+    costs about ``batch * (K + 1)`` token slots while plain decoding costs
+    ``batch``. Once the pass is compute-bound (large batch, or a CPU) those extra
+    slots cost real time, and speculation must shrink to stay ahead of plain
+    decoding.
+
+    draft_n_max: K at batch 1 (--spec-draft-n-max).
+    step_tokens: most drafted tokens per step over the whole batch
+                 (--spec-batch-draft-tokens); K(b) = min(K, step_tokens // b).
+    max_batch:   no drafting at all when more sequences than this run
+                 (--spec-disable-batch-size, vLLM's ``disable_by_batch_size``).
+
+    Example (draft_n_max=8, step_tokens=8, max_batch=None)::
+
+        batch  1  2  3  4  5..8  9+
+        K      8  4  2  2  1     0
+    """
+
+    draft_n_max: int = 8
+    step_tokens: int = 8
+    max_batch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.draft_n_max < 0 or self.step_tokens < 0:
+            raise ValueError("draft budgets must be >= 0")
+        if self.max_batch is not None and self.max_batch < 0:
+            raise ValueError("the speculation batch limit must be >= 0")
+
+    def __call__(self, batch: int) -> int:
+        if batch < 1 or (self.max_batch is not None and batch > self.max_batch):
+            return 0
+        return min(self.draft_n_max, self.step_tokens // batch)
+
+
+@dataclass
+class SeqUpdate:
+    index: int  # the sequence's position in its request (the choice index)
+    token_ids: list[int]  # tokens committed by this step
+    finish_reason: str | None = None
+
+
+@dataclass
+class RequestEvent:
+    """What one step produced for one request; the last one has ``done`` set."""
+
+    updates: list[SeqUpdate] = field(default_factory=list)
+    done: bool = False
+    stats: SpecStats | None = None  # merged over the request's sequences, on the last event
+    error: str | None = None  # the request failed (the engine raised)
+    status: int = 500
+
+
+class Request:
+    """One API request: one or more sequences that are admitted and finished together."""
+
+    def __init__(self, request_id: str, seqs: list[Sequence], loop: asyncio.AbstractEventLoop) -> None:
+        self.id = request_id
+        self.seqs = seqs
+        self.loop = loop
+        self.queue: asyncio.Queue[RequestEvent] = asyncio.Queue()
+        self.cancelled = False
+        self.error: str | None = None  # set by a guarded callback that raised
+        self.arrival = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.ended: set[int] = set()  # indices of sequences whose slot was released
+
+    @property
+    def done(self) -> bool:
+        return all(s.finished for s in self.seqs)
+
+
+class GuardedDrafter(Drafter):
+    """Forwards to a request's drafter; an exception fails that request instead of the whole step."""
+
+    def __init__(self, inner: Drafter, request: Request) -> None:
+        self.inner, self.request = inner, request
+        self.name = inner.name
+
+    def _call(self, fn: Callable, *args):
+        if self.request.error is not None:
+            return None
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - reported as this request's 500
+            logger.exception("drafter %s failed in request %s", self.name, self.request.id)
+            self.request.error = f"drafter {self.name} failed: {type(exc).__name__}: {exc}"
+            return None
+
+    def begin(self, prompt_ids: Seq[int], sampling: SamplingParams) -> None:
+        self._call(self.inner.begin, prompt_ids, sampling)
+
+    def propose(self, context: Seq[int], max_tokens: int) -> DraftProposal:
+        return self._call(self.inner.propose, context, max_tokens) or EMPTY
+
+    def accept(self, context: Seq[int], num_accepted: int) -> None:
+        self._call(self.inner.accept, context, num_accepted)
+
+    def end(self, context: Seq[int]) -> None:
+        self._call(self.inner.end, context)
+
+
+def _guard_stop(should_stop: Callable[[list[int]], bool], request: Request) -> Callable[[list[int]], bool]:
+    def check(output_ids: list[int]) -> bool:
+        try:
+            return should_stop(output_ids)
+        except Exception as exc:  # noqa: BLE001 - reported as this request's 500
+            logger.exception("stop check failed in request %s", request.id)
+            request.error = f"stop check failed: {type(exc).__name__}: {exc}"
+            return True
+
+    return check
+
+
+class Scheduler:
+    """Owns the engine on one thread; ``submit`` and ``cancel`` are called from the event loop."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        max_num_seqs: int,
+        budget: DraftBudget | None = None,
+        max_queue: int = 64,
+        metrics=None,  # specdec.server.metrics.ServerMetrics, or None
+    ) -> None:
+        self.engine = engine
+        self.max_num_seqs = max_num_seqs
+        self.budget = budget or DraftBudget(engine.draft_n_max, engine.draft_n_max)
+        self.max_queue = max_queue
+        self.metrics = metrics
+        self._cond = threading.Condition()
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._num_running_seqs = 0
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.num_steps = 0
+
+    # -- event-loop side -------------------------------------------------------------------------
+    def submit(self, request_id: str, seqs: list[Sequence], loop: asyncio.AbstractEventLoop) -> Request:
+        """Queue a request; raises QueueFullError when it would wait behind ``max_queue`` sequences."""
+        if not 1 <= len(seqs) <= self.max_num_seqs:
+            raise ValueError(f"a request needs 1 to {self.max_num_seqs} sequences, got {len(seqs)}")
+        req = Request(request_id, seqs, loop)
+        for seq in seqs:
+            if seq.drafter is not None:
+                seq.drafter = GuardedDrafter(seq.drafter, req)
+            if seq.should_stop is not None:
+                seq.should_stop = _guard_stop(seq.should_stop, req)
+        with self._cond:
+            if self._stopping:
+                raise QueueFullError("the server is shutting down")
+            waiting = sum(len(r.seqs) for r in self._waiting)
+            room = self.max_num_seqs - self._num_running_seqs
+            if waiting + len(seqs) - room > self.max_queue:
+                if self.metrics is not None:
+                    self.metrics.rejected.inc()
+                raise QueueFullError(
+                    f"the server is at capacity ({self.max_num_seqs} running sequences, "
+                    f"{waiting} waiting); retry later"
+                )
+            self._waiting.append(req)
+            self._cond.notify()
+        return req
+
+    def cancel(self, req: Request) -> None:
+        """The client left: drop the request at the next turn of the loop."""
+        with self._cond:
+            req.cancelled = True
+            self._cond.notify()
+
+    def snapshot(self) -> dict:
+        with self._cond:
+            return {
+                "running_requests": len(self._running),
+                "running_sequences": self._num_running_seqs,
+                "waiting_requests": len(self._waiting),
+                "free_slots": self.max_num_seqs - self._num_running_seqs,
+                "max_num_seqs": self.max_num_seqs,
+                "steps": self.num_steps,
+            }
+
+    # -- thread lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="specdec-scheduler", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        for req in [*self._running, *self._waiting]:
+            self._fail(req, "the server is shutting down", status=503)
+        self._waiting.clear()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self._waiting and not self._running:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                self._drop_cancelled()
+                admitted = self._admit()
+            try:
+                for req in admitted:
+                    self._start(req)
+                if self._running:
+                    self._step()
+                self._publish_state()
+            except Exception as exc:  # noqa: BLE001 - a bug here must not leave every client hanging
+                logger.exception("scheduler turn failed")
+                for req in list(self._running):
+                    self._fail(req, f"scheduler error: {type(exc).__name__}: {exc}")
+
+    def _drop_cancelled(self) -> None:
+        for req in [r for r in self._waiting if r.cancelled]:
+            self._waiting.remove(req)
+            self._abort(req)
+        for req in [r for r in self._running if r.cancelled]:
+            self._release(req)
+            self._abort(req)
+
+    def _abort(self, req: Request) -> None:
+        self._record_finish(req, "abort")
+        # Wake a handler that may still wait (499: the client closed the request).
+        self._send(req, RequestEvent(done=True, error="cancelled", status=499))
+
+    def _admit(self) -> list[Request]:
+        """Move waiting requests to running while their sequences fit (FIFO: no overtaking)."""
+        admitted = []
+        while self._waiting and self._num_running_seqs + len(self._waiting[0].seqs) <= self.max_num_seqs:
+            req = self._waiting.popleft()
+            self._running.append(req)
+            self._num_running_seqs += len(req.seqs)
+            admitted.append(req)
+        return admitted
+
+    # -- engine work (scheduler thread only) --------------------------------------------------
+    def _start(self, req: Request) -> None:
+        try:
+            self.engine.start(req.seqs)
+        except Exception as exc:  # noqa: BLE001 - one request's prefill failed; the rest go on
+            logger.exception("prefill failed for request %s", req.id)
+            self._fail(req, f"prefill failed: {type(exc).__name__}: {exc}")
+            return
+        if req.error is not None:
+            self._fail(req, req.error)
+            return
+        if self.metrics is not None:
+            self.metrics.prompt_tokens.inc(sum(len(s.prompt_ids) for s in req.seqs))
+
+    def _step(self) -> None:
+        seqs = [s for r in self._running for s in r.seqs if not s.finished]
+        if not seqs:
+            return
+        k = min(self.budget(len(seqs)), self._context_room(seqs))
+        self.engine.draft_n_max = k
+        before = [(s.stats.drafts, s.stats.drafted, s.stats.accepted, s.stats.draft_seconds, s.stats.verify_seconds)
+                  for s in seqs]
+        t0 = time.perf_counter()
+        try:
+            news = self.engine.step(seqs)
+        except Exception as exc:  # noqa: BLE001 - the shared pass failed: fail its requests, keep looping
+            logger.exception("engine step failed")
+            for req in list(self._running):
+                self._fail(req, f"engine step failed: {type(exc).__name__}: {exc}")
+            return
+        seconds = time.perf_counter() - t0
+        self.num_steps += 1
+        new_by_seq = {id(s): new for s, new in zip(seqs, news, strict=True)}
+        if self.metrics is not None:
+            draft_s = 0.0
+            for s, (d0, n0, a0, ds0, _) in zip(seqs, before, strict=True):
+                self.metrics.record_draft(s.stats.drafts - d0, s.stats.drafted - n0, s.stats.accepted - a0)
+                draft_s += s.stats.draft_seconds - ds0
+            verify_s = seqs[0].stats.verify_seconds - before[0][4]  # one shared pass
+            self.metrics.record_step(len(seqs), k, seconds, draft_s, verify_s)
+        for req in list(self._running):
+            self._deliver_step(req, new_by_seq)
+
+    def _context_room(self, seqs: list[Sequence]) -> int:
+        """Largest K the batch's context allows: the pass pads every sequence to 1 + K new tokens.
+
+        Without this cap, one sequence drafting K tokens while another sits near the end of
+        the context would push the padded pass past the cache, and the runner fails the step.
+        """
+        runner = self.engine.runner
+        return max(0, min(runner.max_seq_len - runner.lengths[s.slot] - 1 for s in seqs) - 1)
+
+    def _deliver_step(self, req: Request, new_by_seq: dict[int, list[int]]) -> None:
+        if req.error is not None:
+            self._fail(req, req.error)
+            return
+        updates = []
+        for i, seq in enumerate(req.seqs):
+            new = new_by_seq.get(id(seq))
+            if new is None:
+                continue
+            updates.append(SeqUpdate(i, list(new), seq.finish_reason))
+            if seq.finished:
+                self._end_seq(req, i)
+        if not updates:
+            return
+        if req.first_token_at is None and any(u.token_ids for u in updates):
+            req.first_token_at = time.perf_counter()
+            if self.metrics is not None:
+                self.metrics.ttft.observe(req.first_token_at - req.arrival)
+        if req.done:
+            self._remove(req)
+            stats = self._merged_stats(req)
+            self._record_finish(req, _request_reason(req))
+            self._send(req, RequestEvent(updates, done=True, stats=stats))
+        else:
+            self._send(req, RequestEvent(updates))
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+    def _end_seq(self, req: Request, index: int) -> None:
+        """Free one sequence's slot (and let its drafter see the output) once, whatever happens."""
+        if index in req.ended:
+            return
+        req.ended.add(index)
+        seq = req.seqs[index]
+        try:
+            self.engine.finish(seq)
+        except Exception:  # noqa: BLE001 - the slot must not leak because a drafter's end() failed
+            logger.exception("finishing a sequence of request %s failed", req.id)
+            if seq.slot >= 0:
+                self.engine.runner.free(seq.slot)
+                seq.slot = -1
+        with self._cond:
+            self._num_running_seqs -= 1
+
+    def _release(self, req: Request) -> None:
+        for i in range(len(req.seqs)):
+            self._end_seq(req, i)
+        self._remove(req)
+
+    def _remove(self, req: Request) -> None:
+        with self._cond:
+            if req in self._running:
+                self._running.remove(req)
+
+    def _fail(self, req: Request, message: str, status: int = 500) -> None:
+        if req in self._running:
+            self._release(req)
+        self._record_finish(req, "error")
+        self._send(req, RequestEvent(done=True, stats=self._merged_stats(req), error=message, status=status))
+
+    def _merged_stats(self, req: Request) -> SpecStats:
+        stats = SpecStats()
+        for seq in req.seqs:
+            stats.merge(seq.stats)
+        stats.seconds = time.perf_counter() - req.arrival
+        return stats
+
+    def _record_finish(self, req: Request, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.record_finish(reason, sum(s.num_output for s in req.seqs), time.perf_counter() - req.arrival)
+
+    def _publish_state(self) -> None:
+        if self.metrics is not None:
+            snap = self.snapshot()
+            self.metrics.record_state(snap["waiting_requests"], snap["running_requests"], snap["free_slots"])
+
+    @staticmethod
+    def _send(req: Request, event: RequestEvent) -> None:
+        try:
+            req.loop.call_soon_threadsafe(req.queue.put_nowait, event)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+
+def _request_reason(req: Request) -> str:
+    reasons = {s.finish_reason for s in req.seqs}
+    return "length" if "length" in reasons else "stop"

@@ -1,0 +1,102 @@
+"""Prometheus metrics of one server, named like vLLM's (``vllm:spec_decode_*``) under ``specdec:``.
+
+Each app owns a CollectorRegistry, so several apps in one process (tests) never
+clash on the global registry. The scheduler thread updates the metrics; the
+``/metrics`` route renders them.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+class ServerMetrics:
+    """Every metric the server exports. Counter names get their ``_total`` suffix from prometheus_client."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, model_name: str) -> None:
+        disable_created_metrics()  # no *_created series beside each counter (process-wide, as in vLLM)
+        self.registry = CollectorRegistry(auto_describe=True)
+        r, p = self.registry, "specdec:"
+        # Speculation, as vLLM's spec-decode metrics.
+        self.num_drafts = Counter(f"{p}spec_decode_num_drafts", "Steps that verified a non-empty draft.", registry=r)
+        self.num_draft_tokens = Counter(f"{p}spec_decode_num_draft_tokens", "Drafted tokens sent to the target.",
+                                        registry=r)
+        self.num_accepted_tokens = Counter(f"{p}spec_decode_num_accepted_tokens", "Drafted tokens kept.", registry=r)
+        self.accepted_per_pos = Counter(
+            f"{p}spec_decode_num_accepted_tokens_per_pos", "Drafts whose token at this position was kept.",
+            ["position"], registry=r,
+        )
+        self.draft_seconds = Counter(f"{p}spec_decode_draft_seconds", "Seconds spent drafting.", registry=r)
+        self.verify_seconds = Counter(f"{p}spec_decode_verify_seconds",
+                                      "Seconds spent in target passes (decode and verify).", registry=r)
+        self.draft_budget = Gauge(f"{p}spec_decode_draft_budget",
+                                  "Most tokens each sequence could draft in the latest step, K(batch).", registry=r)
+        # Requests and tokens.
+        self.requests = Counter(f"{p}request_success", "Finished requests by finish reason "
+                                "(stop, length, abort = client left, error = failed).", ["finished_reason"],
+                                registry=r)
+        for reason in FINISH_REASONS:
+            self.requests.labels(reason)
+        self.prompt_tokens = Counter(f"{p}prompt_tokens", "Prefilled prompt tokens.", registry=r)
+        self.generation_tokens = Counter(f"{p}generation_tokens", "Generated tokens.", registry=r)
+        self.rejected = Counter(f"{p}request_rejected", "Requests refused because the queue was full (429).",
+                                registry=r)
+        # Scheduler state.
+        self.waiting = Gauge(f"{p}num_requests_waiting", "Requests waiting for a KV cache slot.", registry=r)
+        self.running = Gauge(f"{p}num_requests_running", "Requests being generated.", registry=r)
+        self.batch_size = Gauge(f"{p}running_batch_size", "Sequences in the latest step.", registry=r)
+        self.free_slots = Gauge(f"{p}kv_cache_free_slots", "Free KV cache slots (one per sequence).", registry=r)
+        self.step_seconds = Histogram(f"{p}step_duration_seconds", "Wall time of one engine step (draft + verify).",
+                                      buckets=STEP_BUCKETS, registry=r)
+        self.ttft = Histogram(f"{p}time_to_first_token_seconds", "Arrival to first generated token.",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram(f"{p}e2e_request_latency_seconds", "Arrival to finish.", buckets=LATENCY_BUCKETS,
+                             registry=r)
+        info = Gauge(f"{p}model_info", "The served model.", ["model_name"], registry=r)
+        info.labels(model_name).set(1)
+
+    # -- updates from the scheduler thread -----------------------------------------------------
+    def record_step(self, batch: int, budget: int, seconds: float, draft_seconds: float,
+                    verify_seconds: float) -> None:
+        self.batch_size.set(batch)
+        self.draft_budget.set(budget)
+        self.step_seconds.observe(seconds)
+        self.draft_seconds.inc(draft_seconds)
+        self.verify_seconds.inc(verify_seconds)
+
+    def record_draft(self, num_drafts: int, num_drafted: int, num_accepted: int) -> None:
+        """One sequence's step: ``num_accepted`` kept tokens are a prefix of its draft."""
+        if num_drafts == 0:
+            return
+        self.num_drafts.inc(num_drafts)
+        self.num_draft_tokens.inc(num_drafted)
+        self.num_accepted_tokens.inc(num_accepted)
+        for pos in range(num_accepted):
+            self.accepted_per_pos.labels(str(pos)).inc()
+
+    def record_finish(self, reason: str, generated: int, latency: float) -> None:
+        self.requests.labels(reason).inc()
+        self.generation_tokens.inc(generated)
+        self.e2e.observe(latency)
+
+    def record_state(self, waiting: int, running: int, free_slots: int) -> None:
+        self.waiting.set(waiting)
+        self.running.set(running)
+        self.free_slots.set(free_slots)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,164 @@
+"""The continuous-batching scheduler without HTTP: draft budget, joining and leaving, failures."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from specdec.config import SamplingParams
+from specdec.drafters.base import Drafter
+from specdec.llm import LLM
+from specdec.scheduler import DraftBudget, QueueFullError, Scheduler
+
+
+def test_draft_budget_table():
+    budget = DraftBudget(draft_n_max=8, step_tokens=8)
+    assert [budget(b) for b in (1, 2, 3, 4, 5, 8, 9, 32)] == [8, 4, 2, 2, 1, 1, 0, 0]
+    assert [DraftBudget(8, 16)(b) for b in (1, 2, 4, 8, 16, 17)] == [8, 8, 4, 2, 1, 0]
+    assert [DraftBudget(8, 64, max_batch=4)(b) for b in (1, 4, 5)] == [8, 8, 0]
+    assert DraftBudget(8, 0)(1) == 0
+    with pytest.raises(ValueError):
+        DraftBudget(8, -1)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama):
+    return LLM(str(tiny_llama), spec="ngram", max_model_len=256, max_num_seqs=4)
+
+
+async def collect(req) -> tuple[list[list[int]], object]:
+    outputs = [[] for _ in req.seqs]
+    while True:
+        event = await req.queue.get()
+        for u in event.updates:
+            outputs[u.index].extend(u.token_ids)
+        if event.done:
+            return outputs, event
+
+
+def run_requests(llm: LLM, prompts: list[str], budget: DraftBudget, max_tokens: int = 10, **kw):
+    """Submit one request per prompt at once; return (outputs, last events, scheduler)."""
+
+    async def main():
+        scheduler = Scheduler(llm.engine, llm.runner.num_slots, budget, **kw)
+        scheduler.start()
+        try:
+            loop = asyncio.get_running_loop()
+            params = SamplingParams(max_new_tokens=max_tokens)
+            reqs = [scheduler.submit(f"r{i}", [llm.new_sequence(llm.encode(p), params)], loop)
+                    for i, p in enumerate(prompts)]
+            results = await asyncio.gather(*(collect(r) for r in reqs))
+            return results, scheduler
+        finally:
+            await asyncio.to_thread(scheduler.stop)
+
+    return asyncio.run(main())
+
+
+def test_budget_applied_per_step_and_output_unchanged(llm, monkeypatch):
+    prompts = ["a b c a b c a b", "one two one two one", "x y z", "hello hello hello"]
+    want = [llm.generate(p, SamplingParams(max_new_tokens=10))[0].token_ids for p in prompts]
+    seen = []
+    real_step = llm.engine.step
+
+    def step(seqs):
+        seen.append((len(seqs), llm.engine.draft_n_max))
+        return real_step(seqs)
+
+    monkeypatch.setattr(llm.engine, "step", step)
+    budget = DraftBudget(draft_n_max=6, step_tokens=6, max_batch=3)
+    results, scheduler = run_requests(llm, prompts, budget)
+    assert [out[0] for out, _ in results] == want
+    assert all(k == budget(batch) for batch, k in seen)
+    assert {batch for batch, _ in seen} >= {4}  # the four requests ran together
+    assert all(event.stats.new_tokens == 10 or event.updates[-1].finish_reason == "stop" for _, event in results)
+
+
+class FailingDrafter(Drafter):
+    name = "failing"
+
+    def propose(self, context, max_tokens):
+        raise RuntimeError("drafter exploded")
+
+
+def test_drafter_failure_fails_only_its_request(llm):
+    async def main():
+        scheduler = Scheduler(llm.engine, llm.runner.num_slots, DraftBudget(4, 16))
+        scheduler.start()
+        try:
+            loop = asyncio.get_running_loop()
+            params = SamplingParams(max_new_tokens=6)
+            bad = llm.new_sequence(llm.encode("broken"), params)
+            bad.drafter = FailingDrafter()
+            bad_req = scheduler.submit("bad", [bad], loop)
+            good_req = scheduler.submit("good", [llm.new_sequence(llm.encode("fine"), params)], loop)
+            return await collect(bad_req), await collect(good_req), scheduler.snapshot()
+        finally:
+            await asyncio.to_thread(scheduler.stop)
+
+    (_, bad_event), (good_out, good_event), snap = asyncio.run(main())
+    assert bad_event.error and "drafter exploded" in bad_event.error
+    assert good_event.error is None
+    assert good_out[0] == llm.generate("fine", SamplingParams(max_new_tokens=6))[0].token_ids
+    assert snap["free_slots"] == 4
+
+
+def test_queue_bound_and_cancel_while_waiting(llm):
+    async def main():
+        scheduler = Scheduler(llm.engine, 1, DraftBudget(4, 4), max_queue=1)  # not started: nothing runs
+        loop = asyncio.get_running_loop()
+        params = SamplingParams(max_new_tokens=2)
+        first = scheduler.submit("a", [llm.new_sequence(llm.encode("a"), params)], loop)
+        scheduler.submit("b", [llm.new_sequence(llm.encode("b"), params)], loop)
+        with pytest.raises(QueueFullError):
+            scheduler.submit("c", [llm.new_sequence(llm.encode("c"), params)], loop)
+        scheduler.cancel(first)
+        scheduler.start()
+        try:
+            event = await first.queue.get()
+            assert event.done and event.status == 499
+            for _ in range(100):
+                if scheduler.snapshot()["waiting_requests"] == 0 and scheduler.snapshot()["free_slots"] == 1:
+                    break
+                await asyncio.sleep(0.02)
+            return scheduler.snapshot()
+        finally:
+            await asyncio.to_thread(scheduler.stop)
+
+    snap = asyncio.run(main())
+    assert snap["waiting_requests"] == 0 and snap["free_slots"] == 1
+
+
+class AlwaysDrafter(Drafter):
+    """Proposes as many tokens as allowed (all wrong or right, it does not matter)."""
+
+    name = "always"
+
+    def propose(self, context, max_tokens):
+        from specdec.drafters.base import DraftProposal
+
+        return DraftProposal([5] * max_tokens)
+
+
+def test_drafting_never_pushes_a_neighbour_past_the_context(llm):
+    """A sequence near the end of the context shares a pass with one that drafts the full K."""
+    long_prompt = [7] * (llm.runner.max_seq_len - 3)
+
+    async def main():
+        scheduler = Scheduler(llm.engine, llm.runner.num_slots, DraftBudget(6, 64))
+        loop = asyncio.get_running_loop()
+        params = SamplingParams(max_new_tokens=8)
+        near_end = scheduler.submit("end", [llm.new_sequence(long_prompt, params)], loop)
+        drafty = llm.new_sequence(llm.encode("short"), params)
+        drafty.drafter = AlwaysDrafter()
+        busy = scheduler.submit("drafty", [drafty], loop)
+        scheduler.start()  # both are admitted in the same turn and share every pass
+        try:
+            return await collect(near_end), await collect(busy)
+        finally:
+            await asyncio.to_thread(scheduler.stop)
+
+    (_, end_event), (_, busy_event) = asyncio.run(main())
+    assert end_event.error is None and busy_event.error is None
+    assert busy_event.stats.drafted > 0

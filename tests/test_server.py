@@ -1,0 +1,474 @@
+"""The OpenAI-compatible server, end to end: a real uvicorn server on 127.0.0.1 and the official client.
+
+Most tests share one server on the tiny random Llama (speculation: ngram, 16
+slots); the server's greedy output is compared with offline ``LLM.generate``
+without speculation, so these tests also check that batching and speculation
+change nothing. One test runs the real default model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from specdec.cli import UsageError, build_parser
+from specdec.config import SamplingParams, SpecType
+from specdec.llm import LLM
+from specdec.scheduler import DraftBudget
+from specdec.server.app import create_app, serve_config, spec_from_vllm_config
+
+API_KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+MAX_LEN = 512
+
+
+@contextlib.contextmanager
+def running_server(app):
+    """Serve ``app`` with uvicorn on a free 127.0.0.1 port in a thread; yield its base URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        assert thread.is_alive() and time.time() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama):
+    """(base URL, served LLM, offline reference LLM without speculation)."""
+    llm = LLM(str(tiny_llama), spec="ngram", max_model_len=MAX_LEN, max_num_seqs=16)
+    offline = LLM(str(tiny_llama), max_model_len=MAX_LEN)
+    with running_server(create_app(llm, api_key=API_KEY)) as url:
+        yield url, llm, offline
+
+
+@pytest.fixture(scope="module")
+def client(tiny):
+    return openai.OpenAI(base_url=tiny[0] + "/v1", api_key=API_KEY, max_retries=0)
+
+
+def greedy(offline: LLM, prompt, max_tokens: int) -> str:
+    return offline.generate(prompt, SamplingParams(max_new_tokens=max_tokens))[0].text
+
+
+def health(url: str) -> dict:
+    return httpx.get(url + "/health").json()
+
+
+def metric_values(url: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def slow_down(monkeypatch, llm: LLM, seconds: float = 0.01) -> None:
+    """Make each engine step last a while, so a long request is surely still running when we act."""
+    real_step = llm.engine.step
+
+    def step(seqs):
+        time.sleep(seconds)
+        return real_step(seqs)
+
+    monkeypatch.setattr(llm.engine, "step", step)
+
+
+def wait_for(check, timeout: float = 10.0) -> None:
+    deadline = time.time() + timeout
+    while not check():
+        assert time.time() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+# -- happy paths -------------------------------------------------------------------------------
+def test_completions_match_offline(tiny, client):
+    url, llm, offline = tiny
+    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
+    want = greedy(offline, prompt, 24)
+    r = client.completions.create(model=llm.model_name, prompt=prompt, max_tokens=24, temperature=0)
+    assert r.choices[0].text == want
+    assert r.object == "text_completion" and r.choices[0].finish_reason in ("length", "stop")
+    ids = llm.encode(prompt)
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    spec = r.model_extra["spec_decode"]
+    assert set(spec) >= {"drafted", "accepted", "acceptance_rate", "mean_accepted_len"}
+    assert spec["mean_accepted_len"] >= 1.0
+    stream = client.completions.create(model=llm.model_name, prompt=prompt, max_tokens=24, temperature=0,
+                                       stream=True)
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want
+    assert chunks[-1].choices[0].finish_reason is not None
+    assert "spec_decode" in chunks[-1].model_extra
+
+
+def test_chat_matches_offline(tiny, client):
+    url, llm, offline = tiny
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    want = greedy(offline, llm.chat_prompt(messages), 16)
+    r = client.chat.completions.create(model=llm.model_name, messages=messages, max_tokens=16, temperature=0)
+    assert r.choices[0].message.content == want and r.choices[0].message.role == "assistant"
+    assert r.usage.completion_tokens == 16 or r.choices[0].finish_reason == "stop"
+    stream = client.chat.completions.create(model=llm.model_name, messages=messages, max_tokens=16, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens
+    assert chunks[-1].model_extra["spec_decode"]["drafted"] >= 0
+
+
+def test_raw_sse_ends_with_done(tiny):
+    url, llm, _ = tiny
+    body = {"model": llm.model_name, "prompt": "Hello", "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers=AUTH) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[0][6:])["object"] == "text_completion"
+
+
+def test_models_and_health(tiny, client):
+    url, llm, _ = tiny
+    assert [m.id for m in client.models.list().data] == [llm.model_name]
+    h = health(url)
+    assert h["status"] == "ok" and h["max_num_seqs"] == 16
+
+
+def test_stop_strings(tiny, client):
+    url, llm, offline = tiny
+    full = greedy(offline, "Once upon a time", 12)
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    want = full[: full.find(stop)]
+    r = client.completions.create(model=llm.model_name, prompt="Once upon a time", max_tokens=12, temperature=0,
+                                  stop=[stop])
+    assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"
+    chunks = list(client.completions.create(model=llm.model_name, prompt="Once upon a time", max_tokens=12,
+                                            temperature=0, stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want
+
+
+def test_n_choices_and_seed(tiny, client):
+    url, llm, _ = tiny
+    kwargs = dict(model=llm.model_name, prompt="Pick a word:", max_tokens=6, temperature=1.0, top_p=0.9, n=3,
+                  seed=7)
+    a = client.completions.create(**kwargs)
+    b = client.completions.create(**kwargs)
+    assert [c.index for c in a.choices] == [0, 1, 2]
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]  # same seed, same batch: same samples
+    assert len({c.text for c in a.choices}) > 1  # seeds seed, seed + 1, seed + 2 differ
+    assert a.usage.completion_tokens == 18 or any(c.finish_reason == "stop" for c in a.choices)
+
+
+def test_concurrent_clients(tiny, client):
+    url, llm, offline = tiny
+    prompts = [f"Client {i} says: the number {i * 7} is" for i in range(16)]
+    wants = [greedy(offline, p, 12) for p in prompts]
+    steps_before = health(url)["steps"]
+
+    def one(i: int) -> str:
+        if i % 2:
+            chunks = client.completions.create(model=llm.model_name, prompt=prompts[i], max_tokens=12,
+                                               temperature=0, stream=True)
+            return "".join(c.choices[0].text for c in chunks if c.choices)
+        return client.completions.create(model=llm.model_name, prompt=prompts[i], max_tokens=12,
+                                         temperature=0).choices[0].text
+
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(one, range(16)))
+    assert got == wants
+    # Continuous batching: far fewer engine steps than the 16 x 12 tokens one at a time would need.
+    assert health(url)["steps"] - steps_before < 16 * 12
+    assert health(url)["running_sequences"] == 0
+
+
+# -- cancellation, capacity, failures ---------------------------------------------------------
+def test_disconnect_mid_stream_frees_slot(tiny, monkeypatch):
+    url, llm, _ = tiny
+    slow_down(monkeypatch, llm)
+    aborted = metric_values(url)[("specdec:request_success_total", (("finished_reason", "abort"),))]
+    body = {"model": llm.model_name, "prompt": "Go on forever:", "max_tokens": 480, "ignore_eos": True,
+            "stream": True}
+    with httpx.Client() as c, c.stream("POST", url + "/v1/completions", json=body, headers=AUTH) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]
+        assert any(line.startswith("data: {") for line in got)
+        assert health(url)["running_sequences"] == 1
+    wait_for(lambda: health(url)["running_sequences"] == 0 and health(url)["free_slots"] == 16)
+    wait_for(lambda: metric_values(url)[("specdec:request_success_total", (("finished_reason", "abort"),))]
+             == aborted + 1)
+
+
+def test_disconnect_non_streaming_frees_slot(tiny, monkeypatch):
+    url, llm, _ = tiny
+    slow_down(monkeypatch, llm)
+    body = {"model": llm.model_name, "prompt": "Go on:", "max_tokens": 480, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url + "/v1/completions", json=body, headers=AUTH, timeout=0.4)
+    wait_for(lambda: health(url)["running_sequences"] == 0)
+
+
+def test_queue_full_returns_429(tiny_llama, monkeypatch):
+    llm = LLM(str(tiny_llama), max_model_len=MAX_LEN, max_num_seqs=1)
+    slow_down(monkeypatch, llm)
+    with running_server(create_app(llm, max_queue=0)) as url:
+        long = {"prompt": "Hold the slot:", "max_tokens": 480, "ignore_eos": True, "stream": True}
+        with httpx.Client() as c, c.stream("POST", url + "/v1/completions", json=long) as r:
+            lines = r.iter_lines()  # keep a reference: a collected iterator closes the response
+            assert next(lines).startswith("data: {")
+            busy = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+            assert busy.status_code == 429
+            assert busy.json()["error"]["type"] == "rate_limit_error"
+        wait_for(lambda: health(url)["free_slots"] == 1)
+        ok = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_engine_failure_fails_only_that_request(tiny, monkeypatch):
+    url, llm, offline = tiny
+    marker = llm.encode(" BOOM")
+    real_new_sequence = llm.new_sequence
+
+    def boom(_output_ids):
+        raise RuntimeError("injected stop-check failure")
+
+    def new_sequence(prompt_ids, params):
+        seq = real_new_sequence(prompt_ids, params)
+        if prompt_ids[-len(marker):] == marker:
+            seq.should_stop = boom
+        return seq
+
+    monkeypatch.setattr(llm, "new_sequence", new_sequence)
+    good = {"prompt": "A fine request", "max_tokens": 20, "temperature": 0}
+    with ThreadPoolExecutor(2) as pool:
+        bad_f = pool.submit(httpx.post, url + "/v1/completions", json={"prompt": "A bad request BOOM",
+                                                                        "max_tokens": 20}, headers=AUTH)
+        good_f = pool.submit(httpx.post, url + "/v1/completions", json=good, headers=AUTH)
+        bad, ok = bad_f.result(), good_f.result()
+    assert bad.status_code == 500 and "injected" in bad.json()["error"]["message"]
+    assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == greedy(offline, "A fine request", 20)
+
+    # A failure of the shared target pass fails the requests in it; the loop keeps going.
+    real_step, calls = llm.engine.step, []
+
+    def step_once_broken(seqs):
+        calls.append(len(seqs))
+        if len(calls) == 1:
+            raise RuntimeError("injected step failure")
+        return real_step(seqs)
+
+    monkeypatch.setattr(llm.engine, "step", step_once_broken)
+    failed = httpx.post(url + "/v1/completions", json=good, headers=AUTH)
+    assert failed.status_code == 500 and failed.json()["error"]["type"] == "server_error"
+    again = httpx.post(url + "/v1/completions", json=good, headers=AUTH)
+    assert again.status_code == 200 and again.json()["choices"][0]["text"] == ok.json()["choices"][0]["text"]
+    assert health(url)["free_slots"] == 16
+
+
+# -- bad input -------------------------------------------------------------------------------------
+BAD_REQUESTS = [
+    # (path, body (dict = JSON, bytes = raw), headers, status, code or None)
+    ("/v1/completions", b"{not json", AUTH, 400, "invalid_value"),
+    ("/v1/completions", b"[1, 2, 3]", AUTH, 400, "invalid_value"),
+    ("/v1/completions", b"", AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "many"}, AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": 12.5}, AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": -3}, AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 10**12}, AUTH, 400, "context_length_exceeded"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 10**30}, AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "temperature": -1}, AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "top_p": 0}, AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "n": 17, "max_tokens": 1}, AUTH, 400, None),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 2}, AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "model": "gpt-9"}, AUTH, 404, "model_not_found"),
+    ("/v1/completions", {"prompt": ""}, AUTH, 400, "empty_prompt"),
+    ("/v1/completions", {"prompt": []}, AUTH, 400, "empty_prompt"),
+    ("/v1/completions", {"prompt": [[]]}, AUTH, 400, "empty_prompt"),
+    ("/v1/completions", {"prompt": [5, 10**9]}, AUTH, 400, None),
+    ("/v1/completions", {"prompt": [-1]}, AUTH, 400, None),
+    ("/v1/completions", {"prompt": "word " * 600, "max_tokens": 1}, AUTH, 400, "context_length_exceeded"),
+    ("/v1/completions", {"prompt": "hi"}, {}, 401, "invalid_api_key"),
+    ("/v1/completions", {"prompt": "hi"}, {"Authorization": "Bearer wrong"}, 401, "invalid_api_key"),
+    ("/v1/chat/completions", {"messages": []}, AUTH, 400, "invalid_value"),
+    ("/v1/chat/completions", {"messages": "hello"}, AUTH, 400, "invalid_value"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, AUTH, 400, "invalid_value"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, AUTH, 400,
+     "invalid_value"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": "NaN"}, AUTH, 400,
+     "invalid_value"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "model": 3}, AUTH, 400,
+     "invalid_value"),
+    ("/v1/nothing-here", {"prompt": "hi"}, AUTH, 404, 404),
+]
+
+
+@pytest.mark.parametrize("path,body,headers,status,code", BAD_REQUESTS)
+def test_bad_input_gets_openai_error(tiny, path, body, headers, status, code):
+    url, llm, _ = tiny
+    if isinstance(body, bytes):
+        r = httpx.post(url + path, content=body, headers={**headers, "content-type": "application/json"})
+    else:
+        r = httpx.post(url + path, json=body, headers=headers)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert isinstance(err["message"], str) and err["message"] and isinstance(err["type"], str)
+    if code is not None:
+        assert err["code"] == code
+    # The server still answers.
+    ok = httpx.post(url + "/v1/completions", json={"prompt": "still there?", "max_tokens": 2}, headers=AUTH)
+    assert ok.status_code == 200
+
+
+def test_openai_client_raises_typed_errors(tiny, client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="hi", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="not supported"):
+        client.chat.completions.create(model=tiny[1].model_name, messages=[{"role": "user", "content": "hi"}],
+                                       logprobs=True, max_tokens=2)
+    bad_key = openai.OpenAI(base_url=tiny[0] + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad_key.models.list()
+
+
+def test_metrics_move(tiny, client):
+    url, llm, _ = tiny
+    before = metric_values(url)
+    client.completions.create(model=llm.model_name, prompt="Count: 1 2 3 1 2 3 1 2", max_tokens=8, temperature=0)
+    after = metric_values(url)
+
+    def delta(name, labels=()):
+        return after.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+
+    assert delta("specdec:request_success_total", (("finished_reason", "length"),)) \
+        + delta("specdec:request_success_total", (("finished_reason", "stop"),)) == 1
+    assert delta("specdec:generation_tokens_total") >= 1
+    assert delta("specdec:prompt_tokens_total") == len(llm.encode("Count: 1 2 3 1 2 3 1 2"))
+    assert delta("specdec:step_duration_seconds_count") >= 1
+    assert delta("specdec:spec_decode_verify_seconds_total") > 0
+    for name in ("specdec:spec_decode_num_drafts_total", "specdec:spec_decode_num_draft_tokens_total",
+                 "specdec:spec_decode_num_accepted_tokens_total", "specdec:num_requests_waiting",
+                 "specdec:num_requests_running", "specdec:running_batch_size", "specdec:kv_cache_free_slots",
+                 "specdec:spec_decode_draft_seconds_total", "specdec:spec_decode_draft_budget"):
+        assert (name, ()) in after, name
+    assert delta("specdec:spec_decode_num_accepted_tokens_total") <= delta(
+        "specdec:spec_decode_num_draft_tokens_total")
+
+
+# -- fuzzing the request schema --------------------------------------------------------------------
+JSON_SCALARS = (st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats()
+                | st.text(max_size=12))
+JSON_VALUES = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
+FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+          "min_p", "seed", "stop", "n", "stream", "stream_options", "logprobs", "ignore_eos", "echo"]
+PLAUSIBLE = {
+    "prompt": st.text(min_size=0, max_size=30) | st.lists(st.integers(-5, 60000), max_size=5),
+    "messages": st.lists(st.fixed_dictionaries({
+        "role": st.sampled_from(["system", "user", "assistant", "tool", "robot"]),
+        "content": st.text(max_size=20) | st.lists(st.fixed_dictionaries(
+            {"type": st.sampled_from(["text", "image_url"]), "text": st.text(max_size=8)}), max_size=2),
+    }), max_size=3),
+    "max_tokens": st.integers(-2, 3),
+    "temperature": st.floats(-1, 3),
+    "n": st.integers(0, 3),
+    "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=3),
+    "stream": st.booleans(),
+    "seed": st.integers(-(2**70), 2**70),
+}
+
+
+@st.composite
+def request_bodies(draw):
+    body = {"max_tokens": draw(st.integers(1, 3))}
+    for key in draw(st.lists(st.sampled_from(FIELDS), max_size=6, unique=True)):
+        strategy = PLAUSIBLE.get(key, JSON_VALUES)
+        body[key] = draw(strategy | JSON_VALUES) if key in PLAUSIBLE else draw(strategy)
+    return body
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
+       body=request_bodies() | JSON_VALUES | st.binary(max_size=40))
+def test_fuzz_request_schema_never_5xx(tiny, path, body):
+    url = tiny[0]
+    if isinstance(body, bytes):
+        r = httpx.post(url + path, content=body, headers={**AUTH, "content-type": "application/json"}, timeout=60)
+    else:
+        r = httpx.post(url + path, content=json.dumps(body), headers={**AUTH, "content-type": "application/json"},
+                       timeout=60)
+    assert r.status_code < 500, r.text
+    if r.status_code >= 400:
+        assert set(r.json()["error"]) >= {"message", "type", "code"}
+
+
+# -- the real default model ----------------------------------------------------------------------
+def test_default_model_greedy_with_ngram():
+    llm = LLM(spec="ngram", max_model_len=1024, max_num_seqs=2)
+    messages = [{"role": "user", "content": "Repeat exactly: the quick brown fox jumps over the lazy dog, "
+                                             "the quick brown fox jumps over the lazy dog."}]
+    want = llm.generate(llm.chat_prompt(messages), SamplingParams(max_new_tokens=24))[0]
+    with running_server(create_app(llm)) as url:
+        c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        r = c.chat.completions.create(model=llm.model_name, messages=messages, max_tokens=24, temperature=0)
+        metrics = metric_values(url)
+    assert r.choices[0].message.content == want.text
+    assert r.usage.completion_tokens == len(want.token_ids)
+    spec = r.model_extra["spec_decode"]
+    assert spec["drafted"] > 0 and spec["accepted"] > 0 and spec["mean_accepted_len"] > 1.0
+    assert metrics[("specdec:spec_decode_num_draft_tokens_total", ())] == spec["drafted"]
+    assert metrics[("specdec:spec_decode_num_accepted_tokens_per_pos_total", (("position", "0"),))] >= 1
+
+
+# -- command line ----------------------------------------------------------------------------------
+def test_serve_flags_and_speculative_config():
+    args = build_parser().parse_args(["serve"])
+    assert args.host == "127.0.0.1" and args.port == 8000 and args.max_batch_size == 8
+    spec, budget = serve_config(args)
+    assert not spec.enabled and budget(1) == spec.draft_n_max
+
+    args = build_parser().parse_args(["serve", "--speculative-config",
+                                      '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, '
+                                      '"disable_by_batch_size": 3}'])
+    spec, budget = serve_config(args)
+    assert spec.types == (SpecType.NGRAM,) and spec.draft_n_max == 5 and spec.ngram_size_n == 4
+    assert budget == DraftBudget(5, 5, 3) and budget(4) == 0
+
+    assert spec_from_vllm_config('{"method": "suffix"}')[0].types == (SpecType.SUFFIX,)
+    spec, _ = spec_from_vllm_config('{"method": "draft_model", "model": "some/model", "num_speculative_tokens": 3}')
+    assert spec.types == (SpecType.DRAFT_MODEL,) and spec.draft_model == "some/model" and spec.draft_n_max == 3
+    assert spec_from_vllm_config('{"model": "[ngram]"}')[0].types == (SpecType.NGRAM,)
+    for bad in ('{"method": "eagle"}', "not json", "[1]", '{"method": "ngram", "num_speculative_tokens": 0}',
+                '{"method": "draft_model"}'):
+        with pytest.raises(ValueError):
+            spec_from_vllm_config(bad)
+    both = build_parser().parse_args(["serve", "--spec-type", "ngram", "--speculative-config", '{"method": "ngram"}'])
+    with pytest.raises(UsageError):
+        serve_config(both)
+    budget = serve_config(build_parser().parse_args(["serve", "--spec-type", "ngram", "--spec-draft-n-max", "6",
+                                                     "--spec-batch-draft-tokens", "12"]))[1]
+    assert [budget(b) for b in (1, 2, 3, 4, 6, 12, 13)] == [6, 6, 4, 3, 2, 1, 0]
