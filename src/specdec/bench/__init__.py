@@ -1,0 +1,1 @@
+"""specdec bench: Spec-Bench-style evaluation of drafting methods and peers (see bench.harness)."""

@@ -1,9 +1,222 @@
-"""specdec bench (being written)."""
+"""`specdec bench`: methods and peers side by side on Spec-Bench-style workloads, with oracle analysis.
+
+Writes OUT/report.md, OUT/results.jsonl (one record per run), OUT/run.json (command,
+machine, settings, notes: what report.md is rendered from besides the records) and PNG plots.
+A greedy speculative output that differs from plain decoding fails the run
+(exit status 1) after writing OUT/mismatch.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from specdec.bench.config import DEFAULT_METHODS, PEER_NAMES, BenchConfig, parse_methods
+from specdec.bench.workloads import WORKLOAD_NAMES, load_workload, load_workload_file
+from specdec.config import SpecConfig
+
+# --quick: a few prompts per workload, batch 1, greedy (creative keeps its temperature):
+# a few minutes on two CPU cores with the default 135M model.
+QUICK = dict(limit=1, max_turns=2, max_new_tokens=24, batch_sizes=[1], temperatures=[0.0])
+FULL = dict(limit=None, max_turns=None, max_new_tokens=128, batch_sizes=[1, 4, 16], temperatures=[0.0, 0.7])
 
 
-def add_bench_args(p) -> None:
-    pass
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
 
 
-def cmd_bench(args) -> int:
-    raise NotImplementedError
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {text!r}")
+    return values
+
+
+def _names(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    from specdec.cli import add_model_args, positive_int
+
+    add_model_args(p)
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help="comma list of spec types; '+' chains (e.g. suffix+draft-model); 'none' is always run "
+                        f"(default: {','.join(DEFAULT_METHODS)}, plus draft-model with --draft-model)")
+    p.add_argument("--workloads", type=_names, default=None,
+                   help=f"comma list from {','.join(WORKLOAD_NAMES)} (default: all)")
+    p.add_argument("--workload-file", default=None,
+                   help='extra JSONL workload: rows {"prompt": ...} or {"turns": [...], "system": ...}')
+    p.add_argument("--batch-sizes", type=_ints, default=None, help="default 1,4,16 (--quick: 1)")
+    p.add_argument("--temperatures", type=_floats, default=None, help="default 0,0.7 (--quick: 0)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=None, help="default 128 (--quick: 24)")
+    p.add_argument("--limit", type=positive_int, default=None,
+                   help="conversations per workload, spread evenly (default: all; --quick: 1)")
+    p.add_argument("--max-turns", type=positive_int, default=None,
+                   help="turns per conversation (default: all; --quick: 2)")
+    p.add_argument("--peers", type=_names, default=list(PEER_NAMES),
+                   help=f"comma list from {','.join(PEER_NAMES)}, or 'none' (default: all)")
+    p.add_argument("--peer-threads", type=positive_int, default=None,
+                   help="torch threads for peers (default: torch's default)")
+    p.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
+    p.add_argument("--quick", action="store_true", help="a few prompts per workload; minutes, not hours")
+    p.add_argument("--usd-per-hour", type=float, default=1.0, help="machine price for cost per M tokens")
+    p.add_argument("--draft-model", default=None, help="draft model: adds method draft-model and the "
+                                                       "transformers assistant_model peer")
+    p.add_argument("--spec-draft-n-max", type=positive_int, default=SpecConfig.draft_n_max,
+                   help="most drafted tokens per step, every method")
+    p.add_argument("--seed", type=int, default=0, help="base seed of sampled runs")
+    p.add_argument("--no-oracle", action="store_true", help="skip the oracle replay")
+
+
+def config_from_args(args: argparse.Namespace, argv: list[str] | None = None) -> BenchConfig:
+    from specdec.cli import UsageError
+
+    preset = QUICK if args.quick else FULL
+    pick = lambda name: preset[name] if getattr(args, name) is None else getattr(args, name)
+    try:
+        base = SpecConfig(draft_n_max=args.spec_draft_n_max, draft_model=args.draft_model)
+        text = args.methods + (",draft-model" if args.draft_model and "draft-model" not in args.methods else "")
+        methods = parse_methods(text, base)
+        if args.workloads is None and args.workload_file:
+            names = []
+        else:
+            names = args.workloads or list(WORKLOAD_NAMES)
+        workloads = [load_workload(n) for n in names]
+        if args.workload_file:
+            workloads.append(load_workload_file(args.workload_file))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    limit, max_turns = pick("limit"), pick("max_turns")
+    peers = [] if args.peers == ["none"] else args.peers
+    unknown = [p for p in peers if p not in PEER_NAMES]
+    if unknown:
+        raise UsageError(f"unknown peer {unknown[0]!r}; choose from: {', '.join(PEER_NAMES)}, none")
+    return BenchConfig(
+        methods=methods, workloads=[w.limited(limit, max_turns) for w in workloads], model=args.model,
+        dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, batch_sizes=pick("batch_sizes"),
+        temperatures=pick("temperatures"), max_new_tokens=pick("max_new_tokens"), limit=limit,
+        max_turns=max_turns, peers=peers, out=Path(args.out), quick=args.quick, usd_per_hour=args.usd_per_hour,
+        draft_model=args.draft_model, draft_n_max=args.spec_draft_n_max, seed=args.seed,
+        peer_threads=args.peer_threads, oracle=not args.no_oracle, command=command_line(argv),
+    )
+
+
+def command_line(argv: list[str] | None) -> str:
+    """The command as typed (when run from the shell); the report shows it."""
+    if argv is None and sys.argv[1:2] == ["bench"]:
+        argv = sys.argv[1:]
+    return "specdec " + shlex.join(argv) if argv else "specdec bench (called from Python)"
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from specdec.bench import harness, metrics, plots, report
+
+    cfg = config_from_args(args, getattr(args, "argv", None))
+    cfg.default_threads = torch.get_num_threads()  # before specdec's loader changes it
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    load_before = os.getloadavg()
+    print(f"[specdec bench] {len(cfg.methods)} methods x {len(cfg.workloads)} workloads, "
+          f"batch sizes {cfg.batch_sizes}, temperatures {cfg.temperatures}, peers {cfg.peers or 'none'} "
+          f"-> {cfg.out}", file=sys.stderr)
+    try:
+        result = harness.run_bench(cfg)
+    except harness.GreedyMismatchError as exc:
+        (cfg.out / "mismatch.txt").write_text(str(exc) + "\n")
+        print(f"specdec: error: {exc}", file=sys.stderr)
+        return 1
+    records = metrics.cell_records(result.cells, cfg.usd_per_hour)
+    if result.oracle:
+        records += metrics.oracle_records(result.oracle, result.pass_costs, result.pass_cost_context)
+    with open(cfg.out / "results.jsonl", "w") as f:
+        for rec in records:
+            f.write(json.dumps(rec) + "\n")
+    pngs = plots.write_plots(records, cfg.out)
+    meta = run_meta(cfg, result, time.perf_counter() - t0)
+    meta["load_before"], meta["load_after"] = load_before, os.getloadavg()
+    notes = run_notes(cfg, meta) + result.notes
+    (cfg.out / "report.md").write_text(report.render(records, meta, notes, [str(p) for p in pngs]))
+    (cfg.out / "run.json").write_text(json.dumps({"meta": meta, "notes": notes}, indent=1) + "\n")
+    print(f"[specdec bench] wrote {cfg.out / 'report.md'}, results.jsonl and {len(pngs)} plots "
+          f"in {(time.perf_counter() - t0) / 60:.1f} min", file=sys.stderr)
+    return 0
+
+
+def run_meta(cfg: BenchConfig, result, wall: float) -> dict:
+    import torch
+
+    from specdec.bench import report
+
+    return {
+        "command": cfg.command, "model": cfg.model or "SmolLM2-135M-Instruct (default)", "folder": result.folder,
+        "dtype": cfg.dtype, "device": cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+        "machine": report.machine_info(), "max_new_tokens": cfg.max_new_tokens, "limit": cfg.limit,
+        "max_turns": cfg.max_turns,
+        "quick": cfg.quick, "draft_n_max": cfg.draft_n_max, "usd_per_hour": cfg.usd_per_hour,
+        "requests": {w: len(r) for w, r in result.requests.items()},
+        "specdec_threads": torch.get_num_threads(), "peer_threads": cfg.peer_threads or cfg.default_threads,
+        "wall_seconds": wall, "code": code_version(),
+    }
+
+
+def code_version() -> str:
+    """The git commit specdec runs from (+ "dirty" with uncommitted changes), or the package version."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
+                                text=True, timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return f"specdec {version('specdec')}"
+        except PackageNotFoundError:
+            return "unknown"
+    return f"git {commit}" + (" + uncommitted changes" if dirty else "")
+
+
+def run_notes(cfg: BenchConfig, meta: dict) -> list[str]:
+    m = meta["machine"]
+    notes = []
+    if not (m["amx"] or m["avx512_bf16"]) and meta["device"] == "cpu":
+        notes.append("bfloat16 has no native support on this CPU (no AMX, no AVX512-BF16): bf16 matmuls are "
+                     "emulated and much slower than float32, so float32 is the fair setting here"
+                     + (" — this run used bfloat16." if cfg.dtype == "bfloat16" else "."))
+    notes.append("The creative workload always runs at temperature 1.0 (its own setting), whatever "
+                 "--temperatures says; greedy checks do not apply to sampled runs.")
+    notes.append("Batch sizes > 1 run static batches through the engine (start B sequences, step until all "
+                 "finish); tokens/s counts every sequence's tokens over the batch's wall time.")
+    notes.append("Peers run at batch size 1 only (transformers' prompt-lookup and assisted generation support "
+                 "no other) with a clean GenerationConfig (no top-k/top-p defaults).")
+    notes.append("Peak RSS is the bench process's high-water mark when the run finished (it only grows: peers "
+                 "load their own copy of the model). KV = specdec's preallocated static cache for every slot; "
+                 "drafter bytes = shared drafter state (suffix cache trie, draft model) where known.")
+    small = [w.name for w in cfg.workloads if w.num_requests < max(cfg.batch_sizes)]
+    if max(cfg.batch_sizes) > 1 and small:
+        notes.append(f"A batch holds at most the workload's requests: {', '.join(small)} have fewer than "
+                     f"{max(cfg.batch_sizes)}, so their larger batch sizes run smaller batches.")
+    if cfg.quick:
+        notes.append("--quick: one conversation per workload (at most two turns) and short outputs; numbers "
+                     "are noisy. Run without --quick for the full grid.")
+    return notes

@@ -1,0 +1,363 @@
+"""The benchmark harness: it owns prompts, warm-up, timing, the greedy check and the records.
+
+Each specdec method supplies only a SpecConfig; each peer only a ``generate``.
+Flow of one ``run_bench``:
+
+1. reference: specdec plain greedy decoding at batch size 1 over every workload.
+   Its answers build later turns' prompts, so every method and peer gets the
+   same token ids; its outputs are what greedy runs must reproduce exactly.
+2. specdec methods over workloads x batch sizes x temperatures. Greedy outputs
+   are compared with the reference, full lists, exactly: a mismatch stops the
+   run (GreedyMismatchError).
+3. peers at batch size 1 on the same token ids; their mismatches are counted.
+4. oracle: every drafter replays the reference outputs (see ``bench.oracle``).
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from specdec.bench import metrics, oracle
+from specdec.bench.config import BenchConfig, Method
+from specdec.bench.workloads import Conversation, Workload
+from specdec.config import SamplingParams
+from specdec.drafters.registry import DraftResources
+from specdec.drafters.suffix import SuffixCache
+from specdec.engine import Engine
+from specdec.runner import SeqInput
+from specdec.stats import SpecStats
+
+GREEDY = 0.0
+
+
+class GreedyMismatchError(RuntimeError):
+    """A greedy speculative output differs from plain decoding: losslessness is broken."""
+
+
+@dataclass(frozen=True)
+class Request:
+    workload: str
+    conv_id: str
+    turn: int
+    prompt_ids: tuple[int, ...]
+    seed: int
+
+
+@dataclass
+class Cell:
+    """One method or peer on one workload at one batch size and temperature."""
+
+    method: str
+    kind: str  # "specdec" or "peer"
+    workload: str
+    batch_size: int
+    temperature: float
+    output_ids: list[list[int]]
+    stats: SpecStats  # summed over requests; seconds is generation wall time
+    kv_bytes: int | None = None
+    drafter_bytes: int | None = None
+    peak_rss_bytes: int = 0
+    mismatches: int | None = None  # greedy outputs that differ from the reference; None when sampled
+
+
+@dataclass
+class BenchResult:
+    config: BenchConfig
+    cells: list[Cell] = field(default_factory=list)
+    requests: dict[str, list[Request]] = field(default_factory=dict)
+    reference: dict[str, list[list[int]]] = field(default_factory=dict)
+    oracle: dict[str, oracle.OracleResult] = field(default_factory=dict)
+    pass_costs: list[float] = field(default_factory=list)
+    pass_cost_context: int = 0
+    notes: list[str] = field(default_factory=list)
+    folder: str = ""  # the model folder specdec loaded
+
+
+def greedy_check_input(method: str, workload: str, outputs: list[list[int]]) -> list[list[int]]:
+    """What the greedy check compares with the reference: the outputs as produced.
+
+    A seam for tests, which swap it to inject a mismatch without breaking the verifier.
+    """
+    return outputs
+
+
+def check_greedy(cell: Cell, reference: list[list[int]]) -> None:
+    """Every greedy output must equal plain decoding's, token for token (whole lists, no zip)."""
+    outputs = greedy_check_input(cell.method, cell.workload, cell.output_ids)
+    if len(outputs) != len(reference):
+        raise GreedyMismatchError(
+            f"{cell.method} on {cell.workload} (batch {cell.batch_size}): {len(outputs)} outputs "
+            f"for {len(reference)} requests"
+        )
+    bad = [i for i, (got, want) in enumerate(zip(outputs, reference, strict=True)) if got != want]
+    cell.mismatches = len(bad)
+    if bad:
+        i = bad[0]
+        got, want = outputs[i], reference[i]
+        at = next((k for k in range(min(len(got), len(want))) if got[k] != want[k]), min(len(got), len(want)))
+        raise GreedyMismatchError(
+            f"LOSSLESSNESS BROKEN: greedy output of {cell.method!r} differs from plain decoding on "
+            f"workload {cell.workload!r} (batch size {cell.batch_size}) in {len(bad)} of {len(reference)} "
+            f"requests; request {i}: first difference at token {at} "
+            f"(got {got[at:at + 5]}, plain {want[at:at + 5]}; lengths {len(got)} vs {len(want)})"
+        )
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+# -- specdec ------------------------------------------------------------------------------------
+
+
+class MethodRunner:
+    """One loaded target model; switches drafting method by swapping the engine and draft resources."""
+
+    def __init__(self, cfg: BenchConfig) -> None:
+        from specdec.llm import LLM
+
+        self.cfg = cfg
+        self.llm = LLM(cfg.model, dtype=cfg.dtype, max_model_len=cfg.max_model_len, device=cfg.device,
+                       max_num_seqs=max(cfg.batch_sizes))
+        self._resources: dict[str, DraftResources] = {}
+
+    def use(self, method: Method) -> DraftResources:
+        """Make ``method`` current, with an empty suffix cache (each cell starts cold)."""
+        res = self._resources.get(method.name)
+        if res is None:
+            res = DraftResources(method.spec, self.llm.runner, self.llm.tokenizer, max(self.cfg.batch_sizes),
+                                 self.cfg.dtype, self.cfg.device)
+            self._resources[method.name] = res
+        if res.suffix_cache is not None:
+            res.suffix_cache = SuffixCache()
+        self.llm.spec, self.llm.drafts = method.spec, res
+        self.llm.engine = Engine(self.llm.runner, method.spec.draft_n_max, method.spec.draft_n_min)
+        return res
+
+    def run(self, requests: list[Request], temperature: float, batch_size: int,
+            tick: Callable[[int], None]) -> tuple[list[list[int]], SpecStats]:
+        outputs: list[list[int]] = []
+        total = SpecStats()
+        for start in range(0, len(requests), batch_size):
+            chunk = requests[start:start + batch_size]
+            params = [self.params(r, temperature) for r in chunk]
+            if batch_size == 1:
+                out = self.llm.generate([list(chunk[0].prompt_ids)], params[0])[0]
+                outs, stats = [out.token_ids], out.stats
+            else:
+                outs, stats = self._run_batch(chunk, params)
+            outputs += outs
+            total.merge(stats)
+            tick(len(chunk))
+        return outputs, total
+
+    def request(self, w: Workload, conv: Conversation, turn: int, answers: list[str], index: int,
+                notes: list[str]) -> Request | None:
+        """The request for one turn, or None (with a note) when it cannot fit in the context."""
+        ids = self.llm.chat_prompt(conv.messages(turn, answers))
+        room = self.llm.runner.max_seq_len - self.cfg.max_new_tokens - self.cfg.draft_n_max - 2
+        if len(ids) > room:
+            notes.append(f"{w.name} {conv.id} turn {turn + 1}: prompt of {len(ids)} tokens does not fit "
+                         f"with {self.cfg.max_new_tokens} new tokens in a {self.llm.runner.max_seq_len}-token "
+                         "context; skipped (with its later turns)")
+            return None
+        return Request(w.name, conv.id, turn, tuple(ids), self.cfg.seed + index)
+
+    def params(self, request: Request, temperature: float) -> SamplingParams:
+        seed = None if temperature == GREEDY else request.seed
+        return SamplingParams(max_new_tokens=self.cfg.max_new_tokens, temperature=temperature, seed=seed)
+
+    def _run_batch(self, chunk: list[Request], params: list[SamplingParams]) -> tuple[list[list[int]], SpecStats]:
+        """One static batch through the engine; verify time counts each batched pass once."""
+        engine = self.llm.engine
+        seqs = [self.llm.new_sequence(list(r.prompt_ids), p) for r, p in zip(chunk, params, strict=True)]
+        t0 = time.perf_counter()
+        try:
+            engine.start(seqs)
+            verify = max(s.stats.verify_seconds for s in seqs)
+            running = list(seqs)
+            while running:
+                before = running[0].stats.verify_seconds
+                engine.step(running)
+                verify += running[0].stats.verify_seconds - before  # every running seq got the pass time
+                for s in running:
+                    if s.finished:
+                        engine.finish(s)
+                running = [s for s in running if not s.finished]
+        finally:
+            for s in seqs:
+                if s.slot >= 0:
+                    engine.finish(s)
+        wall = time.perf_counter() - t0
+        total = SpecStats()
+        for s in seqs:
+            total.merge(s.stats)
+        total.seconds, total.verify_seconds = wall, verify
+        return [s.output_ids for s in seqs], total
+
+    def kv_bytes(self) -> int | None:
+        cache = getattr(self.llm.runner, "cache", None)
+        return getattr(cache, "nbytes", None)
+
+
+def build_requests(runner: MethodRunner, w: Workload, notes: list[str], first_seed: int,
+                   tick: Callable[[int], None]) -> tuple[list[Request], list[list[int]] | None, SpecStats | None]:
+    """The workload's requests, and plain greedy outputs when they are needed.
+
+    Later turns' prompts hold the plain greedy answers to earlier turns, so a
+    multi-turn workload (and any greedy one, for the greedy check) gets a
+    reference run; a single-turn workload with its own temperature does not.
+    """
+    need_reference = needs_reference(w)
+    llm = runner.llm
+    runner.use(runner.cfg.methods[0])
+    requests: list[Request] = []
+    outputs: list[list[int]] = []
+    stats = SpecStats()
+    for conv in w.conversations:
+        answers: list[str] = []
+        for turn in range(len(conv.turns)):
+            req = runner.request(w, conv, turn, answers, first_seed + len(requests), notes)
+            if req is None:  # too long for the context: the conversation ends here
+                break
+            requests.append(req)
+            if need_reference:
+                out = llm.generate([list(req.prompt_ids)], runner.params(req, GREEDY))[0]
+                outputs.append(out.token_ids)
+                stats.merge(out.stats)
+                answers.append(llm.tokenizer.decode(out.token_ids, skip_special_tokens=True).strip())
+                tick(1)
+    return requests, (outputs if need_reference else None), (stats if need_reference else None)
+
+
+def needs_reference(w: Workload) -> bool:
+    return w.temperature in (None, GREEDY) or any(len(c.turns) > 1 for c in w.conversations)
+
+
+def settings(cfg: BenchConfig, w: Workload) -> list[tuple[float, int]]:
+    """(temperature, batch size) pairs for ``w``; a workload with its own temperature runs only at that one."""
+    temps = cfg.temperatures if w.temperature is None else [w.temperature]
+    return [(t, b) for t in temps for b in cfg.batch_sizes]
+
+
+def run_workload(runner: MethodRunner, result: BenchResult, w: Workload, peers: list, bar: tqdm) -> None:
+    """Reference, then every method and peer on ``w``, back to back so machine drift hits all alike."""
+    from specdec.bench.peers import run_peer_cell
+
+    cfg = result.config
+    bar.set_description(f"reference {w.name}")
+    first_seed = cfg.seed + sum(len(v) for v in result.requests.values())
+    requests, ref_outputs, ref_stats = build_requests(runner, w, result.notes, first_seed, bar.update)
+    dropped = w.num_requests - len(requests)  # too long for the context
+    if dropped:
+        bar.total -= dropped * (num_cells(cfg, w, len(peers)) + needs_reference(w))
+        bar.refresh()
+    if not requests:
+        result.notes.append(f"workload {w.name}: no request fits in the context; skipped")
+        return
+    result.requests[w.name] = requests
+    if ref_outputs is not None:
+        result.reference[w.name] = ref_outputs
+    for temperature, batch_size in settings(cfg, w):
+        for method in cfg.methods:
+            res = runner.use(method)
+            if method.is_plain and temperature == GREEDY and batch_size == 1:
+                outputs, stats = ref_outputs, ref_stats  # the reference run is this cell
+                bar.update(len(requests))
+            else:
+                bar.set_description(f"{method.name} {w.name} B{batch_size} T{temperature:g}")
+                outputs, stats = runner.run(requests, temperature, batch_size, bar.update)
+            cell = Cell(method.name, "specdec", w.name, batch_size, temperature, outputs, stats,
+                        kv_bytes=runner.kv_bytes(), drafter_bytes=metrics.drafter_bytes(res),
+                        peak_rss_bytes=peak_rss_bytes())
+            result.cells.append(cell)
+            if temperature == GREEDY:
+                check_greedy(cell, ref_outputs)
+        for peer in peers if batch_size == 1 else []:
+            bar.set_description(f"{peer.name} {w.name} T{temperature:g}")
+            result.cells.append(run_peer_cell(peer, runner, result, w.name, temperature, bar))
+
+
+def num_cells(cfg: BenchConfig, w: Workload, num_peers: int) -> int:
+    pairs = settings(cfg, w)
+    return len(pairs) * len(cfg.methods) + sum(b == 1 for _, b in pairs) * num_peers
+
+
+# -- oracle -------------------------------------------------------------------------------------
+
+
+def measure_pass_costs(runner: MethodRunner, context_ids: list[int], max_width: int, reps: int = 7) -> list[float]:
+    """Seconds of a target pass over T = 1..max_width tokens after ``context_ids``.
+
+    The minimum of ``reps`` runs: on a shared machine, interference only ever adds time.
+    """
+    target = runner.llm.runner
+    slot = target.allocate()
+    try:
+        target.run([SeqInput(slot, context_ids, all_logits=False)])
+        start = target.lengths[slot]
+        probe = (context_ids * (max_width // max(len(context_ids), 1) + 1))[:max_width]
+        costs = []
+        for width in range(1, max_width + 1):
+            times = []
+            for _ in range(reps):
+                out = target.run([SeqInput(slot, probe[:width])])
+                target.commit(slot, start, [])  # roll back: the probe must not stay in the cache
+                times.append(out.seconds)
+            costs.append(min(times))
+        return costs
+    finally:
+        target.free(slot)
+
+
+def run_oracle(runner: MethodRunner, result: BenchResult) -> None:
+    cfg = result.config
+    drafting = [m for m in cfg.methods if not m.is_plain]
+    greedy = [w for w in cfg.workloads if w.name in result.reference and w.temperature is None]
+    if not drafting or not greedy:
+        return
+    pairs = [(r.prompt_ids, out) for w in greedy
+             for r, out in zip(result.requests[w.name], result.reference[w.name], strict=True)]
+    lengths = sorted(len(p) + len(o) // 2 for p, o in pairs)
+    context_len = min(lengths[len(lengths) // 2], cfg.max_model_len - cfg.draft_n_max - 4)
+    context = [t for p, _ in pairs for t in p][:context_len]
+    result.pass_cost_context = len(context)
+    result.pass_costs = measure_pass_costs(runner, context, cfg.draft_n_max + 1)
+    with tqdm(total=len(pairs), desc="oracle replay", unit="req", dynamic_ncols=True) as bar:
+        for w in greedy:
+            makers = {}
+            for m in drafting:
+                res = runner.use(m)  # fresh suffix cache per workload, as in the timed runs
+                makers[m.name] = res.new_drafter
+            reqs = [(r.prompt_ids, out) for r, out in zip(result.requests[w.name], result.reference[w.name],
+                                                           strict=True)]
+            logs = oracle.replay_all(makers, reqs, cfg.max_new_tokens, cfg.draft_n_max,
+                                     progress=lambda: bar.update(1))
+            result.oracle[w.name] = oracle.analyse(logs, [len(o) for _, o in reqs], result.pass_costs)
+
+
+# -- the whole run ------------------------------------------------------------------------------
+
+
+def run_bench(cfg: BenchConfig) -> BenchResult:
+    from specdec.bench.peers import make_peers
+
+    result = BenchResult(cfg)
+    runner = MethodRunner(cfg)
+    result.folder = str(runner.llm.folder)
+    runner.llm.warmup()
+    peers = make_peers(result, runner)
+    # Progress counts requests: the reference run, then each cell (the plain greedy batch-1
+    # cell is the reference run itself).
+    total = sum(w.num_requests * (num_cells(cfg, w, len(peers)) + needs_reference(w)) for w in cfg.workloads)
+    with tqdm(total=total, desc="bench", unit="req", dynamic_ncols=True) as bar:
+        for w in cfg.workloads:
+            run_workload(runner, result, w, peers, bar)
+    if cfg.oracle:
+        run_oracle(runner, result)
+    return result

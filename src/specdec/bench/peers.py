@@ -1,0 +1,182 @@
+"""Peers: other engines run on the same token ids with the same token budget.
+
+- ``transformers``: ``model.generate`` plain, with prompt lookup
+  (``prompt_lookup_num_tokens``), and with ``assistant_model`` when the run has a
+  draft model. The model is loaded from the folder specdec itself uses, in the
+  same dtype, and runs with torch's default thread count (specdec's loader may
+  have lowered it: see ``torch_threads``).
+- ``llama-cpp``: llama-cpp-python plain and with ``LlamaPromptLookupDecoding``,
+  only when ``llama_cpp`` is importable and the model is a GGUF file. Known
+  settings: on CPUs with AMX, ``llama_decode`` segfaults on batches of more than
+  one token unless ``use_extra_bufts=False`` (passed when the installed version
+  takes it); with a draft model, contexts past 512 tokens need ``logits_all=True``.
+
+Peers run at batch size 1 (transformers' assisted generation supports no other).
+Token counts come from token ids; greedy outputs that differ from specdec's plain
+decoding are counted, not fatal (kernels differ, so near-ties may flip).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import inspect
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specdec.bench.harness import GREEDY, BenchResult, Cell, MethodRunner, Request, peak_rss_bytes
+from specdec.config import SamplingParams
+from specdec.stats import SpecStats
+
+PROMPT_LOOKUP_TOKENS = 10  # transformers' and llama-cpp-python's documented default
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class Peer(ABC):
+    name: str
+
+    @abstractmethod
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
+        """Output token ids (EOS included when produced), at most params.max_new_tokens."""
+
+    def warmup(self) -> None:
+        self.generate([1, 2, 3], SamplingParams(max_new_tokens=4))
+
+
+class TransformersPeer(Peer):
+    def __init__(self, model, eos_ids: list[int], mode: str = "plain", assistant=None) -> None:
+        self.model, self.eos_ids, self.mode, self.assistant = model, eos_ids, mode, assistant
+        self.name = "transformers" if mode == "plain" else f"transformers+{mode}"
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
+        x = torch.tensor([prompt_ids])
+        kwargs = dict(
+            attention_mask=torch.ones_like(x), max_new_tokens=params.max_new_tokens,
+            eos_token_id=self.eos_ids, pad_token_id=self.eos_ids[0],
+        )
+        if params.greedy:
+            kwargs.update(do_sample=False)
+        else:
+            kwargs.update(do_sample=True, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+            torch.manual_seed(params.seed or 0)
+        if self.mode == "prompt-lookup":
+            kwargs.update(prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS)
+        elif self.mode == "assisted":
+            kwargs.update(assistant_model=self.assistant)
+        with torch.inference_mode():
+            out = self.model.generate(x, **kwargs)
+        return out[0, len(prompt_ids):].tolist()
+
+
+def load_transformers(folder: Path, dtype: str):
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+    # A clean generation config: the folder's may carry sampling defaults (top_k=50, ...)
+    # that specdec does not apply; everything is passed explicitly per call.
+    model.generation_config = GenerationConfig(bos_token_id=model.config.bos_token_id)
+    return model
+
+
+class LlamaCppPeer(Peer):
+    def __init__(self, gguf: Path, n_ctx: int, eos_ids: list[int], lookup: bool, threads: int) -> None:
+        from llama_cpp import Llama
+
+        kwargs = dict(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, verbose=False)
+        if "use_extra_bufts" in inspect.signature(Llama.__init__).parameters:
+            kwargs["use_extra_bufts"] = False  # AMX CPUs: multi-token decode segfaults otherwise
+        if lookup:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            kwargs["draft_model"] = LlamaPromptLookupDecoding(num_pred_tokens=PROMPT_LOOKUP_TOKENS)
+            kwargs["logits_all"] = n_ctx > 512  # drafting past 512 tokens of context needs every logit
+        self.llama = Llama(**kwargs)
+        self.eos_ids = set(eos_ids)
+        self.name = "llama-cpp+prompt-lookup" if lookup else "llama-cpp"
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
+        out: list[int] = []
+        if params.seed is not None:
+            self.llama.set_seed(params.seed)
+        for tok in self.llama.generate(prompt_ids, temp=params.temperature, top_k=params.top_k,
+                                       top_p=params.top_p, min_p=0.0, repeat_penalty=1.0, reset=True):
+            out.append(int(tok))
+            if tok in self.eos_ids or len(out) >= params.max_new_tokens:
+                break
+        return out
+
+
+def gguf_path(model: str | None) -> Path | None:
+    if model is None:
+        from specdec.model.weights import default_model_path
+
+        return default_model_path()
+    return Path(model) if str(model).endswith(".gguf") else None
+
+
+def make_peers(result: BenchResult, runner: MethodRunner) -> list[Peer]:
+    """The requested peers that can run here; a note in the report for each one skipped."""
+    cfg, llm = result.config, runner.llm
+    eos = list(llm.runner.eos_token_ids)
+    peers: list[Peer] = []
+    if "transformers" in cfg.peers:
+        model = load_transformers(llm.folder, cfg.dtype)
+        peers += [TransformersPeer(model, eos), TransformersPeer(model, eos, "prompt-lookup")]
+        if cfg.draft_model:
+            from specdec.model.weights import resolve_model
+
+            assistant = load_transformers(resolve_model(cfg.draft_model), cfg.dtype)
+            peers.append(TransformersPeer(model, eos, "assisted", assistant))
+    if "llama-cpp" in cfg.peers:
+        gguf = gguf_path(cfg.model)
+        if importlib.util.find_spec("llama_cpp") is None:
+            result.notes.append(
+                "llama-cpp peer skipped: llama-cpp-python is not installed (`pip install specdec[llama-cpp]`). "
+                "Known settings when it is: on AMX CPUs `llama_decode` segfaults on batches of more than one "
+                "token unless `use_extra_bufts=False`; with a draft model, contexts past 512 tokens need "
+                "`logits_all=True`."
+            )
+        elif gguf is None:
+            result.notes.append("llama-cpp peer skipped: it needs a GGUF model (--model FILE.gguf).")
+        else:
+            threads = cfg.peer_threads or cfg.default_threads
+            peers += [LlamaCppPeer(gguf, cfg.max_model_len, eos, lookup, threads) for lookup in (False, True)]
+    with torch_threads(cfg.peer_threads or cfg.default_threads):
+        for peer in peers:
+            peer.warmup()
+    return peers
+
+
+def run_peer_cell(peer: Peer, runner: MethodRunner, result: BenchResult, workload: str, temperature: float,
+                  bar: tqdm) -> Cell:
+    requests: list[Request] = result.requests[workload]
+    outputs, stats = [], SpecStats()
+    with torch_threads(result.config.peer_threads or result.config.default_threads):
+        for req in requests:
+            params = runner.params(req, temperature)
+            t0 = time.perf_counter()
+            ids = peer.generate(list(req.prompt_ids), params)
+            stats.seconds += time.perf_counter() - t0
+            stats.new_tokens += len(ids)
+            stats.prompt_tokens += len(req.prompt_ids)
+            outputs.append(ids)
+            bar.update(1)
+    cell = Cell(peer.name, "peer", workload, 1, temperature, outputs, stats, peak_rss_bytes=peak_rss_bytes())
+    if temperature == GREEDY and workload in result.reference:
+        ref = result.reference[workload]
+        cell.mismatches = sum(got != want for got, want in zip(outputs, ref, strict=True))
+    return cell

@@ -1,0 +1,248 @@
+"""specdec bench: workloads, oracle math, an end-to-end quick run on a tiny model, and the greedy check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specdec.bench import harness, metrics, oracle
+from specdec.bench.config import parse_methods
+from specdec.bench.oracle import StepLog, accepted_length, analyse, pass_cost, replay, walk
+from specdec.bench.workloads import (
+    MT_BENCH_CATEGORIES,
+    WORKLOAD_NAMES,
+    Conversation,
+    load_workload,
+    load_workload_file,
+)
+from specdec.cli import main
+from specdec.config import SpecConfig
+from specdec.drafters.base import DraftProposal
+from specdec.drafters.ngram import NgramDrafter
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- workloads ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", WORKLOAD_NAMES)
+def test_workloads_load_and_are_reproducible(name):
+    first, second = load_workload(name), load_workload(name)
+    assert first == second  # frozen dataclasses: equal field by field, prompts included
+    assert first.conversations and all(c.turns and all(t.strip() for t in c.turns) for c in first.conversations)
+    assert first.limited(3) == second.limited(3)
+    assert len(first.limited(3).conversations) == min(3, len(first.conversations))
+    assert all(len(c.turns) <= 1 for c in first.limited(None, max_turns=1).conversations)
+
+
+def test_spec_bench_groups():
+    mt = load_workload("mt_bench")
+    assert {c.category for c in mt.conversations} == set(MT_BENCH_CATEGORIES)
+    assert all(len(c.turns) == 2 for c in mt.conversations)
+    for group in ("translation", "summarization", "qa", "math_reasoning", "rag"):
+        w = load_workload(group)
+        assert len(w.conversations) == 40 and {c.category for c in w.conversations} == {group}
+    # limited() spreads over the list: the MT-bench pick covers several categories
+    assert len({c.category for c in mt.limited(4).conversations}) == 4
+
+
+def test_code_edit_prompts_hold_stdlib_source():
+    import inspect
+    import textwrap as tw
+
+    w = load_workload("code_edit")
+    indent = next(c for c in w.conversations if c.id.startswith("textwrap.indent"))
+    prompt = indent.turns[0]
+    assert "renaming the parameter `text` to `text_value`" in prompt
+    assert "Output the full function." in prompt
+    assert tw.dedent(inspect.getsource(tw.indent)).rstrip() in prompt
+
+
+def test_special_workloads():
+    agentic = load_workload("agentic")
+    assert all(len(c.turns) >= 3 for c in agentic.conversations) and agentic.temperature is None
+    assert load_workload("creative").temperature == 1.0
+    with pytest.raises(ValueError, match="unknown workload"):
+        load_workload("nope")
+
+
+def test_conversation_messages_feed_back_answers():
+    conv = Conversation("c", ("first?", "second?"), system="be brief")
+    assert conv.messages(1, ["answer one"]) == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "first?"},
+        {"role": "assistant", "content": "answer one"},
+        {"role": "user", "content": "second?"},
+    ]
+    with pytest.raises(ValueError):
+        conv.messages(1, [])
+
+
+def test_workload_file(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"prompt": "hi", "temperature": 0.5}\n\n{"turns": ["a", "b"], "system": "s"}\n')
+    w = load_workload_file(path)
+    assert w.name == "mine" and w.temperature == 0.5 and w.num_requests == 3
+    path.write_text('{"nothing": 1}\n')
+    with pytest.raises(ValueError, match="turns"):
+        load_workload_file(path)
+
+
+def test_workload_data_ships_with_the_package():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"specdec.bench" = ["workloads/*.jsonl", "workloads/*.md"]' in pyproject
+    folder = ROOT / "src/specdec/bench/workloads"
+    shipped = {"spec_bench_dev.jsonl", "agentic.jsonl", "creative.jsonl", "NOTICE.md"}
+    assert shipped <= {f.name for f in folder.iterdir()}
+    assert "Apache" in (folder / "NOTICE.md").read_text()
+
+
+def test_parse_methods():
+    methods = parse_methods("ngram,suffix+draft-self", SpecConfig(draft_n_max=5))
+    assert [m.name for m in methods] == ["none", "ngram", "suffix+draft-self"]  # plain always first
+    assert methods[0].is_plain and methods[2].spec.draft_n_max == 5
+    assert [t.value for t in methods[2].spec.types] == ["suffix", "draft-self"]
+    with pytest.raises(ValueError, match="draft-model"):
+        parse_methods("draft-model", SpecConfig())
+
+
+# -- oracle math --------------------------------------------------------------------------------
+
+
+def _logs(rows):
+    return [StepLog(d, a) for d, a in rows]
+
+
+def test_oracle_worked_example():
+    """The module docstring's example, pass by pass."""
+    a = _logs([(2, 2), (0, 0), (0, 0), (2, 0), (2, 1), (0, 0)])
+    b = _logs([(1, 1), (4, 3), (0, 0), (4, 2), (0, 0), (0, 0)])
+    costs = [1.0, 1.1, 1.2, 1.35, 1.5]  # T = 1..5 tokens
+    assert walk({"A": a}, 6, costs).passes == 3
+    assert walk({"B": b}, 6, costs).passes == 3
+    best = walk({"A": a, "B": b}, 6, costs)
+    assert best.passes == 2 and best.tau == 3.0 and best.picks == {"A": 1, "B": 1}
+    assert best.seconds == pytest.approx(1.2 + 1.5)
+
+    result = analyse({"A": [a], "B": [b]}, [6], costs)
+    assert result.plain.passes == 6 and result.plain.seconds == pytest.approx(6.0)
+    assert result.pass_speedup(result.oracle) == pytest.approx(3.0)
+    assert result.time_speedup(result.oracle) == pytest.approx(6.0 / 2.7)
+    # A alone: (2,2) at 0 costs T=3; at 3 its (2,0) draft is skipped (no draft is cheaper); (2,1) at 4 costs T=3
+    assert result.drafters["A"].seconds == pytest.approx(1.2 + 1.0 + 1.2)
+    assert result.drafters["A"].picks == {"A": 2, "(none)": 1}
+
+
+def test_oracle_counts_drafting_time_and_caps_at_the_end():
+    # the last step may accept more than remains: the walk stops at the output's end
+    logs = _logs([(4, 4), (0, 0), (0, 0)])
+    logs = [StepLog(4, 4, seconds=0.5), *logs[1:]]
+    w = walk({"x": logs}, 3, [1.0, 2.0])
+    assert w.passes == 1 and w.tokens == 3
+    assert w.seconds == pytest.approx(pass_cost([1.0, 2.0], 5) + 0.5)
+    with pytest.raises(ValueError, match="steps logged"):
+        analyse({"x": [logs]}, [4], [1.0])
+
+
+def test_pass_cost_extrapolates_linearly():
+    assert pass_cost([1.0, 1.5], 2) == 1.5
+    assert pass_cost([1.0, 1.5], 4) == pytest.approx(2.5)
+    assert pass_cost([2.0], 3) == pytest.approx(6.0)
+
+
+def test_accepted_length_chain_and_tree():
+    assert accepted_length(DraftProposal([5, 6, 9]), [5, 6, 7]) == 2
+    assert accepted_length(DraftProposal([5, 6]), [5]) == 1  # truth ends first
+    assert accepted_length(DraftProposal([]), [1, 2]) == 0
+    tree = DraftProposal([5, 8, 6], parents=[0, 0, 1])  # 5 and 8 under the root, 6 under 5
+    assert accepted_length(tree, [5, 6, 7]) == 2
+    assert accepted_length(tree, [8, 6]) == 1
+    assert accepted_length(tree, [9]) == 0
+
+
+def test_replay_logs_what_ngram_would_accept():
+    prompt = [1, 2, 3, 4, 9]
+    output = [1, 2, 3, 4, 7]
+    logs = replay(NgramDrafter(max_n=3, min_n=1), prompt, output, max_new_tokens=5, draft_n_max=4)
+    assert len(logs) == len(output)
+    # position 0: context ends "... 4 9"; last 1-gram [9] has no earlier match -> nothing
+    assert logs[0] == StepLog(0, 0, logs[0].seconds)
+    # position 1: context ends "9 1"; [1] matched at 0 -> proposes [2, 3, 4, 9], truth [2, 3, 4, 7] -> 3
+    assert (logs[1].drafted, logs[1].accepted) == (3, 3)  # room = min(4, 5 - 1 - 1) = 3
+    # the last position has no room before max_new_tokens: not asked
+    assert logs[4] == oracle.SKIP
+
+
+def test_overall_sums_before_dividing():
+    def rec(method, workload, tokens, seconds):
+        return {"kind": "specdec", "method": method, "workload": workload, "batch_size": 1, "temperature": 0.0,
+                "new_tokens": tokens, "seconds": seconds, "decode_passes": tokens, "draft_seconds": 0.0,
+                "verify_seconds": seconds}
+
+    records = [rec("none", "a", 10, 1.0), rec("none", "b", 10, 4.0), rec("x", "a", 10, 0.5), rec("x", "b", 10, 4.0)]
+    tot = metrics.overall(records)
+    assert tot[("none", 1, 0.0)]["tokens_per_s"] == pytest.approx(4.0)
+    assert tot[("x", 1, 0.0)]["speedup"] == pytest.approx((20 / 4.5) / 4.0)
+    assert metrics.acceptance_by_pos([3], [4, 2]) == [0.75, 0.0]
+
+
+# -- end to end ---------------------------------------------------------------------------------
+
+
+def test_quick_run_on_tiny_model(tiny_llama, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["bench", "--quick", "--model", str(tiny_llama), "--limit", "1", "--max-new-tokens", "6",
+               "--workloads", "qa,code_edit,agentic,creative", "--batch-sizes", "1,2", "--peers",
+               "transformers,llama-cpp", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    report = (out / "report.md").read_text()
+    assert "| `transformers` |" in report and "| `transformers+prompt-lookup` |" in report
+    assert "specdec bench" in report and "## Oracle analysis" in report
+    assert "llama-cpp" in report  # run, or skipped with a notice
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    runs = [r for r in records if r["kind"] in ("specdec", "peer")]
+    methods = {r["method"] for r in runs}
+    assert {"none", "ngram", "suffix", "draft-self", "transformers"} <= methods
+    assert {r["batch_size"] for r in runs if r["kind"] == "specdec"} == {1, 2}
+    assert {r["temperature"] for r in runs if r["workload"] == "creative"} == {1.0}
+    greedy = [r for r in runs if r["kind"] == "specdec" and r["temperature"] == 0.0]
+    assert greedy and all(r["greedy_mismatches"] == 0 for r in greedy)
+    none_qa = next(r for r in runs if r["method"] == "none" and r["workload"] == "qa" and r["batch_size"] == 1)
+    assert none_qa["speedup"] == 1.0 and none_qa["new_tokens"] > 0
+    assert any(r["kind"] == "oracle" and r["workload"] == "overall" for r in records)
+    assert len(list(out.glob("*.png"))) >= 1
+
+
+def test_greedy_mismatch_fails_loudly(tiny_llama, tmp_path, monkeypatch, capsys):
+    def corrupt(method, workload, outputs):
+        if method != "ngram":
+            return outputs
+        return [[*o[:-1], o[-1] + 1] for o in outputs]  # change each output's last token
+
+    monkeypatch.setattr(harness, "greedy_check_input", corrupt)
+    out = tmp_path / "out"
+    rc = main(["bench", "--quick", "--model", str(tiny_llama), "--limit", "1", "--max-new-tokens", "4",
+               "--workloads", "qa", "--methods", "none,ngram", "--peers", "none", "--no-oracle",
+               "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "LOSSLESSNESS BROKEN" in err and "'ngram'" in err
+    assert "LOSSLESSNESS BROKEN" in (out / "mismatch.txt").read_text()
+    assert not (out / "report.md").exists()
+
+
+def test_greedy_check_compares_whole_lists():
+    cell = harness.Cell("m", "specdec", "w", 1, 0.0, [[1, 2, 3]], metrics_stats())
+    with pytest.raises(harness.GreedyMismatchError, match="lengths 3 vs 4"):
+        harness.check_greedy(cell, [[1, 2, 3, 4]])  # a prefix is not a match
+    harness.check_greedy(cell, [[1, 2, 3]])
+    assert cell.mismatches == 0
+
+
+def metrics_stats():
+    from specdec.stats import SpecStats
+
+    return SpecStats()
