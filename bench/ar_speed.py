@@ -53,6 +53,13 @@ def transformers_speed(folder, dtype: torch.dtype, prompts: list[list[int]], n: 
     return tokens / seconds, outs
 
 
+def until_eos(ids: list[int], eos: set[int]) -> list[int]:
+    """Tokens up to the first EOS: past it specdec (ignore_eos) and transformers (min_new_tokens,
+    which masks EOS) legitimately differ."""
+    cut = next((i for i, t in enumerate(ids) if t in eos), len(ids))
+    return ids[:cut]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
@@ -70,12 +77,13 @@ def main() -> None:
         theirs, their_ids = transformers_speed(
             llm.folder, llm.runner.dtype, prompts, args.max_new_tokens, default_threads
         )
-        same = sum(a == b for a, b in zip(our_ids, their_ids, strict=True))
+        eos = set(llm.runner.eos_token_ids)
+        same = sum(until_eos(a, eos) == until_eos(b, eos) for a, b in zip(our_ids, their_ids, strict=True))
         rows.append((dtype, ours, theirs, backend, our_threads, same, len(prompts)))
         del llm
     print(f"CPU: {platform.processor() or platform.machine()}, {default_threads} threads, torch {torch.__version__}")
     print(f"{args.max_new_tokens} new tokens x {len(PROMPTS)} chat prompts, greedy, default model\n")
-    print("| dtype | specdec tok/s | transformers tok/s | ratio | specdec matmul | same greedy output |")
+    print("| dtype | specdec tok/s | transformers tok/s | ratio | specdec matmul | same greedy output (to EOS) |")
     print("|---|---|---|---|---|---|")
     for dtype, ours, theirs, backend, threads, same, total in rows:
         print(f"| {dtype} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f}x | {backend} ({threads} torch thread) "

@@ -26,24 +26,23 @@ QUICK = dict(limit=1, max_turns=2, max_new_tokens=24, batch_sizes=[1], temperatu
 FULL = dict(limit=None, max_turns=None, max_new_tokens=128, batch_sizes=[1, 4, 16], temperatures=[0.0, 0.7])
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return values
+def _number_list(parse: type, minimum: float, what: str):
+    """argparse type for '1,4,16': a non-empty list of ``parse`` values >= ``minimum``."""
+
+    def convert(text: str) -> list:
+        try:
+            values = [parse(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") from None
+        if not values or any(v < minimum for v in values):
+            raise argparse.ArgumentTypeError(f"expected {what} >= {minimum}, got {text!r}")
+        return values
+
+    return convert
 
 
-def _floats(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {text!r}")
-    return values
+_ints = _number_list(int, 1, "integers")
+_floats = _number_list(float, 0, "numbers")
 
 
 def _names(text: str) -> list[str]:
