@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specdec.config import SamplingParams, SpecConfig, SpecType, parse_spec_types
 from specdec.drafters.registry import DraftResources
@@ -126,7 +126,7 @@ class LLM:
             t0 = time.perf_counter()
             for i in range(params.n):
                 seed = None if params.seed is None else params.seed + i
-                sample_params = _replace(params, seed=seed)
+                sample_params = replace(params, seed=seed)
                 text, tokens, reason, stats = self._run_one(ids, sample_params)
                 out.choices.append(Completion(text, tokens, reason))
                 out.stats.merge(stats)
@@ -144,12 +144,6 @@ class LLM:
     def warmup(self) -> None:
         """One short generation so timings exclude first-call costs (allocations, kernel picks)."""
         self.generate("Hello", SamplingParams(max_new_tokens=4))
-
-
-def _replace(params: SamplingParams, **changes) -> SamplingParams:
-    from dataclasses import replace
-
-    return replace(params, **changes)
 
 
 __all__ = ["LLM", "Output", "Completion", "StreamEvent", "SamplingParams", "SpecConfig", "SpecType",
