@@ -23,6 +23,7 @@ from specdec.model.weights import (
     read_model_config,
     resolve_model,
 )
+from specdec.tree import DraftTree
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -142,8 +143,6 @@ class NativeRunner(ModelRunner):
                 depth[i, :n] = torch.arange(n)
                 tree_mask[i, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
             else:
-                from specdec.tree import DraftTree
-
                 tree = DraftTree(s.token_ids, s.parents)
                 depth[i, :n] = torch.tensor(tree.depths)
                 tree_mask[i, :n, :n] = tree.ancestor_mask()
