@@ -165,20 +165,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print(json.dumps(record), flush=True)
         else:
             for i in range(params.n):
-                sample = params if params.n == 1 else _seeded(params, i)
-                for event in llm.stream(prompt, sample):
+                for event in llm.stream(prompt, params.for_choice(i)):
                     sys.stdout.write(event.text)
                     sys.stdout.flush()
                     if event.finished:
                         print()
                         print(stats_line(event.stats, spec), file=sys.stderr)
     return 0
-
-
-def _seeded(params: SamplingParams, i: int) -> SamplingParams:
-    from dataclasses import replace
-
-    return replace(params, n=1, seed=None if params.seed is None else params.seed + i)
 
 
 def stats_line(stats, spec: SpecConfig) -> str:

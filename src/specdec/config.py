@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def for_choice(self, i: int) -> SamplingParams:
+        """Settings of the i-th of n samples: one sequence, seed + i (kept below 2**63)."""
+        seed = None if self.seed is None else (self.seed + i) % 2**63
+        return replace(self, n=1, seed=seed)
 
 
 class SpecType(str, enum.Enum):

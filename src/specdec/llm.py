@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from specdec.config import SamplingParams, SpecConfig, SpecType, parse_spec_types
 from specdec.drafters.registry import DraftResources
@@ -125,9 +125,7 @@ class LLM:
             out = Output(prompt, ids, [])
             t0 = time.perf_counter()
             for i in range(params.n):
-                seed = None if params.seed is None else params.seed + i
-                sample_params = replace(params, seed=seed)
-                text, tokens, reason, stats = self._run_one(ids, sample_params)
+                text, tokens, reason, stats = self._run_one(ids, params.for_choice(i))
                 out.choices.append(Completion(text, tokens, reason))
                 out.stats.merge(stats)
             out.stats.seconds = time.perf_counter() - t0

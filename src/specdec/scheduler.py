@@ -302,7 +302,8 @@ class Scheduler:
         seqs = [s for r in self._running for s in r.seqs if not s.finished]
         if not seqs:
             return
-        k = min(self.budget(len(seqs)), self._context_room(seqs))
+        # The engine itself cuts drafts so a padded batch pass fits every sequence's cache.
+        k = self.budget(len(seqs))
         self.engine.draft_n_max = k
         before = [(s.stats.drafts, s.stats.drafted, s.stats.accepted, s.stats.draft_seconds, s.stats.verify_seconds)
                   for s in seqs]
@@ -326,15 +327,6 @@ class Scheduler:
             self.metrics.record_step(len(seqs), k, seconds, draft_s, verify_s)
         for req in list(self._running):
             self._deliver_step(req, new_by_seq)
-
-    def _context_room(self, seqs: list[Sequence]) -> int:
-        """Largest K the batch's context allows: the pass pads every sequence to 1 + K new tokens.
-
-        Without this cap, one sequence drafting K tokens while another sits near the end of
-        the context would push the padded pass past the cache, and the runner fails the step.
-        """
-        runner = self.engine.runner
-        return max(0, min(runner.max_seq_len - runner.lengths[s.slot] - 1 for s in seqs) - 1)
 
     def _deliver_step(self, req: Request, new_by_seq: dict[int, list[int]]) -> None:
         if req.error is not None:

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from specdec.config import SamplingParams, SpecConfig, SpecType
 from specdec.scheduler import DraftBudget, QueueFullError, Request, Scheduler
@@ -285,8 +285,7 @@ async def serve(state: ServerState, request, body, prompts: list[list[int]], cha
     for ids in prompts:
         params = sampling_params(state, body, len(ids), chat)
         for j in range(body.n):
-            seed = None if params.seed is None else (params.seed + j) % 2**63
-            seqs.append(state.llm.new_sequence(ids, replace(params, seed=seed)))
+            seqs.append(state.llm.new_sequence(ids, params.for_choice(j)))
     prefix = "chatcmpl" if chat else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     try:
