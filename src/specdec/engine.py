@@ -189,7 +189,31 @@ class Engine:
             seq.finish_reason = "length"
         return tokens[:left]
 
-    # -- one sequence to the end ---------------------------------------------------------------
+    # -- to the end ----------------------------------------------------------------------------
+    def run_batch(self, seqs: list[Sequence]) -> float:
+        """Run a static batch until every sequence finishes; return seconds spent in target passes.
+
+        Each batched pass counts once (every sequence's own stats count it in full).
+        Finished sequences leave the batch, and free their slot, at once.
+        """
+        try:
+            self.start(seqs)
+            pass_seconds = max(s.stats.verify_seconds for s in seqs)  # the one prefill pass
+            running = list(seqs)
+            while running:
+                before = running[0].stats.verify_seconds
+                self.step(running)
+                pass_seconds += running[0].stats.verify_seconds - before
+                for s in running:
+                    if s.finished:
+                        self.finish(s)
+                running = [s for s in running if not s.finished]
+            return pass_seconds
+        finally:
+            for s in seqs:
+                if s.slot >= 0:
+                    self.finish(s)
+
     def generate(self, seq: Sequence) -> Iterator[list[int]]:
         """Run ``seq`` alone until it finishes, yielding the tokens committed by each step."""
         t0 = time.perf_counter()

@@ -63,16 +63,27 @@ class LLM:
         device: str | None = None,
         max_num_seqs: int = 1,
     ) -> None:
-        if isinstance(spec, str):
-            spec = SpecConfig(types=parse_spec_types(spec))
-        self.spec = spec or SpecConfig()
         self.runner, self.folder = load_runner(
             model, dtype=dtype, device=device, max_seq_len=max_model_len, num_slots=max_num_seqs
         )
         self.tokenizer = load_tokenizer(self.folder)
-        self.drafts = DraftResources(self.spec, self.runner, self.tokenizer, max_num_seqs, dtype, device)
-        self.engine = Engine(self.runner, self.spec.draft_n_max, self.spec.draft_n_min)
         self.model_name = str(model) if model else "SmolLM2-135M-Instruct"
+        self._dtype, self._device, self._max_num_seqs = dtype, device, max_num_seqs
+        self.set_spec(spec or SpecConfig())
+
+    def set_spec(self, spec: SpecConfig | str, drafts: DraftResources | None = None) -> DraftResources:
+        """Switch the drafting method without reloading the target; return its draft resources.
+
+        Pass back resources this method returned earlier (for the same spec) to switch
+        without reloading a draft model. Call between generations, not during one.
+        """
+        if isinstance(spec, str):
+            spec = SpecConfig(types=parse_spec_types(spec))
+        self.spec = spec
+        self.drafts = drafts or DraftResources(spec, self.runner, self.tokenizer, self._max_num_seqs,
+                                               self._dtype, self._device)
+        self.engine = Engine(self.runner, spec.draft_n_max, spec.draft_n_min)
+        return self.drafts
 
     # -- prompts -------------------------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:

@@ -28,7 +28,6 @@ from specdec.bench.workloads import Conversation, Workload
 from specdec.config import SamplingParams
 from specdec.drafters.registry import DraftResources
 from specdec.drafters.suffix import SuffixCache
-from specdec.engine import Engine
 from specdec.runner import SeqInput
 from specdec.stats import SpecStats
 
@@ -116,7 +115,7 @@ def peak_rss_bytes() -> int:
 
 
 class MethodRunner:
-    """One loaded target model; switches drafting method by swapping the engine and draft resources."""
+    """One loaded target model; switches drafting method with ``LLM.set_spec``, keeping each method's resources."""
 
     def __init__(self, cfg: BenchConfig) -> None:
         from specdec.llm import LLM
@@ -128,15 +127,10 @@ class MethodRunner:
 
     def use(self, method: Method) -> DraftResources:
         """Make ``method`` current, with an empty suffix cache (each cell starts cold)."""
-        res = self._resources.get(method.name)
-        if res is None:
-            res = DraftResources(method.spec, self.llm.runner, self.llm.tokenizer, max(self.cfg.batch_sizes),
-                                 self.cfg.dtype, self.cfg.device)
-            self._resources[method.name] = res
+        res = self.llm.set_spec(method.spec, self._resources.get(method.name))
+        self._resources[method.name] = res
         if res.suffix_cache is not None:
             res.suffix_cache = SuffixCache()
-        self.llm.spec, self.llm.drafts = method.spec, res
-        self.llm.engine = Engine(self.llm.runner, method.spec.draft_n_max, method.spec.draft_n_min)
         return res
 
     def run(self, requests: list[Request], temperature: float, batch_size: int,
@@ -174,30 +168,14 @@ class MethodRunner:
 
     def _run_batch(self, chunk: list[Request], params: list[SamplingParams]) -> tuple[list[list[int]], SpecStats]:
         """One static batch through the engine; verify time counts each batched pass once."""
-        engine = self.llm.engine
         seqs = [self.llm.new_sequence(list(r.prompt_ids), p) for r, p in zip(chunk, params, strict=True)]
         t0 = time.perf_counter()
-        try:
-            engine.start(seqs)
-            verify = max(s.stats.verify_seconds for s in seqs)
-            running = list(seqs)
-            while running:
-                before = running[0].stats.verify_seconds
-                engine.step(running)
-                verify += running[0].stats.verify_seconds - before  # every running seq got the pass time
-                for s in running:
-                    if s.finished:
-                        engine.finish(s)
-                running = [s for s in running if not s.finished]
-        finally:
-            for s in seqs:
-                if s.slot >= 0:
-                    engine.finish(s)
+        pass_seconds = self.llm.engine.run_batch(seqs)
         wall = time.perf_counter() - t0
         total = SpecStats()
         for s in seqs:
             total.merge(s.stats)
-        total.seconds, total.verify_seconds = wall, verify
+        total.seconds, total.verify_seconds = wall, pass_seconds
         return [s.output_ids for s in seqs], total
 
     def kv_bytes(self) -> int | None:
