@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from specdec.model.kernels import few_rows_matmul
 from specdec.runner import SeqInput, load_runner
 from tests.conftest import TINY_CONFIGS
 
@@ -40,6 +42,47 @@ def test_default_model_logits_match_transformers(default_model_folder):
     ours = torch.cat([runner.run([SeqInput(slot, ids[:8])]).logits[0]] +
                      [runner.run([SeqInput(slot, [t])]).logits[0] for t in ids[8:]])
     assert (ours - ref).abs().max() < 1e-3
+
+
+def test_few_rows_matmul_matches_blas():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((10, 37), dtype=np.float32)  # 10 rows: two blocks of 4 and a tail of 2
+    for m in (1, 3, 16):
+        x = rng.standard_normal((m, 37), dtype=np.float32)
+        out = np.empty((m, 10), dtype=np.float32)
+        few_rows_matmul(w, x, out)
+        np.testing.assert_allclose(out, x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", list(TINY_CONFIGS))
+def test_verify_rows_are_bit_identical_to_decoding_alone(tiny_model_factory, arch):
+    """CPU float32: a token's logits in a chain, tree or batched pass have the same bits as
+    when it is decoded alone, so greedy speculation cannot differ from plain decoding."""
+    runner, _ = load_runner(str(tiny_model_factory(arch)), max_seq_len=256, num_slots=2, matmul="numpy")
+    draft = [7, 300, 41, 5, 999, 12, 64, 8]
+
+    def alone(slot: int, tokens: list[int]) -> torch.Tensor:
+        start = runner.lengths[slot]
+        rows = [runner.run([SeqInput(slot, [t])]).logits[0][0] for t in tokens]
+        runner.commit(slot, start, [])
+        return torch.stack(rows)
+
+    a, b = runner.allocate(), runner.allocate()
+    runner.run([SeqInput(a, list(range(100, 140)), all_logits=False)])
+    runner.run([SeqInput(b, list(range(500, 517)), all_logits=False)])
+    start_a, start_b = runner.lengths[a], runner.lengths[b]
+    chain = runner.run([SeqInput(a, draft)]).logits[0]
+    runner.commit(a, start_a, [])
+    assert torch.equal(chain, alone(a, draft))
+    # tree root -> {7 -> 41, 300 -> 5}: node 4 (5) sees root and 300 only
+    tree = runner.run([SeqInput(a, [draft[0], 7, 300, 41, 5], [-1, 0, 0, 1, 2])]).logits[0]
+    runner.commit(a, start_a, [])
+    assert torch.equal(tree[[0, 2, 4]], alone(a, [draft[0], 300, 5]))
+    batched = runner.run([SeqInput(a, draft[:3]), SeqInput(b, draft[:6])]).logits
+    runner.commit(a, start_a, [])
+    runner.commit(b, start_b, [])
+    assert torch.equal(batched[0], alone(a, draft[:3]))
+    assert torch.equal(batched[1], alone(b, draft[:6]))
 
 
 def test_batch_of_different_lengths_matches_single_sequences(tiny_llama):

@@ -3,8 +3,10 @@
 PyTorch's CPU wheels call MKL for float32 matmuls. On AMD CPUs MKL takes a slow
 generic path: measured on this project's 2-core EPYC (AVX2), a [8, 576] x
 [576, 3072] product took 1.9 ms through ``F.linear`` but 0.66 ms through
-NumPy's OpenBLAS. So the runner times both on the model's own shapes at load
-time and keeps the faster; on CUDA or for non-float32 weights it is always torch.
+NumPy's OpenBLAS. The "numpy" backend multiplies NumPy views of the weights: our
+few-row kernel (``kernels``) for decoding and verification, OpenBLAS for prefill.
+The runner times both backends on the model's own shapes at load time and keeps
+the faster; on CUDA or for non-float32 weights it is always torch.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specdec.model.kernels import FEW_ROWS, few_rows_matmul
+
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -24,22 +28,23 @@ def torch_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Line
     return lambda x: F.linear(x, weight, bias)
 
 
-def numpy_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, dual: bool = True) -> Linear:
-    """y = x @ weight.T (+ bias) through NumPy's BLAS; zero-copy in and out.
+def numpy_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
+    """y = x @ weight.T (+ bias): our few-row kernel up to FEW_ROWS tokens, else NumPy's BLAS.
 
-    One token (plain decoding) is a matrix-vector product, fastest on the row-major
-    [out, in] weight (sgemv: 17.9 GB/s vs 14.1 GB/s for a 1-row sgemm, measured here);
-    several tokens (verification) are fastest on a contiguous [in, out] copy (~20%
-    faster than the transposed view). ``dual`` keeps both layouts, at twice the memory.
+    Decoding and verification passes are a few rows (see ``kernels``); prefill is many,
+    where BLAS sgemm on the transposed view is fastest. Zero-copy in and out.
     """
     w = weight.contiguous().numpy()  # [out, in]
-    w_t = np.ascontiguousarray(w.T) if dual else w.T  # [in, out]
     b = None if bias is None else bias.numpy()
 
     def linear(x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         xn = x2.numpy() if x2.is_contiguous() else x2.contiguous().numpy()
-        y = np.matmul(w, xn[0])[None] if xn.shape[0] == 1 else np.matmul(xn, w_t)
+        if xn.shape[0] <= FEW_ROWS:
+            y = np.empty((xn.shape[0], w.shape[0]), dtype=np.float32)
+            few_rows_matmul(w, xn, y)
+        else:
+            y = np.matmul(xn, w.T)
         if b is not None:
             y += b
         return torch.from_numpy(y).view(*x.shape[:-1], w.shape[0])

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +19,8 @@ from torch import nn
 
 from specdec.cache import KVCache
 from specdec.config import ModelConfig
-from specdec.model.matmul import MAKERS, Linear, numpy_linear, pick_backend
+from specdec.model import kernels
+from specdec.model.matmul import MAKERS, Linear, pick_backend
 
 
 @dataclass
@@ -129,19 +129,17 @@ class Transformer(nn.Module):
             F.silu if c.hidden_act == "silu" else (lambda x: F.gelu(x, approximate="tanh"))
         )
         self.matmul_backend = "torch"
+        self.row_kernels = False  # CPU float32 kernels for decode/verify passes (kernels.py)
 
     def bind_linears(self, backend: str = "auto") -> str:
         """Choose how linear layers multiply (see ``matmul``); call after the weights are loaded."""
         if backend == "auto":
             backend = pick_backend(self.layers[0].w_gate_up)
         make = MAKERS[backend]
-        if backend == "numpy":
-            # A second weight layout speeds verification ~20%; skip it for big models.
-            weight_bytes = sum(p.numel() * p.element_size() for p in self.parameters())
-            make = partial(numpy_linear, dual=weight_bytes < 2 * 2**30)
         for layer in self.layers:
             layer.bind_linears(make)
         self.head = make(self.lm_head)
+        self.row_kernels = backend == "numpy"
         self.matmul_backend = backend
         return backend
 
@@ -169,7 +167,7 @@ class Transformer(nn.Module):
         mask, mask_local = batch.attn_mask, batch.attn_mask
         if c.sliding_window and mask is not None:
             key_pos = torch.arange(batch.kv_len, device=mask.device)
-            near = batch.positions.unsqueeze(-1) - key_pos < c.sliding_window
+            near = (batch.positions.unsqueeze(-1) - key_pos < c.sliding_window).unsqueeze(1)  # [B, 1, T, L]
             mask_local = mask & near
         hidden: list[torch.Tensor] = []
         for layer in self.layers:
@@ -218,11 +216,12 @@ class Transformer(nn.Module):
         q = q.transpose(1, 2)  # [B, Hq, T, D]
         k = k.transpose(1, 2)  # [B, Hkv, T, D]
         v = v.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        k_all, v_all = self._write_cache(layer.index, k, v, batch, cache)
-        attn = F.scaled_dot_product_attention(
-            q, k_all, v_all, attn_mask=mask, scale=self.scale, enable_gqa=True
-        )  # [B, Hq, T, D]
-        out = layer.o(attn.transpose(1, 2).reshape(B, T, layer.q_size))
+        self._write_cache(layer.index, k, v, batch, cache)
+        # Decode/verify passes use the row kernel (bit-identical rows at any width); prefill,
+        # with its T x L scores, is far faster through torch's blocked SDPA.
+        attend = self._row_attention if self.row_kernels and T <= kernels.FEW_ROWS else self._sdpa
+        attn = attend(q, layer.index, batch, cache, mask)  # [B, T, Hq * D]
+        out = layer.o(attn)
         if c.sandwich_norm:
             out = rms_norm(out, layer.post_attn_norm, c.rms_norm_eps)
         x = x + out
@@ -234,24 +233,41 @@ class Transformer(nn.Module):
         return x + out
 
     @staticmethod
-    def _write_cache(
-        index: int, k: torch.Tensor, v: torch.Tensor, batch: Batch, cache: KVCache
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the new K/V; return this batch's keys and values [B, Hkv, L, D]."""
+    def _write_cache(index: int, k: torch.Tensor, v: torch.Tensor, batch: Batch, cache: KVCache) -> None:
+        """Store the new K/V [B, Hkv, T, D] at the batch's cache entries."""
         ck, cv = cache.k[index], cache.v[index]
-        L = batch.kv_len
         if batch.contiguous and batch.input_ids.shape[0] == 1:
             # Fast path for one sequence: new tokens occupy consecutive cache entries.
-            start = int(batch.write_at[0, 0])
-            T = k.shape[2]
-            slot = int(batch.slots[0])
+            start, slot, T = int(batch.write_at[0, 0]), int(batch.slots[0]), k.shape[2]
             ck[slot, :, start : start + T] = k[0]
             cv[slot, :, start : start + T] = v[0]
-            return ck[slot : slot + 1, :, :L], cv[slot : slot + 1, :, :L]
+            return
         rows = batch.slots.unsqueeze(1)  # [B, 1]
         ck[rows, :, batch.write_at] = k.transpose(1, 2)  # [B, T, Hkv, D] into [B, T] entries
         cv[rows, :, batch.write_at] = v.transpose(1, 2)
+
+    def _sdpa(
+        self, q: torch.Tensor, index: int, batch: Batch, cache: KVCache, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """torch's attention over this batch's cache rows; q [B, Hq, T, D] -> [B, T, Hq * D]."""
+        ck, cv, L = cache.k[index], cache.v[index], batch.kv_len
+        B = q.shape[0]
         if batch.contiguous:
-            B = k.shape[0]
-            return ck[:B, :, :L], cv[:B, :, :L]
-        return ck[batch.slots, :, :L], cv[batch.slots, :, :L]
+            k_all, v_all = ck[:B, :, :L], cv[:B, :, :L]
+        else:
+            k_all, v_all = ck[batch.slots, :, :L], cv[batch.slots, :, :L]
+        attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=self.scale, enable_gqa=True)
+        return attn.transpose(1, 2).reshape(B, q.shape[2], -1)
+
+    def _row_attention(
+        self, q: torch.Tensor, index: int, batch: Batch, cache: KVCache, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The CPU float32 kernel (see ``kernels.attention``): width-independent rows."""
+        B, _, T, D = q.shape
+        if mask is None:  # one token of one sequence: it sees every cache entry
+            mask = torch.ones(B, 1, T, batch.kv_len, dtype=torch.bool)
+        qn = q.transpose(1, 2).contiguous()  # [B, T, Hq, D]
+        out = torch.empty_like(qn)
+        kernels.attention(qn.numpy(), cache.k[index].numpy(), cache.v[index].numpy(), batch.slots.numpy(),
+                          mask[:, 0].numpy(), self.scale, out.numpy())
+        return out.view(B, T, -1)
