@@ -19,12 +19,13 @@ def hf_logits(folder, ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0]
 
 
+@pytest.mark.parametrize("matmul", ["numpy", "torch"])
 @pytest.mark.parametrize("arch", list(TINY_CONFIGS))
-def test_logits_match_transformers_on_tiny_models(tiny_model_factory, arch):
+def test_logits_match_transformers_on_tiny_models(tiny_model_factory, arch, matmul):
     folder = tiny_model_factory(arch)
     ids = list(range(100, 130))
     ref = hf_logits(folder, ids)
-    runner, _ = load_runner(str(folder), max_seq_len=256)
+    runner, _ = load_runner(str(folder), max_seq_len=256, matmul=matmul)
     slot = runner.allocate()
     # prefill 20 tokens, then a 10-token chain pass: both must match the full forward
     first = runner.run([SeqInput(slot, ids[:20])]).logits[0]
@@ -47,18 +48,23 @@ def test_default_model_logits_match_transformers(default_model_folder):
 def test_few_rows_matmul_matches_blas():
     rng = np.random.default_rng(0)
     w = rng.standard_normal((10, 37), dtype=np.float32)  # 10 rows: two blocks of 4 and a tail of 2
+    w_bf16 = torch.from_numpy(w).bfloat16()
     for m in (1, 3, 16):
         x = rng.standard_normal((m, 37), dtype=np.float32)
         out = np.empty((m, 10), dtype=np.float32)
         few_rows_matmul(w, x, out)
         np.testing.assert_allclose(out, x @ w.T, rtol=1e-5, atol=1e-5)
+        few_rows_matmul(w_bf16.view(torch.int16).numpy().view(np.uint16), x, out)  # bfloat16 bits
+        np.testing.assert_allclose(out, x @ w_bf16.float().numpy().T, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("arch", list(TINY_CONFIGS))
-def test_verify_rows_are_bit_identical_to_decoding_alone(tiny_model_factory, arch):
-    """CPU float32: a token's logits in a chain, tree or batched pass have the same bits as
+def test_verify_rows_are_bit_identical_to_decoding_alone(tiny_model_factory, arch, dtype):
+    """CPU kernels: a token's logits in a chain, tree or batched pass have the same bits as
     when it is decoded alone, so greedy speculation cannot differ from plain decoding."""
-    runner, _ = load_runner(str(tiny_model_factory(arch)), max_seq_len=256, num_slots=2, matmul="numpy")
+    runner, _ = load_runner(str(tiny_model_factory(arch)), dtype=dtype, max_seq_len=256, num_slots=2,
+                            matmul="numpy")
     draft = [7, 300, 41, 5, 999, 12, 64, 8]
 
     def alone(slot: int, tokens: list[int]) -> torch.Tensor:

@@ -107,6 +107,11 @@ class Layer(nn.Module):
         self.down = make(self.w_down)
 
 
+def _as_numpy(t: torch.Tensor):
+    """A NumPy view; bfloat16 (which NumPy lacks) as its raw uint16 bits, for the kernels."""
+    return t.view(torch.int16).numpy().view("uint16") if t.dtype == torch.bfloat16 else t.numpy()
+
+
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig, max_seq_len: int) -> None:
         super().__init__()
@@ -129,7 +134,7 @@ class Transformer(nn.Module):
             F.silu if c.hidden_act == "silu" else (lambda x: F.gelu(x, approximate="tanh"))
         )
         self.matmul_backend = "torch"
-        self.row_kernels = False  # CPU float32 kernels for decode/verify passes (kernels.py)
+        self.row_kernels = False  # CPU kernels for decode/verify passes (kernels.py)
 
     def bind_linears(self, backend: str = "auto") -> str:
         """Choose how linear layers multiply (see ``matmul``); call after the weights are loaded."""
@@ -262,12 +267,12 @@ class Transformer(nn.Module):
     def _row_attention(
         self, q: torch.Tensor, index: int, batch: Batch, cache: KVCache, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        """The CPU float32 kernel (see ``kernels.attention``): width-independent rows."""
+        """The CPU kernel (see ``kernels.attention``): rows identical at any pass width."""
         B, _, T, D = q.shape
         if mask is None:  # one token of one sequence: it sees every cache entry
             mask = torch.ones(B, 1, T, batch.kv_len, dtype=torch.bool)
-        qn = q.transpose(1, 2).contiguous()  # [B, T, Hq, D]
+        qn = q.transpose(1, 2).float().contiguous()  # [B, T, Hq, D]
         out = torch.empty_like(qn)
-        kernels.attention(qn.numpy(), cache.k[index].numpy(), cache.v[index].numpy(), batch.slots.numpy(),
+        kernels.attention(qn.numpy(), _as_numpy(cache.k[index]), _as_numpy(cache.v[index]), batch.slots.numpy(),
                           mask[:, 0].numpy(), self.scale, out.numpy())
-        return out.view(B, T, -1)
+        return out.view(B, T, -1).to(q.dtype)
