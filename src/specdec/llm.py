@@ -62,9 +62,10 @@ class LLM:
         max_model_len: int = 4096,
         device: str | None = None,
         max_num_seqs: int = 1,
+        matmul: str = "auto",
     ) -> None:
         self.runner, self.folder = load_runner(
-            model, dtype=dtype, device=device, max_seq_len=max_model_len, num_slots=max_num_seqs
+            model, dtype=dtype, device=device, max_seq_len=max_model_len, num_slots=max_num_seqs, matmul=matmul
         )
         self.tokenizer = load_tokenizer(self.folder)
         self.model_name = str(model) if model else "SmolLM2-135M-Instruct"

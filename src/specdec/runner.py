@@ -7,6 +7,7 @@ after the sequence's cache length; ``commit`` then keeps the accepted ones.
 
 from __future__ import annotations
 
+import os
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class ModelRunner(ABC):
     device: torch.device
     dtype: torch.dtype
     supports_trees: bool = False
+    matmul_backend: str = "n/a"  # see model.matmul; the native runner's is chosen at load
 
     def __init__(self, max_seq_len: int, num_slots: int) -> None:
         self.max_seq_len = max_seq_len
@@ -107,6 +109,10 @@ class NativeRunner(ModelRunner):
         self.eos_token_ids = config.eos_token_ids
         self.dtype, self.device = dtype, device
         self.cache = KVCache(config, num_slots, max_seq_len, dtype, device)
+
+    @property
+    def matmul_backend(self) -> str:  # type: ignore[override]
+        return self.model.matmul_backend
         self.lengths = self.cache.lengths  # one source of truth
 
     def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = ()) -> PassOutput:
@@ -208,8 +214,24 @@ def load_runner(
     if config.tie_word_embeddings:
         net.lm_head = net.embed
     net.to(dev).eval()
-    if net.bind_linears(matmul) == "numpy":
-        # NumPy's BLAS runs its own threads; torch's OpenMP pool spinning beside them made
-        # every small op 3-4x slower here, and one torch thread loses nothing on tiny ops.
-        torch.set_num_threads(1)
-    return NativeRunner(net, config, torch_dtype, dev, max_seq_len, num_slots), folder
+    runner = NativeRunner(net, config, torch_dtype, dev, max_seq_len, num_slots)
+    _bind_matmul(runner, matmul)
+    return runner, folder
+
+
+def _bind_matmul(runner: ModelRunner, backend: str = "auto") -> str:
+    """Bind the native runner's matmul backend ("auto" = timed; see ``model.matmul``).
+
+    Returns the backend in use ("n/a" for the generic runner). Off CPU, or in a dtype
+    the CPU kernels lack, it is always torch.
+    """
+    if not isinstance(runner, NativeRunner):
+        return "n/a"
+    if runner.device.type != "cpu" or runner.dtype not in (torch.float32, torch.bfloat16):
+        backend = "torch"
+    used = runner.model.bind_linears(backend)
+    if runner.device.type == "cpu":
+        # NumPy's BLAS and numba run their own threads; torch's OpenMP pool spinning beside
+        # them made every small op 3-4x slower here, and one thread loses nothing on tiny ops.
+        torch.set_num_threads(1 if used == "numpy" else os.cpu_count() or 1)
+    return used

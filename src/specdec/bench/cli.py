@@ -131,7 +131,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg.default_threads = torch.get_num_threads()  # before specdec's loader changes it
     cfg.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    load_before = os.getloadavg()
+    load_before, code = os.getloadavg(), code_version()  # the code that runs, before any edit
     print(f"[specdec bench] {len(cfg.methods)} methods x {len(cfg.workloads)} workloads, "
           f"batch sizes {cfg.batch_sizes}, temperatures {cfg.temperatures}, peers {cfg.peers or 'none'} "
           f"-> {cfg.out}", file=sys.stderr)
@@ -148,7 +148,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for rec in records:
             f.write(json.dumps(rec) + "\n")
     pngs = plots.write_plots(records, cfg.out)
-    meta = run_meta(cfg, result, time.perf_counter() - t0)
+    meta = run_meta(cfg, result, time.perf_counter() - t0, code)
     meta["load_before"], meta["load_after"] = load_before, os.getloadavg()
     notes = run_notes(cfg, meta) + result.notes
     (cfg.out / "report.md").write_text(report.render(records, meta, notes, [str(p) for p in pngs]))
@@ -158,7 +158,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_meta(cfg: BenchConfig, result, wall: float) -> dict:
+def run_meta(cfg: BenchConfig, result, wall: float, code: str) -> dict:
     import torch
 
     from specdec.bench import report
@@ -171,19 +171,21 @@ def run_meta(cfg: BenchConfig, result, wall: float) -> dict:
         "quick": cfg.quick, "draft_n_max": cfg.draft_n_max, "usd_per_hour": cfg.usd_per_hour,
         "requests": {w: len(r) for w, r in result.requests.items()},
         "specdec_threads": torch.get_num_threads(), "peer_threads": cfg.peer_threads or cfg.default_threads,
-        "wall_seconds": wall, "code": code_version(),
+        "wall_seconds": wall, "code": code,
     }
 
 
 def code_version() -> str:
-    """The git commit specdec runs from (+ "dirty" with uncommitted changes), or the package version."""
+    """The git commit specdec runs from (+ a mark for uncommitted changes to its sources), or the
+    package version. Only the package counts: a report written into the checkout is not code."""
     import subprocess
 
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
                                 text=True, timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", str(here.parent)],
+                               cwd=here,
                                capture_output=True, text=True, timeout=5, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         from importlib.metadata import PackageNotFoundError, version
@@ -199,8 +201,9 @@ def run_notes(cfg: BenchConfig, meta: dict) -> list[str]:
     m = meta["machine"]
     notes = []
     if not (m["amx"] or m["avx512_bf16"]) and meta["device"] == "cpu":
-        notes.append("bfloat16 has no native support on this CPU (no AMX, no AVX512-BF16): bf16 matmuls are "
-                     "emulated and much slower than float32, so float32 is the fair setting here"
+        notes.append("bfloat16 has no native arithmetic on this CPU (no AMX, no AVX512-BF16): specdec's kernels "
+                     "read bf16 weights and compute in float32, while torch's bf16 matmuls (the peers') are "
+                     "emulated and slow; float32 is the like-for-like setting against the peers here"
                      + (" — this run used bfloat16." if cfg.dtype == "bfloat16" else "."))
     notes.append("The creative workload always runs at temperature 1.0 (its own setting), whatever "
                  "--temperatures says; greedy checks do not apply to sampled runs.")

@@ -473,7 +473,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="largest request body (413 beyond)")
     g.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     g.add_argument("--matmul", default="auto", choices=["auto", "torch", "numpy"],
-                   help="CPU float32 matmul backend; auto = timed at load, which a busy machine can mislead")
+                   help="CPU matmul backend: numpy = specdec's kernels and NumPy's BLAS, or torch; "
+                        "auto = timed at load, which a busy machine can mislead")
     s = p.add_argument_group("speculation under load")
     s.add_argument("--speculative-config", default=None,
                    help='vLLM-style JSON instead of --spec-type, e.g. \'{"method": "ngram", '
@@ -560,21 +561,6 @@ def serve_config(args: argparse.Namespace) -> tuple[SpecConfig, DraftBudget]:
     return spec, budget
 
 
-def set_matmul(llm, choice: str) -> str:
-    """Force the native runner's CPU matmul backend (see specdec.model.matmul); returns the one in use."""
-    import torch
-
-    model = getattr(llm.runner, "model", None)
-    if model is None or not hasattr(model, "bind_linears"):
-        return "n/a"
-    cpu_fp32 = llm.runner.device.type == "cpu" and llm.runner.dtype == torch.float32
-    if choice != "auto" and cpu_fp32 and choice != model.matmul_backend:
-        model.bind_linears(choice)
-        # As load_runner does: NumPy's BLAS threads and torch's OpenMP pool must not fight.
-        torch.set_num_threads(1 if choice == "numpy" else os.cpu_count() or 1)
-    return model.matmul_backend
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -590,13 +576,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"specdec: warning: serving on {args.host} without --api-key: anyone who can reach it can use it",
               file=sys.stderr)
     llm = LLM(args.model, dtype=args.dtype, spec=spec, max_model_len=args.max_model_len, device=args.device,
-              max_num_seqs=args.max_batch_size)
-    backend = set_matmul(llm, args.matmul)
+              max_num_seqs=args.max_batch_size, matmul=args.matmul)
     llm.warmup()
     app = create_app(llm, served_model_name=args.served_model_name, api_key=args.api_key,
                      max_queue=args.max_queue, budget=budget, max_body_bytes=args.max_request_bytes)
     print(f"specdec: serving {args.served_model_name or llm.model_name} on http://{args.host}:{args.port}/v1 "
-          f"(batch {args.max_batch_size}, spec {','.join(t.value for t in spec.types)}, matmul {backend})",
+          f"(batch {args.max_batch_size}, spec {','.join(t.value for t in spec.types)}, "
+          f"matmul {llm.runner.matmul_backend})",
           file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
