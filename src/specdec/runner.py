@@ -109,11 +109,11 @@ class NativeRunner(ModelRunner):
         self.eos_token_ids = config.eos_token_ids
         self.dtype, self.device = dtype, device
         self.cache = KVCache(config, num_slots, max_seq_len, dtype, device)
+        self.lengths = self.cache.lengths  # one source of truth
 
     @property
     def matmul_backend(self) -> str:  # type: ignore[override]
         return self.model.matmul_backend
-        self.lengths = self.cache.lengths  # one source of truth
 
     def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = ()) -> PassOutput:
         t0 = time.perf_counter()
