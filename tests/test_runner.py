@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.model.kernels import few_rows_matmul
+from specdec.model.kernels import as_numpy, few_rows_matmul
 from specdec.runner import SeqInput, load_runner
 from tests.conftest import TINY_CONFIGS
 
@@ -54,7 +54,7 @@ def test_few_rows_matmul_matches_blas():
         out = np.empty((m, 10), dtype=np.float32)
         few_rows_matmul(w, x, out)
         np.testing.assert_allclose(out, x @ w.T, rtol=1e-5, atol=1e-5)
-        few_rows_matmul(w_bf16.view(torch.int16).numpy().view(np.uint16), x, out)  # bfloat16 bits
+        few_rows_matmul(as_numpy(w_bf16), x, out)  # bfloat16 bits
         np.testing.assert_allclose(out, x @ w_bf16.float().numpy().T, rtol=1e-5, atol=1e-5)
 
 

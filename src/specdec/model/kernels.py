@@ -104,6 +104,13 @@ def _matmul_bf16(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # prag
             _dot_rows(wide, 0, n, x, out, n0)
 
 
+def as_numpy(t):
+    """A NumPy view of a CPU tensor; bfloat16 (which NumPy lacks) as its raw uint16 bits."""
+    import torch
+
+    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
+
+
 def few_rows_matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """out[M, N] = x[M, K] @ w[N, K].T for small M; w float32 or bfloat16 bits (uint16),
     x and out float32, all C-contiguous."""

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdec.model.kernels import FEW_ROWS, matmul_kernel
+from specdec.model.kernels import FEW_ROWS, as_numpy, matmul_kernel
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
@@ -38,7 +38,7 @@ def numpy_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Line
     """
     bf16 = weight.dtype == torch.bfloat16
     w_t = weight.contiguous()
-    w = w_t.view(torch.int16).numpy().view(np.uint16) if bf16 else w_t.numpy()  # [out, in]
+    w = as_numpy(w_t)  # [out, in]
     b = None if bias is None else bias.float().numpy()
     kernel, n_out = matmul_kernel(w), w.shape[0]
 

@@ -107,11 +107,6 @@ class Layer(nn.Module):
         self.down = make(self.w_down)
 
 
-def _as_numpy(t: torch.Tensor):
-    """A NumPy view; bfloat16 (which NumPy lacks) as its raw uint16 bits, for the kernels."""
-    return t.view(torch.int16).numpy().view("uint16") if t.dtype == torch.bfloat16 else t.numpy()
-
-
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig, max_seq_len: int) -> None:
         super().__init__()
@@ -134,7 +129,6 @@ class Transformer(nn.Module):
             F.silu if c.hidden_act == "silu" else (lambda x: F.gelu(x, approximate="tanh"))
         )
         self.matmul_backend = "torch"
-        self.row_kernels = False  # CPU kernels for decode/verify passes (kernels.py)
 
     def bind_linears(self, backend: str = "auto") -> str:
         """Choose how linear layers multiply (see ``matmul``); call after the weights are loaded."""
@@ -144,7 +138,6 @@ class Transformer(nn.Module):
         for layer in self.layers:
             layer.bind_linears(make)
         self.head = make(self.lm_head)
-        self.row_kernels = backend == "numpy"
         self.matmul_backend = backend
         return backend
 
@@ -224,7 +217,7 @@ class Transformer(nn.Module):
         self._write_cache(layer.index, k, v, batch, cache)
         # Decode/verify passes use the row kernel (bit-identical rows at any width); prefill,
         # with its T x L scores, is far faster through torch's blocked SDPA.
-        attend = self._row_attention if self.row_kernels and T <= kernels.FEW_ROWS else self._sdpa
+        attend = self._row_attention if self.matmul_backend == "numpy" and T <= kernels.FEW_ROWS else self._sdpa
         attn = attend(q, layer.index, batch, cache, mask)  # [B, T, Hq * D]
         out = layer.o(attn)
         if c.sandwich_norm:
@@ -273,6 +266,6 @@ class Transformer(nn.Module):
             mask = torch.ones(B, 1, T, batch.kv_len, dtype=torch.bool)
         qn = q.transpose(1, 2).float().contiguous()  # [B, T, Hq, D]
         out = torch.empty_like(qn)
-        kernels.attention(qn.numpy(), _as_numpy(cache.k[index]), _as_numpy(cache.v[index]), batch.slots.numpy(),
-                          mask[:, 0].numpy(), self.scale, out.numpy())
+        kernels.attention(qn.numpy(), kernels.as_numpy(cache.k[index]), kernels.as_numpy(cache.v[index]),
+                          batch.slots.numpy(), mask[:, 0].numpy(), self.scale, out.numpy())
         return out.view(B, T, -1).to(q.dtype)
