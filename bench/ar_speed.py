@@ -73,7 +73,7 @@ def main() -> None:
         prompts = [llm.chat_prompt([{"role": "user", "content": p}]) for p in PROMPTS]
         llm.warmup()
         ours, our_ids = specdec_speed(llm, prompts, args.max_new_tokens)
-        backend, our_threads = llm.runner.model.matmul_backend, torch.get_num_threads()
+        backend, our_threads = llm.runner.backend, torch.get_num_threads()
         theirs, their_ids = transformers_speed(
             llm.folder, llm.runner.dtype, prompts, args.max_new_tokens, default_threads
         )
@@ -83,7 +83,7 @@ def main() -> None:
         del llm
     print(f"CPU: {platform.processor() or platform.machine()}, {default_threads} threads, torch {torch.__version__}")
     print(f"{args.max_new_tokens} new tokens x {len(PROMPTS)} chat prompts, greedy, default model\n")
-    print("| dtype | specdec tok/s | transformers tok/s | ratio | specdec matmul | same greedy output (to EOS) |")
+    print("| dtype | specdec tok/s | transformers tok/s | ratio | specdec backend | same greedy output (to EOS) |")
     print("|---|---|---|---|---|---|")
     for dtype, ours, theirs, backend, threads, same, total in rows:
         print(f"| {dtype} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f}x | {backend} ({threads} torch thread) "

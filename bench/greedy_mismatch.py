@@ -1,12 +1,12 @@
 """How often does speculative greedy output differ from plain greedy output, per dtype?
 
-With torch's kernels (the `torch` matmul backend, what CUDA uses) a K-token
+With torch's kernels (the `torch` backend, what CUDA uses) a K-token
 verify pass rounds differently from a 1-token pass, so near-ties can flip,
 rarely in float32 and more often in bfloat16; this measures how often, and
-where the first difference falls. specdec's CPU kernels (the `numpy` backend)
+where the first difference falls. specdec's CPU kernels (the `cpu-kernels` backend)
 compute each row the same way at any pass width, so there it must be 0.
 
-    python bench/greedy_mismatch.py [--dtypes float32,bfloat16] [--matmul numpy,torch] [--limit 12]
+    python bench/greedy_mismatch.py [--dtypes float32,bfloat16] [--backend cpu-kernels,torch] [--limit 12]
 """
 
 from __future__ import annotations
@@ -40,17 +40,17 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--spec-type", default="ngram")
-    ap.add_argument("--matmul", default="numpy,torch", help="CPU backends to compare (see specdec.model.matmul)")
+    ap.add_argument("--backend", default="cpu-kernels,torch", help="backends to compare (see specdec.model.backend)")
     ap.add_argument("--limit", type=int, default=12)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     args = ap.parse_args()
     prompts = spec_bench_prompts(args.limit)
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    print("| dtype | matmul | spec type | identical outputs | first difference at (token index) |")
+    print("| dtype | backend | spec type | identical outputs | first difference at (token index) |")
     print("|---|---|---|---|---|")
-    for dtype, backend in [(d, b) for d in args.dtypes.split(",") for b in args.matmul.split(",")]:
+    for dtype, backend in [(d, b) for d in args.dtypes.split(",") for b in args.backend.split(",")]:
         spec = SpecConfig(types=parse_spec_types(args.spec_type), draft_n_max=8)
-        llm = LLM(args.model, dtype=dtype, spec=spec, matmul=backend)
+        llm = LLM(args.model, dtype=dtype, spec=spec, backend=backend)
         llm.engine.adaptive = False  # always draft: the point is to exercise wide passes
         same, where = 0, []
         for text in prompts:

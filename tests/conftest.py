@@ -6,7 +6,6 @@ so every test talks to a real tokenizer; only the weights are random.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -14,11 +13,6 @@ import pytest
 import torch
 
 from specdec.model.weights import resolve_model
-
-# The matmul backend is otherwise picked by timing at load, and a sampled test's draws
-# depend on the logits' last bits: pin it so every run draws the same samples.
-# test_runner checks both backends explicitly.
-os.environ.setdefault("SPECDEC_MATMUL", "numpy")
 
 TINY_CONFIGS = {
     "llama": dict(model_type="llama", rope_theta=10000.0),

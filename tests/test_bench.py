@@ -180,7 +180,7 @@ def test_overall_sums_before_dividing():
     def rec(method, workload, tokens, seconds):
         return {"kind": "specdec", "method": method, "workload": workload, "batch_size": 1, "temperature": 0.0,
                 "new_tokens": tokens, "seconds": seconds, "decode_passes": tokens, "draft_seconds": 0.0,
-                "verify_seconds": seconds}
+                "target_seconds": seconds}
 
     records = [rec("none", "a", 10, 1.0), rec("none", "b", 10, 4.0), rec("x", "a", 10, 0.5), rec("x", "b", 10, 4.0)]
     tot = metrics.overall(records)

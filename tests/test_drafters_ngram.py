@@ -110,20 +110,21 @@ def test_ngram_matches_brute_force(tokens, max_n, min_n, max_tokens, min_hits):
 
 def test_token_buffer_docstring_example():
     buf = TokenBuffer()
-    assert buf.sync([5, 6, 7]) == 0
-    assert buf.sync([5, 6, 7, 8]) == 3
-    assert buf.sync([9, 9]) == 0
-    assert buf.tokens.tolist() == [9, 9]
+    assert buf.last is None
+    buf.extend([5, 6, 7])
+    buf.extend([8])
+    assert buf.tokens.tolist() == [5, 6, 7, 8]
+    assert buf.last == 8 and len(buf) == 4
+    buf.reset()
+    assert len(buf) == 0 and buf.last is None
 
 
 @settings(max_examples=100, deadline=None)
 @given(token_lists, chunk_sizes)
 def test_token_buffer_grows_incrementally(tokens, sizes):
     buf = TokenBuffer(capacity=4)  # small, so it must grow
-    seen: list[int] = []
     for piece in chunks(tokens, sizes):
-        assert buf.sync(seen + piece) == len(seen)
-        seen += piece
+        buf.extend(piece)
     assert buf.tokens.tolist() == tokens
 
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.model.kernels import as_numpy, few_rows_matmul
-from specdec.runner import SeqInput, load_runner
+from specdec.model import kernels
+from specdec.runners.base import SeqInput
+from specdec.runners.load import load_runner
 from tests.conftest import TINY_CONFIGS
 
 
@@ -19,19 +20,43 @@ def hf_logits(folder, ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0]
 
 
-@pytest.mark.parametrize("matmul", ["numpy", "torch"])
+@pytest.mark.parametrize("backend", ["cpu-kernels", "torch"])
 @pytest.mark.parametrize("arch", list(TINY_CONFIGS))
-def test_logits_match_transformers_on_tiny_models(tiny_model_factory, arch, matmul):
+def test_logits_match_transformers_on_tiny_models(tiny_model_factory, arch, backend):
     folder = tiny_model_factory(arch)
-    ids = list(range(100, 130))
+    ids = list(range(100, 160))
     ref = hf_logits(folder, ids)
-    runner, _ = load_runner(str(folder), max_seq_len=256, matmul=matmul)
+    tol = 1e-4 * max(1.0, ref.abs().max().item())
+    runner, _ = load_runner(str(folder), max_seq_len=256, backend=backend)
     slot = runner.allocate()
-    # prefill 20 tokens, then a 10-token chain pass: both must match the full forward
+    # 20 tokens with all their logits, then a 10-token chain pass: both must match the full forward
     first = runner.run([SeqInput(slot, ids[:20])]).logits[0]
-    rest = runner.run([SeqInput(slot, ids[20:])]).logits[0]
-    ours = torch.cat([first, rest])
-    assert (ours - ref).abs().max() < 1e-4 * max(1.0, ref.abs().max().item())
+    rest = runner.run([SeqInput(slot, ids[20:30])]).logits[0]
+    assert (torch.cat([first, rest]) - ref[:30]).abs().max() < tol
+    # a long prefill (BLAS and SDPA on cpu-kernels) feeding a decode pass
+    runner.free(slot)
+    slot = runner.allocate()
+    runner.run([SeqInput(slot, ids[:50], all_logits=False)])
+    assert (runner.run([SeqInput(slot, ids[50:])]).logits[0] - ref[50:]).abs().max() < tol
+
+
+@pytest.mark.parametrize("backend", ["cpu-kernels", "torch"])
+def test_hidden_states_match_transformers(tiny_model_factory, backend):
+    """The runner contract's hidden states (what trained drafters read) per layer, and -1 = final norm."""
+    from transformers import AutoModelForCausalLM
+
+    folder = tiny_model_factory("qwen3")
+    ids = list(range(300, 312))
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    runner, _ = load_runner(str(folder), max_seq_len=64, backend=backend)
+    slot = runner.allocate()
+    out = runner.run([SeqInput(slot, ids)], hidden_layers=(0, 1, -1))
+    first, second, final = out.hidden[0]
+    assert torch.allclose(first, ref[1][0], atol=1e-4)
+    assert torch.allclose(final, ref[-1][0], atol=1e-4)  # transformers' last entry is normed
+    assert second.shape == (len(ids), model.config.hidden_size)
 
 
 
@@ -45,17 +70,19 @@ def test_default_model_logits_match_transformers(default_model_folder):
     assert (ours - ref).abs().max() < 1e-3
 
 
-def test_few_rows_matmul_matches_blas():
+def test_few_rows_matmul_matches_blas_and_keeps_row_bits():
     rng = np.random.default_rng(0)
     w = rng.standard_normal((10, 37), dtype=np.float32)  # 10 rows: two blocks of 4 and a tail of 2
     w_bf16 = torch.from_numpy(w).bfloat16()
-    for m in (1, 3, 16):
-        x = rng.standard_normal((m, 37), dtype=np.float32)
-        out = np.empty((m, 10), dtype=np.float32)
-        few_rows_matmul(w, x, out)
-        np.testing.assert_allclose(out, x @ w.T, rtol=1e-5, atol=1e-5)
-        few_rows_matmul(as_numpy(w_bf16), x, out)  # bfloat16 bits
-        np.testing.assert_allclose(out, x @ w_bf16.float().numpy().T, rtol=1e-5, atol=1e-5)
+    for weights, dense in ((w, w), (kernels.as_numpy(w_bf16), w_bf16.float().numpy())):
+        x = rng.standard_normal((17, 37), dtype=np.float32)
+        alone = np.empty((1, 10), dtype=np.float32)
+        for m in (1, 3, 5, 16, 17):  # token blocks of 4 and every tail
+            out = np.empty((m, 10), dtype=np.float32)
+            kernels.matmul(weights, x[:m], out)
+            np.testing.assert_allclose(out, x[:m] @ dense.T, rtol=1e-5, atol=1e-5)
+            kernels.matmul(weights, x[m - 1 : m], alone)  # the last row alone: the same bits
+            assert np.array_equal(alone[0], out[-1])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -64,13 +91,13 @@ def test_verify_rows_are_bit_identical_to_decoding_alone(tiny_model_factory, arc
     """CPU kernels: a token's logits in a chain, tree or batched pass have the same bits as
     when it is decoded alone, so greedy speculation cannot differ from plain decoding."""
     runner, _ = load_runner(str(tiny_model_factory(arch)), dtype=dtype, max_seq_len=256, num_slots=2,
-                            matmul="numpy")
+                            backend="cpu-kernels")
     draft = [7, 300, 41, 5, 999, 12, 64, 8]
 
     def alone(slot: int, tokens: list[int]) -> torch.Tensor:
         start = runner.lengths[slot]
         rows = [runner.run([SeqInput(slot, [t])]).logits[0][0] for t in tokens]
-        runner.commit(slot, start, [])
+        runner.truncate(slot, start)
         return torch.stack(rows)
 
     a, b = runner.allocate(), runner.allocate()
@@ -78,17 +105,21 @@ def test_verify_rows_are_bit_identical_to_decoding_alone(tiny_model_factory, arc
     runner.run([SeqInput(b, list(range(500, 517)), all_logits=False)])
     start_a, start_b = runner.lengths[a], runner.lengths[b]
     chain = runner.run([SeqInput(a, draft)]).logits[0]
-    runner.commit(a, start_a, [])
+    runner.truncate(a, start_a)
     assert torch.equal(chain, alone(a, draft))
     # tree root -> {7 -> 41, 300 -> 5}: node 4 (5) sees root and 300 only
     tree = runner.run([SeqInput(a, [draft[0], 7, 300, 41, 5], [-1, 0, 0, 1, 2])]).logits[0]
-    runner.commit(a, start_a, [])
+    runner.truncate(a, start_a)
     assert torch.equal(tree[[0, 2, 4]], alone(a, [draft[0], 300, 5]))
     batched = runner.run([SeqInput(a, draft[:3]), SeqInput(b, draft[:6])]).logits
-    runner.commit(a, start_a, [])
-    runner.commit(b, start_b, [])
+    runner.truncate(a, start_a)
+    runner.truncate(b, start_b)
     assert torch.equal(batched[0], alone(a, draft[:3]))
     assert torch.equal(batched[1], alone(b, draft[:6]))
+    wide = runner.run([SeqInput(a, draft * 3), SeqInput(b, draft * 2)]).logits  # 40 rows: wider than prefill's
+    runner.truncate(a, start_a)
+    runner.truncate(b, start_b)
+    assert torch.equal(wide[1], alone(b, draft * 2))
 
 
 def test_batch_of_different_lengths_matches_single_sequences(tiny_llama):
@@ -132,7 +163,7 @@ def test_generic_runner_for_other_architectures(tiny_model_factory, tmp_path, de
 
     from specdec.config import SamplingParams
     from specdec.engine import Engine, Sequence
-    from specdec.generic_runner import GenericRunner
+    from specdec.runners.generic import GenericRunner
 
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=49152, n_embd=32, n_layer=2, n_head=2, n_positions=256, eos_token_id=2)

@@ -62,9 +62,9 @@ def test_budget_applied_per_step_and_output_unchanged(llm, monkeypatch):
     seen = []
     real_step = llm.engine.step
 
-    def step(seqs):
-        seen.append((len(seqs), llm.engine.draft_n_max))
-        return real_step(seqs)
+    def step(seqs, draft_budget=None):
+        seen.append((len(seqs), draft_budget))
+        return real_step(seqs, draft_budget)
 
     monkeypatch.setattr(llm.engine, "step", step)
     budget = DraftBudget(draft_n_max=6, step_tokens=6, max_batch=3)

@@ -23,11 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from specdec.cli import UsageError, build_parser
+from specdec.cli import build_parser
 from specdec.config import SamplingParams, SpecType
+from specdec.errors import UsageError
 from specdec.llm import LLM
 from specdec.scheduler import DraftBudget
-from specdec.server.app import create_app, serve_config, spec_from_vllm_config
+from specdec.server.app import create_app
+from specdec.server.cli import serve_config, spec_from_vllm_config
 
 API_KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -89,9 +91,9 @@ def slow_down(monkeypatch, llm: LLM, seconds: float = 0.01) -> None:
     """Make each engine step last a while, so a long request is surely still running when we act."""
     real_step = llm.engine.step
 
-    def step(seqs):
+    def step(seqs, draft_budget=None):
         time.sleep(seconds)
-        return real_step(seqs)
+        return real_step(seqs, draft_budget)
 
     monkeypatch.setattr(llm.engine, "step", step)
 
@@ -275,11 +277,11 @@ def test_engine_failure_fails_only_that_request(tiny, monkeypatch):
     # A failure of the shared target pass fails the requests in it; the loop keeps going.
     real_step, calls = llm.engine.step, []
 
-    def step_once_broken(seqs):
+    def step_once_broken(seqs, draft_budget=None):
         calls.append(len(seqs))
         if len(calls) == 1:
             raise RuntimeError("injected step failure")
-        return real_step(seqs)
+        return real_step(seqs, draft_budget)
 
     monkeypatch.setattr(llm.engine, "step", step_once_broken)
     failed = httpx.post(url + "/v1/completions", json=good, headers=AUTH)

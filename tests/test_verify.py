@@ -99,7 +99,10 @@ def test_rejection_sampling_keeps_target_distribution(tokens, parents, probs):
     assert pvalue(first_token_counts(tokens, parents, probs)) > 1e-3
 
 
-def test_broken_verifier_accept_always_is_caught(monkeypatch):
+# -- deliberately broken verifiers: the chi-square test above is evidence only if it fails these ------
+
+
+def test_statistical_test_catches_broken_verifier_accept_always(monkeypatch):
     def accept_always(tree, target_probs, draft_probs, generator):
         return verify_mod.VerifyResult([tree.tokens[1], 0], [0, 1])
 
@@ -112,7 +115,7 @@ def test_broken_verifier_accept_always_is_caught(monkeypatch):
     assert pvalue_or_zero(counts) < 1e-3
 
 
-def test_broken_verifier_resampling_from_p_is_caught(monkeypatch):
+def test_statistical_test_catches_broken_verifier_resampling_from_p(monkeypatch):
     # The classic bug: after a rejection, sample from p instead of the residual max(0, p - q).
     monkeypatch.setattr(verify_mod, "_residual", lambda p, q, x: p)
     assert pvalue(first_token_counts([0, 0], [-1, 0], Q_BAD.unsqueeze(0))) < 1e-3

@@ -1,8 +1,8 @@
 """Static KV cache: allocated once, written at explicit slots.
 
-Each of ``num_slots`` rows holds one sequence. A row's valid length lives in
-``lengths``; everything past it is stale and masked out, so rolling back
-rejected draft tokens is just moving that pointer (O(1), no copy).
+Each of ``num_slots`` rows holds one sequence. The runner owns each row's valid
+length; everything past it is stale and masked out, so rolling back rejected
+draft tokens is just moving that length (O(1), no copy).
 """
 
 from __future__ import annotations
@@ -23,35 +23,24 @@ class KVCache:
     ) -> None:
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
-        shape = (num_slots, config.num_kv_heads, max_seq_len, config.head_dim)
-        # k[layer], v[layer]: [slots, kv_heads, max_seq_len, head_dim]
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        # Host-side lengths: the scheduler reads them every step, a device copy would sync.
-        self.lengths = [0] * num_slots
+        shape = (config.num_layers, num_slots, config.num_kv_heads, max_seq_len, config.head_dim)
+        # k_all, v_all: [layers, slots, kv_heads, max_seq_len, head_dim]; k[layer], v[layer] are views
+        self.k_all = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_all = torch.zeros(shape, dtype=dtype, device=device)
+        self.k, self.v = list(self.k_all), list(self.v_all)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
-
-    def reset(self, slot: int) -> None:
-        self.lengths[slot] = 0
-
-    def truncate(self, slot: int, length: int) -> None:
-        """Roll back ``slot`` to ``length`` tokens (drops rejected draft tokens)."""
-        if not 0 <= length <= self.lengths[slot]:
-            raise ValueError(f"cannot truncate slot {slot} of length {self.lengths[slot]} to {length}")
-        self.lengths[slot] = length
+        return 2 * self.k_all.numel() * self.k_all.element_size()
 
     def compact(self, slot: int, start: int, keep: list[int]) -> None:
-        """Move entries ``start + keep[i]`` to ``start + i`` and set the length to start + len(keep).
+        """Move entries ``start + keep[i]`` to ``start + i`` (the accepted path of a tree).
 
         After verifying a tree, the accepted path's nodes are scattered among the
         rejected ones; this packs them into place. A chain keeps 0..n-1: no copy.
         """
         if keep != list(range(len(keep))):
-            src = torch.tensor([start + i for i in keep], device=self.k[0].device)
+            src = torch.tensor([start + i for i in keep], device=self.k_all.device)
             dst = slice(start, start + len(keep))
-            for cache in self.k + self.v:
-                cache[slot, :, dst] = cache[slot, :, src]
-        self.lengths[slot] = start + len(keep)
+            for cache in (self.k_all, self.v_all):
+                cache[:, slot, :, dst] = cache[:, slot, :, src]

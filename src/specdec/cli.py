@@ -8,63 +8,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from pathlib import Path
 
-from specdec.config import SamplingParams, SpecConfig, parse_spec_types
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit status 2."""
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, not argparse's usage dump
-        raise UsageError(message)
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", default=None,
-                   help="GGUF file, HF folder or hub id (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    p.add_argument("--max-model-len", type=positive_int, default=4096, help="context length (tokens)")
-
-
-def add_spec_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("speculative decoding (llama-server flag names)")
-    g.add_argument("--spec-type", default="none",
-                   help="none, ngram, ngram-map-k, ngram-map-k4v, suffix, draft-self, draft-model; "
-                        "a comma list chains them (the first that proposes wins)")
-    g.add_argument("--spec-draft-n-max", type=positive_int, default=None, help="most drafted tokens per step")
-    g.add_argument("--spec-draft-n-min", type=int, default=0, help="drop drafts shorter than this")
-    g.add_argument("--spec-draft-p-min", type=float, default=0.0, help="draft model stops below this probability")
-    g.add_argument("--spec-ngram-size-n", type=positive_int, default=12, help="longest n-gram matched")
-    g.add_argument("--spec-ngram-size-m", type=positive_int, default=48, help="most tokens an n-gram proposes")
-    g.add_argument("--spec-ngram-min-hits", type=positive_int, default=1)
-    g.add_argument("--draft-model", default=None, help="draft model for --spec-type draft-model")
-
-
-def spec_from_args(args: argparse.Namespace) -> SpecConfig:
-    try:
-        types = parse_spec_types(args.spec_type)
-        n_max = args.spec_draft_n_max or SpecConfig.draft_n_max
-        return SpecConfig(
-            types=types, draft_n_max=n_max, draft_n_min=args.spec_draft_n_min,
-            draft_p_min=args.spec_draft_p_min, ngram_size_n=args.spec_ngram_size_n,
-            ngram_size_m=args.spec_ngram_size_m, ngram_min_hits=args.spec_ngram_min_hits,
-            draft_model=args.draft_model,
-        )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+from specdec.bench.cli import add_bench_args, cmd_bench
+from specdec.cli_args import Parser, add_model_args, add_spec_args, positive_int, spec_from_args
+from specdec.config import SamplingParams, SpecConfig
+from specdec.errors import ModelLoadError, UsageError
+from specdec.llm import LLM
+from specdec.server.cli import add_serve_args, cmd_serve
 
 
 def build_parser() -> Parser:
@@ -87,9 +41,6 @@ def build_parser() -> Parser:
     g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     add_model_args(g)
     add_spec_args(g)
-    from specdec.bench.cli import add_bench_args
-    from specdec.server.app import add_serve_args
-
     add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
     add_bench_args(sub.add_parser("bench", help="benchmark methods and peers side by side"))
     return parser
@@ -141,9 +92,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompts = read_prompts(args)
     params = sampling_from_args(args)
     spec = spec_from_args(args)
-    from specdec.llm import LLM
-
-    llm = LLM(args.model, dtype=args.dtype, spec=spec, max_model_len=args.max_model_len, device=args.device)
+    llm = LLM(args.model, dtype=args.dtype, spec=spec, max_model_len=args.max_model_len, device=args.device,
+              backend=args.backend)
     inputs: list[str | list[int]] = []
     for p in prompts:
         if args.chat:
@@ -180,24 +130,22 @@ def stats_line(stats, spec: SpecConfig) -> str:
     if spec.enabled:
         line += (f" | {','.join(t.value for t in spec.types)}: drafted {stats.drafted}, accepted {stats.accepted} "
                  f"(alpha {stats.acceptance_rate:.2f}), tau {stats.mean_accepted_len:.2f}, "
-                 f"draft {stats.draft_seconds:.2f} s, verify {stats.verify_seconds:.2f} s")
+                 f"draft {stats.draft_seconds:.2f} s, target {stats.target_seconds:.2f} s")
     return line
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from specdec.model.weights import ModelLoadError
-
+    if "TRANSFORMERS_VERBOSITY" not in os.environ:  # the user's own setting wins
+        # transformers reads the variable when first imported, which the module-level imports
+        # above may already have done (the runners import it): set its logger's level as well.
+        os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+        logging.getLogger("transformers").setLevel(logging.ERROR)
     try:
         args = build_parser().parse_args(argv)
         if args.command == "generate":
             return cmd_generate(args)
         if args.command == "serve":
-            from specdec.server.app import cmd_serve
-
             return cmd_serve(args)
-        from specdec.bench.cli import cmd_bench
-
         return cmd_bench(args)
     except (UsageError, ModelLoadError, ValueError) as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)

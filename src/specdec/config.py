@@ -34,8 +34,7 @@ class ModelConfig:
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] = ()  # layers that attend within sliding_window only
     rope_local_base_freq: float | None = None
-    final_logit_softcapping: float | None = None
-    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None  # attention soft-capping is refused when the config is read
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import shlex
 import sys
 import textwrap
 
@@ -18,8 +19,6 @@ from specdec.llm import LLM
 
 
 def code_edit_prompt() -> str:
-    import shlex
-
     source = textwrap.dedent(inspect.getsource(shlex.quote))
     return (
         "Here is a Python function:\n\n" + source + "\nRewrite it with the parameter `s` renamed to "

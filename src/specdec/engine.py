@@ -18,14 +18,11 @@ import torch
 from specdec.adaptive import DraftLengthPolicy, PassCost
 from specdec.config import SamplingParams
 from specdec.drafters.base import Drafter, DraftProposal
-from specdec.runner import ModelRunner, SeqInput
+from specdec.errors import ContextOverflowError
+from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator
 from specdec.stats import SpecStats
 from specdec.verify import verify
-
-
-class ContextOverflowError(ValueError):
-    """The prompt does not fit in the model's context."""
 
 
 @dataclass
@@ -62,6 +59,22 @@ class Draft:
     seq: Sequence
     proposal: DraftProposal
     cache_len: int  # the sequence's cache length before this pass
+    drafter: str | None  # who proposed it (a chain's member), None without a draft
+    seconds: float  # spent drafting
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step did for one sequence (callers read this, never diff ``SpecStats``)."""
+
+    token_ids: list[int]  # committed by this step, cut at EOS / max_new_tokens
+    num_drafted: int
+    num_accepted: int  # drafted tokens kept (the recovered or bonus token not counted)
+    drafter: str | None  # which drafter proposed the draft; None when nothing was drafted
+    draft_seconds: float  # this sequence's drafting
+    pass_seconds: float  # the target pass, shared by every sequence of the step
+    pass_rows: int  # tokens that pass ran, over all sequences
+    finish_reason: str | None
 
 
 class Engine:
@@ -85,8 +98,11 @@ class Engine:
                 f"{self.runner.max_seq_len}; shorten it or raise --max-model-len"
             )
 
-    def start(self, seqs: list[Sequence]) -> None:
-        """Allocate cache slots and prefill every prompt but its last token (the first root)."""
+    def start(self, seqs: list[Sequence]) -> float:
+        """Allocate cache slots and prefill every prompt but its last token (the first root).
+
+        Returns the seconds of the prefill pass (0.0 when no prompt needed one).
+        """
         for seq in seqs:
             self.check_prompt(seq.prompt_ids)
             seq.slot = self.runner.allocate()
@@ -96,12 +112,14 @@ class Engine:
             if seq.drafter is not None:
                 seq.drafter.begin(seq.prompt_ids, seq.params)
         todo = [s for s in seqs if len(s.prompt_ids) > 1]
-        if todo:
-            out = self.runner.run([SeqInput(s.slot, s.prompt_ids[:-1], all_logits=False) for s in todo])
-            for s in todo:
-                s.stats.target_forwards += 1
-                s.stats.prefill_seconds += out.seconds
-                s.stats.verify_seconds += out.seconds
+        if not todo:
+            return 0.0
+        out = self.runner.run([SeqInput(s.slot, s.prompt_ids[:-1], all_logits=False) for s in todo])
+        for s in todo:
+            s.stats.target_forwards += 1
+            s.stats.prefill_seconds += out.seconds
+            s.stats.target_seconds += out.seconds
+        return out.seconds
 
     def finish(self, seq: Sequence) -> None:
         if seq.slot >= 0:
@@ -111,9 +129,14 @@ class Engine:
             seq.drafter.end(seq.tokens)
 
     # -- one step ----------------------------------------------------------------------------
-    def step(self, seqs: list[Sequence]) -> list[list[int]]:
-        """Draft, verify and commit once for every running sequence; return each one's new tokens."""
-        drafts = [self._draft(seq, others=len(seqs) - 1) for seq in seqs]
+    def step(self, seqs: list[Sequence], draft_budget: int | None = None) -> list[StepResult]:
+        """Draft, verify and commit once for every running sequence; what each one got.
+
+        draft_budget: at most this many drafted tokens per sequence this step (default
+        ``draft_n_max``; a server shrinks it as its batch grows).
+        """
+        k_max = self.draft_n_max if draft_budget is None else min(draft_budget, self.draft_n_max)
+        drafts = [self._draft(seq, k_max, others=len(seqs) - 1) for seq in seqs]
         # A batched pass pads every row to the widest one, and each row writes that many
         # cache entries: cut drafts so the padded width fits the fullest row's cache.
         width = min(self.runner.max_seq_len - d.cache_len for d in drafts)
@@ -124,12 +147,12 @@ class Engine:
             for d in drafts
         ]
         out = self.runner.run(inputs)
-        self.pass_cost.observe(sum(len(i.token_ids) for i in inputs), out.seconds)
-        return [self._commit(d, logits, out.seconds) for d, logits in zip(drafts, out.logits, strict=True)]
+        rows = sum(len(i.token_ids) for i in inputs)
+        self.pass_cost.observe(rows, out.seconds)
+        return [self._commit(d, logits, out.seconds, rows) for d, logits in zip(drafts, out.logits, strict=True)]
 
-    def _draft(self, seq: Sequence, others: int) -> Draft:
+    def _draft(self, seq: Sequence, k: int, others: int) -> Draft:
         cache_len = self.runner.lengths[seq.slot]
-        k = self.draft_n_max
         if self.adaptive and seq.drafter is not None:
             k = seq.policy.choose(self.pass_cost, k, others)
         room = min(
@@ -137,24 +160,26 @@ class Engine:
             seq.params.max_new_tokens - seq.num_output - 1,  # the bonus token needs a place too
             self.runner.max_seq_len - cache_len - 2,
         )
-        proposal = DraftProposal([])
+        proposal, seconds = DraftProposal([]), 0.0
         if seq.drafter is not None and room > 0:
             t0 = time.perf_counter()
             proposal = seq.drafter.propose(seq.tokens, room)
-            seq.stats.draft_seconds += time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            seq.stats.draft_seconds += seconds
             if len(proposal) > room:
                 raise RuntimeError(f"drafter {seq.drafter.name} proposed {len(proposal)} > {room} tokens")
             if not self.runner.supports_trees:
                 proposal = proposal.first_path()
             if len(proposal) < self.draft_n_min:
                 proposal = DraftProposal([])
-        return Draft(seq, proposal, cache_len)
+        drafter = (proposal.drafter or seq.drafter.name) if len(proposal) and seq.drafter is not None else None
+        return Draft(seq, proposal, cache_len, drafter, seconds)
 
     @staticmethod
     def _parents(proposal: DraftProposal) -> list[int] | None:
         return None if proposal.is_chain else [-1, *proposal.parents]
 
-    def _commit(self, d: Draft, logits: torch.Tensor, pass_seconds: float) -> list[int]:
+    def _commit(self, d: Draft, logits: torch.Tensor, pass_seconds: float, pass_rows: int) -> StepResult:
         seq, stats = d.seq, d.seq.stats
         result = verify(
             d.proposal.to_tree(seq.tokens[-1]), logits, seq.params, d.proposal.probs, seq.generator
@@ -168,14 +193,15 @@ class Engine:
         stats.decode_passes += 1
         stats.decode_tokens += len(result.token_ids)
         stats.new_tokens += len(new)
-        stats.verify_seconds += pass_seconds
+        stats.target_seconds += pass_seconds
         stats.record_draft(len(d.proposal), result.num_accepted)
         seq.policy.observe(len(d.proposal), result.num_accepted)
         if seq.finish_reason is None and seq.should_stop is not None and seq.should_stop(seq.output_ids):
             seq.finish_reason = "stop"
         if seq.finish_reason is None and self.runner.lengths[seq.slot] + 2 >= self.runner.max_seq_len:
             seq.finish_reason = "length"
-        return new
+        return StepResult(new, len(d.proposal), result.num_accepted, d.drafter, d.seconds, pass_seconds, pass_rows,
+                          seq.finish_reason)
 
     def _truncate(self, seq: Sequence, tokens: list[int]) -> list[int]:
         """Cut the step's tokens at EOS or max_new_tokens, setting the finish reason."""
@@ -197,13 +223,10 @@ class Engine:
         Finished sequences leave the batch, and free their slot, at once.
         """
         try:
-            self.start(seqs)
-            pass_seconds = max(s.stats.verify_seconds for s in seqs)  # the one prefill pass
+            pass_seconds = self.start(seqs)
             running = list(seqs)
             while running:
-                before = running[0].stats.verify_seconds
-                self.step(running)
-                pass_seconds += running[0].stats.verify_seconds - before
+                pass_seconds += self.step(running)[0].pass_seconds
                 for s in running:
                     if s.finished:
                         self.finish(s)
@@ -214,15 +237,15 @@ class Engine:
                 if s.slot >= 0:
                     self.finish(s)
 
-    def generate(self, seq: Sequence) -> Iterator[list[int]]:
-        """Run ``seq`` alone until it finishes, yielding the tokens committed by each step."""
+    def generate(self, seq: Sequence) -> Iterator[StepResult]:
+        """Run ``seq`` alone until it finishes, yielding each step's result."""
         t0 = time.perf_counter()
         try:
             self.start([seq])
             while not seq.finished:
-                new = self.step([seq])[0]
+                result = self.step([seq])[0]
                 seq.stats.seconds = time.perf_counter() - t0
-                yield new
+                yield result
         finally:
             seq.stats.seconds = time.perf_counter() - t0
             self.finish(seq)

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
+import torch
+
 from specdec.config import SamplingParams, SpecConfig, SpecType, parse_spec_types
 from specdec.drafters.registry import DraftResources
 from specdec.engine import Engine, Sequence
-from specdec.model.weights import ModelLoadError
-from specdec.runner import load_runner
+from specdec.errors import ModelLoadError
+from specdec.runners.load import load_runner
 from specdec.stats import SpecStats
-from specdec.text import StopChecker, TextStream, load_tokenizer
+from specdec.text import StopChecker, TextStream, as_prompt_list, encode_chat, encode_prompt, load_tokenizer
 
 
 @dataclass
@@ -52,6 +55,8 @@ class LLM:
     """Load a model (GGUF, local folder or hub id; None = the embedded default) and generate.
 
     ``spec`` is a SpecConfig, or a --spec-type string such as "ngram" or "suffix,draft-model".
+    ``backend``: "auto", "cpu-kernels" or "torch" (see ``model.backend``); default
+    ``$SPECDEC_BACKEND`` or "auto".
     """
 
     def __init__(
@@ -62,11 +67,17 @@ class LLM:
         max_model_len: int = 4096,
         device: str | None = None,
         max_num_seqs: int = 1,
-        matmul: str = "auto",
+        backend: str | None = None,
     ) -> None:
+        # The one place that reads the environment and sets torch's threads (see model.backend).
+        backend = backend or os.environ.get("SPECDEC_BACKEND", "auto")
         self.runner, self.folder = load_runner(
-            model, dtype=dtype, device=device, max_seq_len=max_model_len, num_slots=max_num_seqs, matmul=matmul
+            model, dtype=dtype, device=device, max_seq_len=max_model_len, num_slots=max_num_seqs, backend=backend
         )
+        if self.runner.device.type == "cpu":
+            # numba runs its own threads; torch's OpenMP pool spinning beside them made every
+            # small op 3-4x slower, and one torch thread loses nothing on the ops left to it.
+            torch.set_num_threads(1 if self.runner.backend == "cpu-kernels" else os.cpu_count() or 1)
         self.tokenizer = load_tokenizer(self.folder)
         self.model_name = str(model) if model else "SmolLM2-135M-Instruct"
         self._dtype, self._device, self._max_num_seqs = dtype, device, max_num_seqs
@@ -88,22 +99,11 @@ class LLM:
 
     # -- prompts -------------------------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, list):
-            return prompt
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        return self.tokenizer(prompt).input_ids
+        return encode_prompt(self.tokenizer, prompt)
 
     def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of ``messages`` under the model's chat template."""
-        if not messages:
-            raise ValueError("messages is empty")
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("this model has no chat template")
-        text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
-        return self.tokenizer(text, add_special_tokens=False).input_ids
+        return encode_chat(self.tokenizer, messages, add_generation_prompt)
 
     # -- generation ----------------------------------------------------------------------------
     def new_sequence(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
@@ -115,23 +115,21 @@ class LLM:
         params = params or SamplingParams()
         seq = self.new_sequence(self.encode(prompt), params)
         text = TextStream(self.tokenizer, params.stop)
-        for new in self.engine.generate(seq):
+        for step in self.engine.generate(seq):
             delta = text.push(seq.output_ids)
             if not seq.finished:
-                yield StreamEvent(delta, new, False)
+                yield StreamEvent(delta, step.token_ids, False)
             else:
                 delta += text.flush(seq.output_ids)
-                yield StreamEvent(delta, new, True, seq.finish_reason, seq.stats)
+                yield StreamEvent(delta, step.token_ids, True, seq.finish_reason, seq.stats)
 
     def generate(
         self, prompts: str | list[int] | Seq[str | list[int]], params: SamplingParams | None = None
     ) -> list[Output]:
         """One Output per prompt; with params.n > 1, n independent samples per prompt."""
         params = params or SamplingParams()
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
         outputs = []
-        for prompt in prompts:
+        for prompt in as_prompt_list(prompts):
             ids = self.encode(prompt)
             self.engine.check_prompt(ids)
             out = Output(prompt, ids, [])

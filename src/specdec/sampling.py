@@ -44,7 +44,3 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """[N, V] probabilities -> [N] sampled token ids."""
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-
-
-def uniform(n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    return torch.rand(n, generator=generator, device=device)

@@ -304,12 +304,9 @@ class Scheduler:
             return
         # The engine itself cuts drafts so a padded batch pass fits every sequence's cache.
         k = self.budget(len(seqs))
-        self.engine.draft_n_max = k
-        before = [(s.stats.drafts, s.stats.drafted, s.stats.accepted, s.stats.draft_seconds, s.stats.verify_seconds)
-                  for s in seqs]
         t0 = time.perf_counter()
         try:
-            news = self.engine.step(seqs)
+            results = self.engine.step(seqs, draft_budget=k)
         except Exception as exc:  # noqa: BLE001 - the shared pass failed: fail its requests, keep looping
             logger.exception("engine step failed")
             for req in list(self._running):
@@ -317,14 +314,12 @@ class Scheduler:
             return
         seconds = time.perf_counter() - t0
         self.num_steps += 1
-        new_by_seq = {id(s): new for s, new in zip(seqs, news, strict=True)}
+        new_by_seq = {id(s): r.token_ids for s, r in zip(seqs, results, strict=True)}
         if self.metrics is not None:
-            draft_s = 0.0
-            for s, (d0, n0, a0, ds0, _) in zip(seqs, before, strict=True):
-                self.metrics.record_draft(s.stats.drafts - d0, s.stats.drafted - n0, s.stats.accepted - a0)
-                draft_s += s.stats.draft_seconds - ds0
-            verify_s = seqs[0].stats.verify_seconds - before[0][4]  # one shared pass
-            self.metrics.record_step(len(seqs), k, seconds, draft_s, verify_s)
+            for r in results:
+                self.metrics.record_draft(int(r.num_drafted > 0), r.num_drafted, r.num_accepted)
+            draft_s = sum(r.draft_seconds for r in results)
+            self.metrics.record_step(len(seqs), k, seconds, draft_s, results[0].pass_seconds)
         for req in list(self._running):
             self._deliver_step(req, new_by_seq)
 

@@ -18,7 +18,7 @@ class SpecStats:
     accepted_per_pos: list[int] = field(default_factory=list)  # [i]: drafts whose token i was kept
     drafted_per_pos: list[int] = field(default_factory=list)  # [i]: drafts that reached position i
     draft_seconds: float = 0.0
-    verify_seconds: float = 0.0  # target passes (prefill included)
+    target_seconds: float = 0.0  # target passes (prefill included)
     prefill_seconds: float = 0.0
     seconds: float = 0.0  # wall time of generation (loading excluded)
 
@@ -53,7 +53,7 @@ class SpecStats:
             "drafts", "drafted", "accepted",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("draft_seconds", "verify_seconds", "prefill_seconds", "seconds"):
+        for name in ("draft_seconds", "target_seconds", "prefill_seconds", "seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("accepted_per_pos", "drafted_per_pos"):
             mine, theirs = getattr(self, name), getattr(other, name)
@@ -68,6 +68,6 @@ class SpecStats:
             mean_accepted_len=round(self.mean_accepted_len, 4),
             tokens_per_s=round(self.tokens_per_s, 3),
         )
-        for key in ("draft_seconds", "verify_seconds", "prefill_seconds", "seconds"):
+        for key in ("draft_seconds", "target_seconds", "prefill_seconds", "seconds"):
             out[key] = round(out[key], 5)
         return out

@@ -1,19 +1,47 @@
-"""Tokenizer loading, incremental detokenization and stop strings."""
+"""Tokenizer loading, prompt encoding, incremental detokenization and stop strings."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-from specdec.model.weights import ModelLoadError
+from specdec.errors import ModelLoadError
 
 
 def load_tokenizer(folder: Path):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: importing transformers takes seconds; most runs never need it
 
     try:
         return AutoTokenizer.from_pretrained(folder)  # trust_remote_code stays off
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load a tokenizer from {folder}: {exc}") from None
+
+
+def as_prompt_list(prompts: str | list[int] | Sequence[str | list[int]]) -> Sequence[str | list[int]]:
+    """One prompt (text or token ids) or several -> several: "hi" -> ["hi"], [1, 2] -> [[1, 2]]."""
+    if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        return [prompts]  # type: ignore[list-item]
+    return prompts
+
+
+def encode_prompt(tokenizer, prompt: str | list[int]) -> list[int]:
+    """Token ids of a plain prompt: text goes through the tokenizer (special tokens such as BOS
+    included), token ids pass through unchanged. Raises ValueError on empty text."""
+    if isinstance(prompt, list):
+        return prompt
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    return tokenizer(prompt).input_ids
+
+
+def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of ``messages`` under the model's chat template (which writes its own special tokens)."""
+    if not messages:
+        raise ValueError("messages is empty")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model has no chat template")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return tokenizer(text, add_special_tokens=False).input_ids
 
 
 def decode(tokenizer, token_ids: list[int]) -> str:

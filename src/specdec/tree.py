@@ -16,9 +16,18 @@ A chain of K drafted tokens is the tree with ``parents = [-1, 0, 1, ..., K-1]``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+
+def is_chain(parents: Sequence[int]) -> bool:
+    """Whether ``parents`` (root first, ``parents[0] == -1``) make one chain: node i's parent is i - 1.
+
+    Example: [-1, 0, 1] -> True; [-1, 0, 0] (two children of the root) -> False.
+    """
+    return all(p == i - 1 for i, p in enumerate(parents))
 
 
 @dataclass
@@ -52,7 +61,7 @@ class DraftTree:
 
     @property
     def is_chain(self) -> bool:
-        return all(p == i - 1 for i, p in enumerate(self.parents) if i > 0)
+        return is_chain(self.parents)
 
     def ancestor_mask(self) -> torch.Tensor:
         """[N, N] bool: mask[i, j] is True when node j is node i or one of its ancestors."""
@@ -64,6 +73,22 @@ class DraftTree:
             if p >= 0:
                 mask[i] |= mask[p]
         return mask
+
+    def child_with(self, node: int, token: int) -> int | None:
+        """The first child of ``node`` holding ``token``, or None."""
+        return next((c for c in self.children[node] if self.tokens[c] == token), None)
+
+    def walk(self, choose: Callable[[int], int | None]) -> list[int]:
+        """Node indices from the root down, moving to ``choose(node)`` until it returns None.
+
+        Example: for the tree of the module docstring, choosing "the child holding
+        the true next token" with truth [a, b, x] walks [0, 1, 2]; with [c, ...], [0, 3].
+        """
+        node, path = 0, [0]
+        while (nxt := choose(node)) is not None:
+            node = nxt
+            path.append(node)
+        return path
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root to ``node`` inclusive."""

@@ -59,14 +59,8 @@ def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
     accepted, c is rejected, the recovered token is x: tokens [a, b, x].
     """
     best = target_logits.argmax(dim=-1).tolist()  # the one host sync
-    node, path = 0, [0]
-    while True:
-        nxt = next((c for c in tree.children[node] if tree.tokens[c] == best[node]), None)
-        if nxt is None:
-            break
-        node = nxt
-        path.append(node)
-    return VerifyResult([tree.tokens[n] for n in path[1:]] + [best[node]], path)
+    path = tree.walk(lambda node: tree.child_with(node, best[node]))
+    return VerifyResult([tree.tokens[n] for n in path[1:]] + [best[path[-1]]], path)
 
 
 def verify_sampling(

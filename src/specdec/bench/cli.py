@@ -12,13 +12,20 @@ import argparse
 import json
 import os
 import shlex
+import subprocess
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import torch
+
+from specdec.bench import harness, metrics, report
 from specdec.bench.config import DEFAULT_METHODS, PEER_NAMES, BenchConfig, parse_methods
 from specdec.bench.workloads import WORKLOAD_NAMES, load_workload, load_workload_file
+from specdec.cli_args import add_model_args, positive_int
 from specdec.config import SpecConfig
+from specdec.errors import UsageError
 
 # --quick: a few prompts per workload, batch 1, greedy (creative keeps its temperature):
 # a few minutes on two CPU cores with the default 135M model.
@@ -50,8 +57,6 @@ def _names(text: str) -> list[str]:
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
-    from specdec.cli import add_model_args, positive_int
-
     add_model_args(p)
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma list of spec types; '+' chains (e.g. suffix+draft-model); 'none' is always run "
@@ -83,8 +88,6 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace, argv: list[str] | None = None) -> BenchConfig:
-    from specdec.cli import UsageError
-
     preset = QUICK if args.quick else FULL
     pick = lambda name: preset[name] if getattr(args, name) is None else getattr(args, name)
     try:
@@ -107,7 +110,8 @@ def config_from_args(args: argparse.Namespace, argv: list[str] | None = None) ->
         raise UsageError(f"unknown peer {unknown[0]!r}; choose from: {', '.join(PEER_NAMES)}, none")
     return BenchConfig(
         methods=methods, workloads=[w.limited(limit, max_turns) for w in workloads], model=args.model,
-        dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, batch_sizes=pick("batch_sizes"),
+        dtype=args.dtype, device=args.device, backend=args.backend, max_model_len=args.max_model_len,
+        batch_sizes=pick("batch_sizes"),
         temperatures=pick("temperatures"), max_new_tokens=pick("max_new_tokens"), limit=limit,
         max_turns=max_turns, peers=peers, out=Path(args.out), quick=args.quick, usd_per_hour=args.usd_per_hour,
         draft_model=args.draft_model, draft_n_max=args.spec_draft_n_max, seed=args.seed,
@@ -123,9 +127,7 @@ def command_line(argv: list[str] | None) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    import torch
-
-    from specdec.bench import harness, metrics, plots, report
+    from specdec.bench import plots  # lazy: it imports matplotlib (about a second), which only bench needs
 
     cfg = config_from_args(args, getattr(args, "argv", None))
     cfg.default_threads = torch.get_num_threads()  # before specdec's loader changes it
@@ -159,10 +161,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def run_meta(cfg: BenchConfig, result, wall: float, code: str) -> dict:
-    import torch
-
-    from specdec.bench import report
-
     return {
         "command": cfg.command, "model": cfg.model or "SmolLM2-135M-Instruct (default)", "folder": result.folder,
         "dtype": cfg.dtype, "device": cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"),
@@ -178,8 +176,6 @@ def run_meta(cfg: BenchConfig, result, wall: float, code: str) -> dict:
 def code_version() -> str:
     """The git commit specdec runs from (+ a mark for uncommitted changes to its sources), or the
     package version. Only the package counts: a report written into the checkout is not code."""
-    import subprocess
-
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
@@ -188,8 +184,6 @@ def code_version() -> str:
                                cwd=here,
                                capture_output=True, text=True, timeout=5, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        from importlib.metadata import PackageNotFoundError, version
-
         try:
             return f"specdec {version('specdec')}"
         except PackageNotFoundError:

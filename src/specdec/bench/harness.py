@@ -15,66 +15,25 @@ Flow of one ``run_bench``:
 
 from __future__ import annotations
 
-import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
 from specdec.bench import metrics, oracle
 from specdec.bench.config import BenchConfig, Method
+from specdec.bench.peers import make_peers, run_peer_cell
+from specdec.bench.records import GREEDY, BenchResult, Cell, Request, peak_rss_bytes
 from specdec.bench.workloads import Conversation, Workload
 from specdec.config import SamplingParams
 from specdec.drafters.registry import DraftResources
-from specdec.drafters.suffix import SuffixCache
-from specdec.runner import SeqInput
+from specdec.llm import LLM
+from specdec.runners.base import SeqInput
 from specdec.stats import SpecStats
-
-GREEDY = 0.0
 
 
 class GreedyMismatchError(RuntimeError):
     """A greedy speculative output differs from plain decoding: losslessness is broken."""
-
-
-@dataclass(frozen=True)
-class Request:
-    workload: str
-    conv_id: str
-    turn: int
-    prompt_ids: tuple[int, ...]
-    seed: int
-
-
-@dataclass
-class Cell:
-    """One method or peer on one workload at one batch size and temperature."""
-
-    method: str
-    kind: str  # "specdec" or "peer"
-    workload: str
-    batch_size: int
-    temperature: float
-    output_ids: list[list[int]]
-    stats: SpecStats  # summed over requests; seconds is generation wall time
-    kv_bytes: int | None = None
-    drafter_bytes: int | None = None
-    peak_rss_bytes: int = 0
-    mismatches: int | None = None  # greedy outputs that differ from the reference; None when sampled
-
-
-@dataclass
-class BenchResult:
-    config: BenchConfig
-    cells: list[Cell] = field(default_factory=list)
-    requests: dict[str, list[Request]] = field(default_factory=dict)
-    reference: dict[str, list[list[int]]] = field(default_factory=dict)
-    oracle: dict[str, oracle.OracleResult] = field(default_factory=dict)
-    pass_costs: list[float] = field(default_factory=list)
-    pass_cost_context: int = 0
-    notes: list[str] = field(default_factory=list)
-    folder: str = ""  # the model folder specdec loaded
 
 
 def greedy_check_input(method: str, workload: str, outputs: list[list[int]]) -> list[list[int]]:
@@ -107,10 +66,6 @@ def check_greedy(cell: Cell, reference: list[list[int]]) -> None:
         )
 
 
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
 # -- specdec ------------------------------------------------------------------------------------
 
 
@@ -118,19 +73,16 @@ class MethodRunner:
     """One loaded target model; switches drafting method with ``LLM.set_spec``, keeping each method's resources."""
 
     def __init__(self, cfg: BenchConfig) -> None:
-        from specdec.llm import LLM
-
         self.cfg = cfg
         self.llm = LLM(cfg.model, dtype=cfg.dtype, max_model_len=cfg.max_model_len, device=cfg.device,
-                       max_num_seqs=max(cfg.batch_sizes))
+                       max_num_seqs=max(cfg.batch_sizes), backend=cfg.backend)
         self._resources: dict[str, DraftResources] = {}
 
     def use(self, method: Method) -> DraftResources:
         """Make ``method`` current, with an empty suffix cache (each cell starts cold)."""
         res = self.llm.set_spec(method.spec, self._resources.get(method.name))
         self._resources[method.name] = res
-        if res.suffix_cache is not None:
-            res.suffix_cache = SuffixCache()
+        res.forget()
         return res
 
     def run(self, requests: list[Request], temperature: float, batch_size: int,
@@ -163,8 +115,7 @@ class MethodRunner:
         return Request(w.name, conv.id, turn, tuple(ids), self.cfg.seed + index)
 
     def params(self, request: Request, temperature: float) -> SamplingParams:
-        seed = None if temperature == GREEDY else request.seed
-        return SamplingParams(max_new_tokens=self.cfg.max_new_tokens, temperature=temperature, seed=seed)
+        return request.params(temperature, self.cfg.max_new_tokens)
 
     def _run_batch(self, chunk: list[Request], params: list[SamplingParams]) -> tuple[list[list[int]], SpecStats]:
         """One static batch through the engine; verify time counts each batched pass once."""
@@ -175,7 +126,7 @@ class MethodRunner:
         total = SpecStats()
         for s in seqs:
             total.merge(s.stats)
-        total.seconds, total.verify_seconds = wall, pass_seconds
+        total.seconds, total.target_seconds = wall, pass_seconds
         return [s.output_ids for s in seqs], total
 
     def kv_bytes(self) -> int | None:
@@ -225,8 +176,6 @@ def settings(cfg: BenchConfig, w: Workload) -> list[tuple[float, int]]:
 
 def run_workload(runner: MethodRunner, result: BenchResult, w: Workload, peers: list, bar: tqdm) -> None:
     """Reference, then every method and peer on ``w``, back to back so machine drift hits all alike."""
-    from specdec.bench.peers import run_peer_cell
-
     cfg = result.config
     bar.set_description(f"reference {w.name}")
     first_seed = cfg.seed + sum(len(v) for v in result.requests.values())
@@ -258,7 +207,7 @@ def run_workload(runner: MethodRunner, result: BenchResult, w: Workload, peers: 
                 check_greedy(cell, ref_outputs)
         for peer in peers if batch_size == 1 else []:
             bar.set_description(f"{peer.name} {w.name} T{temperature:g}")
-            result.cells.append(run_peer_cell(peer, runner, result, w.name, temperature, bar))
+            result.cells.append(run_peer_cell(peer, result, w.name, temperature, bar))
 
 
 def num_cells(cfg: BenchConfig, w: Workload, num_peers: int) -> int:
@@ -285,7 +234,7 @@ def measure_pass_costs(runner: MethodRunner, context_ids: list[int], max_width: 
             times = []
             for _ in range(reps):
                 out = target.run([SeqInput(slot, probe[:width])])
-                target.commit(slot, start, [])  # roll back: the probe must not stay in the cache
+                target.truncate(slot, start)  # roll back: the probe must not stay in the cache
                 times.append(out.seconds)
             costs.append(min(times))
         return costs
@@ -323,13 +272,11 @@ def run_oracle(runner: MethodRunner, result: BenchResult) -> None:
 
 
 def run_bench(cfg: BenchConfig) -> BenchResult:
-    from specdec.bench.peers import make_peers
-
     result = BenchResult(cfg)
     runner = MethodRunner(cfg)
     result.folder = str(runner.llm.folder)
     runner.llm.warmup()
-    peers = make_peers(result, runner)
+    peers = make_peers(result, runner.llm)
     # Progress counts requests: the reference run, then each cell (the plain greedy batch-1
     # cell is the reference run itself).
     total = sum(w.num_requests * (num_cells(cfg, w, len(peers)) + needs_reference(w)) for w in cfg.workloads)

@@ -7,34 +7,20 @@ workloads before dividing, as Spec-Bench's overall column does.
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 from collections.abc import Iterable
 
+from specdec.bench.oracle import OracleResult, Walk
 from specdec.drafters.registry import DraftResources
-from specdec.drafters.suffix import SuffixTrie
 
 MIB = 1 << 20
-
-
-def suffix_trie_bytes(trie: SuffixTrie) -> int:
-    """Approximate bytes of a suffix trie: its nodes, their child dicts, and its token text."""
-    total = trie._text.itemsize * len(trie._text)
-    stack = [trie.root]
-    while stack:
-        node = stack.pop()
-        total += sys.getsizeof(node)
-        if node.children is not None:
-            total += sys.getsizeof(node.children)
-            stack.extend(node.children.values())
-    return total
 
 
 def drafter_bytes(res: DraftResources) -> int | None:
     """Memory of the state drafters share across requests, where we know it (None: per-request only)."""
     total, known = 0, False
     if res.suffix_cache is not None:
-        total += suffix_trie_bytes(res.suffix_cache.trie)
+        total += res.suffix_cache.nbytes()
         known = True
     runner = res.draft_runner
     if runner is not None:
@@ -89,9 +75,9 @@ def cell_record(cell, baseline_tps: float | None, usd_per_hour: float) -> dict:
         "drafted_per_pos": list(s.drafted_per_pos),
         "acceptance_by_pos": [round(x, 4) for x in by_pos],
         "draft_seconds": round(s.draft_seconds, 4),
-        "verify_seconds": round(s.verify_seconds, 4),
+        "target_seconds": round(s.target_seconds, 4),
         "draft_share": round(s.draft_seconds / s.seconds, 4) if s.seconds > 0 and cell.kind == "specdec" else None,
-        "verify_share": round(s.verify_seconds / s.seconds, 4) if s.seconds > 0 and cell.kind == "specdec" else None,
+        "target_share": round(s.target_seconds / s.seconds, 4) if s.seconds > 0 and cell.kind == "specdec" else None,
         "peak_rss_bytes": cell.peak_rss_bytes,
         "kv_bytes": cell.kv_bytes,
         "drafter_bytes": cell.drafter_bytes,
@@ -124,7 +110,7 @@ def overall(records: Iterable[dict], workloads: list[str] | None = None) -> dict
             continue
         key = (r["method"], r["batch_size"], r["temperature"])
         acc = sums[key]
-        for name in ("new_tokens", "seconds", "decode_passes", "draft_seconds", "verify_seconds"):
+        for name in ("new_tokens", "seconds", "decode_passes", "draft_seconds", "target_seconds"):
             acc[name] += r[name]
         acc["kind"] = r["kind"]
         acc["workloads"] += 1
@@ -137,7 +123,7 @@ def overall(records: Iterable[dict], workloads: list[str] | None = None) -> dict
                     "tokens_per_s": tps, "tau": tau if acc["kind"] == "specdec" else None,
                     "workloads": list(acc["names"]),
                     "draft_share": acc["draft_seconds"] / acc["seconds"] if acc["seconds"] else 0.0,
-                    "verify_share": acc["verify_seconds"] / acc["seconds"] if acc["seconds"] else 0.0}
+                    "target_share": acc["target_seconds"] / acc["seconds"] if acc["seconds"] else 0.0}
     for (_method, batch, temp), row in out.items():
         base = _plain_over(sums, batch if row["kind"] == "specdec" else 1, temp, row["workloads"])
         row["speedup"] = row["tokens_per_s"] / base if base else None
@@ -154,8 +140,6 @@ def _plain_over(sums: dict, batch: int, temp: float, names: list[str]) -> float 
 
 def oracle_records(oracle_results: dict, pass_costs: list[float], context_len: int) -> list[dict]:
     """One record per workload (and 'overall') with oracle and per-drafter replay numbers."""
-    from specdec.bench.oracle import OracleResult, Walk
-
     recs = [{"kind": "pass_costs", "context_tokens": context_len,
              "seconds_by_width": [round(c, 6) for c in pass_costs]}]
     total = None

@@ -58,29 +58,19 @@ Logs = Mapping[str, Sequence[Sequence[StepLog]]]
 def accepted_length(proposal: DraftProposal, truth: Sequence[int]) -> int:
     """Length of the longest proposal path that equals a prefix of ``truth``.
 
-    A chain is compared token by token; a tree is walked from the root, taking at
+    The proposal is walked as a tree (a chain is a tree) from the root, taking at
     each depth the child that holds the true token.
 
     Example: chain [5, 6, 9] vs truth [5, 6, 7] -> 2; tree token_ids [5, 8, 6],
     parents [0, 0, 1] (5 and 8 under the root, 6 under 5) vs [5, 6, 7] -> 2.
     """
-    if proposal.is_chain:
-        n = 0
-        for drafted, true in zip(proposal.token_ids, truth, strict=False):  # a prefix: stops at the shorter
-            if drafted != true:
-                break
-            n += 1
-        return n
-    children: dict[int, dict[int, int]] = {}
-    for i, (tok, parent) in enumerate(zip(proposal.token_ids, proposal.parents, strict=True)):
-        children.setdefault(parent, {}).setdefault(tok, i + 1)
-    node, n = 0, 0
-    for true in truth:
-        node = children.get(node, {}).get(true, -1)
-        if node < 0:
-            break
-        n += 1
-    return n
+    tree = proposal.to_tree(root=-1)  # the root's token is never compared
+
+    def true_child(node: int) -> int | None:
+        depth = tree.depths[node]  # = the tokens matched so far
+        return tree.child_with(node, truth[depth]) if depth < len(truth) else None
+
+    return len(tree.walk(true_child)) - 1
 
 
 def pass_cost(costs: Sequence[float], width: int) -> float:

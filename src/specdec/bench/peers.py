@@ -5,7 +5,9 @@
   draft model. The model is loaded from the folder specdec itself uses, in the
   same dtype, and runs with torch's default thread count (specdec's loader may
   have lowered it: see ``torch_threads``).
-- ``llama-cpp``: llama-cpp-python plain and with ``LlamaPromptLookupDecoding``,
+- ``llama-cpp``: llama.cpp's ``llama-server`` plain and with its n-gram ``--spec-type``s
+  when a binary is found (``bench.llama_cpp``; timed by llama.cpp's own reported timings),
+  and llama-cpp-python plain and with ``LlamaPromptLookupDecoding``,
   only when ``llama_cpp`` is importable and the model is a GGUF file. Known
   settings: on CPUs with AMX, ``llama_decode`` segfaults on batches of more than
   one token unless ``use_extra_bufts=False`` (passed when the installed version
@@ -23,14 +25,17 @@ import importlib.util
 import inspect
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from specdec.bench.harness import GREEDY, BenchResult, Cell, MethodRunner, Request, peak_rss_bytes
+from specdec.bench.llama_cpp import LlamaServerPeer, server_peers
+from specdec.bench.records import GREEDY, BenchResult, Cell, Request, peak_rss_bytes
 from specdec.config import SamplingParams
+from specdec.llm import LLM
+from specdec.model.weights import default_model_path, resolve_model
 from specdec.stats import SpecStats
 
 PROMPT_LOOKUP_TOKENS = 10  # transformers' and llama-cpp-python's documented default
@@ -55,6 +60,23 @@ class Peer(ABC):
 
     def warmup(self) -> None:
         self.generate([1, 2, 3], SamplingParams(max_new_tokens=4))
+
+    def run(self, prompts: list[list[int]], params: list[SamplingParams],
+            tick: Callable[[int], None]) -> tuple[list[list[int]], SpecStats]:
+        """Outputs of one cell and its summed stats; seconds: wall time around each ``generate``."""
+        outputs, stats = [], SpecStats()
+        for ids, p in zip(prompts, params, strict=True):
+            t0 = time.perf_counter()
+            out = self.generate(ids, p)
+            stats.seconds += time.perf_counter() - t0
+            stats.new_tokens += len(out)
+            stats.prompt_tokens += len(ids)
+            outputs.append(out)
+            tick(1)
+        return outputs, stats
+
+
+Peer.register(LlamaServerPeer)  # llama.cpp's llama-server rows (their own timings; see bench.llama_cpp)
 
 
 class TransformersPeer(Peer):
@@ -83,7 +105,7 @@ class TransformersPeer(Peer):
 
 
 def load_transformers(folder: Path, dtype: str):
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM, GenerationConfig  # lazy: heavy, and only this peer needs it
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
     # A clean generation config: the folder's may carry sampling defaults (top_k=50, ...)
@@ -94,7 +116,7 @@ def load_transformers(folder: Path, dtype: str):
 
 class LlamaCppPeer(Peer):
     def __init__(self, gguf: Path, n_ctx: int, eos_ids: list[int], lookup: bool, threads: int) -> None:
-        from llama_cpp import Llama
+        from llama_cpp import Llama  # lazy: an optional dependency (specdec[llama-cpp])
 
         kwargs = dict(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, verbose=False)
         if "use_extra_bufts" in inspect.signature(Llama.__init__).parameters:
@@ -122,34 +144,33 @@ class LlamaCppPeer(Peer):
 
 def gguf_path(model: str | None) -> Path | None:
     if model is None:
-        from specdec.model.weights import default_model_path
-
         return default_model_path()
     return Path(model) if str(model).endswith(".gguf") else None
 
 
-def make_peers(result: BenchResult, runner: MethodRunner) -> list[Peer]:
+def make_peers(result: BenchResult, llm: LLM) -> list[Peer]:
     """The requested peers that can run here; a note in the report for each one skipped."""
-    cfg, llm = result.config, runner.llm
+    cfg = result.config
     eos = list(llm.runner.eos_token_ids)
     peers: list[Peer] = []
     if "transformers" in cfg.peers:
         model = load_transformers(llm.folder, cfg.dtype)
         peers += [TransformersPeer(model, eos), TransformersPeer(model, eos, "prompt-lookup")]
         if cfg.draft_model:
-            from specdec.model.weights import resolve_model
-
             assistant = load_transformers(resolve_model(cfg.draft_model), cfg.dtype)
             peers.append(TransformersPeer(model, eos, "assisted", assistant))
     if "llama-cpp" in cfg.peers:
         gguf = gguf_path(cfg.model)
+        llama_server = server_peers(cfg, gguf, result.notes)  # or a notice saying why not
+        peers += llama_server
         if importlib.util.find_spec("llama_cpp") is None:
-            result.notes.append(
-                "llama-cpp peer skipped: llama-cpp-python is not installed (`pip install specdec[llama-cpp]`). "
-                "Known settings when it is: on AMX CPUs `llama_decode` segfaults on batches of more than one "
-                "token unless `use_extra_bufts=False`; with a draft model, contexts past 512 tokens need "
-                "`logits_all=True`."
-            )
+            if not llama_server:  # llama-cpp-python is the other way in: say so only when neither runs
+                result.notes.append(
+                    "llama-cpp-python peer skipped: it is not installed (`pip install specdec[llama-cpp]`). "
+                    "Known settings when it is: on AMX CPUs `llama_decode` segfaults on batches of more than "
+                    "one token unless `use_extra_bufts=False`; with a draft model, contexts past 512 tokens "
+                    "need `logits_all=True`."
+                )
         elif gguf is None:
             result.notes.append("llama-cpp peer skipped: it needs a GGUF model (--model FILE.gguf).")
         else:
@@ -161,20 +182,11 @@ def make_peers(result: BenchResult, runner: MethodRunner) -> list[Peer]:
     return peers
 
 
-def run_peer_cell(peer: Peer, runner: MethodRunner, result: BenchResult, workload: str, temperature: float,
-                  bar: tqdm) -> Cell:
+def run_peer_cell(peer: Peer, result: BenchResult, workload: str, temperature: float, bar: tqdm) -> Cell:
     requests: list[Request] = result.requests[workload]
-    outputs, stats = [], SpecStats()
+    params = [req.params(temperature, result.config.max_new_tokens) for req in requests]
     with torch_threads(result.config.peer_threads or result.config.default_threads):
-        for req in requests:
-            params = runner.params(req, temperature)
-            t0 = time.perf_counter()
-            ids = peer.generate(list(req.prompt_ids), params)
-            stats.seconds += time.perf_counter() - t0
-            stats.new_tokens += len(ids)
-            stats.prompt_tokens += len(req.prompt_ids)
-            outputs.append(ids)
-            bar.update(1)
+        outputs, stats = peer.run([list(req.prompt_ids) for req in requests], params, bar.update)
     cell = Cell(peer.name, "peer", workload, 1, temperature, outputs, stats, peak_rss_bytes=peak_rss_bytes())
     if temperature == GREEDY and workload in result.reference:
         ref = result.reference[workload]

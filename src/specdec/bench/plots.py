@@ -72,7 +72,7 @@ def time_breakdown(records: list[dict], path: Path) -> Path:
     methods = list(dict.fromkeys(r["method"] for r in runs))
     per_token = [1000 * totals[(m, batch, temp)]["seconds"] / max(totals[(m, batch, temp)]["new_tokens"], 1)
                  for m in methods]
-    verify = [t * totals[(m, batch, temp)]["verify_share"] for t, m in zip(per_token, methods, strict=True)]
+    verify = [t * totals[(m, batch, temp)]["target_share"] for t, m in zip(per_token, methods, strict=True)]
     draft = [t * totals[(m, batch, temp)]["draft_share"] for t, m in zip(per_token, methods, strict=True)]
     other = [max(0.0, t - d - v) for t, d, v in zip(per_token, draft, verify, strict=True)]
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.config import SamplingParams
-from specdec.tree import DraftTree
+from specdec.config import SamplingParams, SpecConfig
+from specdec.tree import DraftTree, is_chain
 
 
 @dataclass
@@ -43,13 +43,19 @@ class DraftProposal:
     token_ids: list[int]
     parents: list[int] | None = None
     probs: torch.Tensor | None = None
+    drafter: str = ""  # the name of the drafter that proposed it (set by a chain; else the engine's)
+
+    @classmethod
+    def from_tree(cls, token_ids: list[int], parents: list[int]) -> DraftProposal:
+        """A tree-shaped proposal, stored as a chain (``parents`` None) when it is one."""
+        return cls(token_ids, None if is_chain([-1, *parents]) else parents)
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
     @property
     def is_chain(self) -> bool:
-        return self.parents is None or all(p == i for i, p in enumerate(self.parents))
+        return self.parents is None or is_chain([-1, *self.parents])
 
     def truncate(self, n: int) -> DraftProposal:
         """The first n nodes: parents precede children, so a prefix of a tree is a tree."""
@@ -64,10 +70,8 @@ class DraftProposal:
         if self.is_chain:
             return self
         tree = self.to_tree(0)
-        node, keep = 0, []
-        while tree.children[node]:
-            node = tree.children[node][0]
-            keep.append(node - 1)
+        path = tree.walk(lambda node: tree.children[node][0] if tree.children[node] else None)
+        keep = [node - 1 for node in path[1:]]
         probs = None if self.probs is None else self.probs[keep]
         return DraftProposal([self.token_ids[i] for i in keep], probs=probs)
 
@@ -85,6 +89,16 @@ class Drafter(ABC):
 
     name: str = "drafter"
 
+    @classmethod
+    def from_config(cls, spec: SpecConfig, **shared: object) -> Drafter:
+        """A drafter for one request, set up from the speculation settings.
+
+        ``shared`` holds the engine-wide objects the registry offers every drafter
+        (``cache``: the SuffixCache; ``runner``: the draft model's runner); each
+        drafter takes what it needs and ignores the rest.
+        """
+        raise TypeError(f"{cls.__name__} cannot be built from a SpecConfig")
+
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         """Start a request whose committed tokens so far are ``prompt_ids``."""
 
@@ -97,6 +111,34 @@ class Drafter(ABC):
 
     def end(self, context: Sequence[int]) -> None:
         """The request finished with ``context`` (e.g. add it to a cross-request cache)."""
+
+    # -- catching up with the context, for drafters that index the tokens they have seen ----------
+
+    def _sync(self, context: Sequence[int]) -> None:
+        """Bring the drafter's state up to ``context``: index only what it adds, or start over.
+
+        ``context`` normally extends what was seen (the tokens committed since the last
+        call are new). When it is shorter, or disagrees at the last seen token, a
+        different sequence started without ``begin``: the drafter restarts from it.
+
+        Example: having seen [5, 6, 7], ``_sync([5, 6, 7, 8])`` calls ``_extend([8])``;
+        ``_sync([9, 9])`` calls ``_restart([9, 9])``.
+        """
+        num_seen, last_seen = self._seen()
+        if len(context) < num_seen or (num_seen and context[num_seen - 1] != last_seen):
+            self._restart(context)
+        else:
+            self._extend(context[num_seen:])
+
+    def _seen(self) -> tuple[int, int | None]:
+        """(number of tokens seen, the last of them or None): the hook ``_sync`` compares."""
+        return 0, None
+
+    def _extend(self, new_ids: Sequence[int]) -> None:
+        """Index tokens that follow the ones seen."""
+
+    def _restart(self, context: Sequence[int]) -> None:
+        """Forget the sequence seen and index ``context`` as a new one."""
 
 
 class ChainedDrafter(Drafter):
@@ -118,6 +160,7 @@ class ChainedDrafter(Drafter):
             proposal = d.propose(context, max_tokens)
             if len(proposal):
                 self.last_used = i
+                proposal.drafter = proposal.drafter or d.name
                 return proposal
         self.last_used = None
         return EMPTY

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.config import SamplingParams
+from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters.base import EMPTY, Drafter, DraftProposal
-from specdec.runner import ModelRunner, SeqInput
+from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator, probs_from_logits, sample
 
 
@@ -29,10 +29,19 @@ class DraftModelDrafter(Drafter):
         self.params = SamplingParams()
         self.generator: torch.Generator | None = None
 
+    @classmethod
+    def from_config(
+        cls, spec: SpecConfig, runner: ModelRunner | None = None, **shared: object
+    ) -> DraftModelDrafter:
+        """``runner`` is the engine's loaded draft model; other ``shared`` objects are unused."""
+        if runner is None:
+            raise ValueError("draft-model needs a loaded draft model runner (see DraftResources)")
+        return cls(runner, p_min=spec.draft_p_min)
+
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         if self.slot < 0:
             self.slot = self.runner.allocate()
-        self.runner.commit(self.slot, 0, [])
+        self.runner.truncate(self.slot, 0)
         self.cached = []
         self.params = sampling
         if not sampling.greedy:
@@ -75,7 +84,7 @@ class DraftModelDrafter(Drafter):
         while keep < limit and self.cached[keep] == context[keep]:
             keep += 1
         self.cached = self.cached[:keep]
-        self.runner.commit(self.slot, 0, list(range(keep)))
+        self.runner.truncate(self.slot, keep)
         return self._run(list(context[keep:]))
 
     def _run(self, tokens: list[int]) -> torch.Tensor:

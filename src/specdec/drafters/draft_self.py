@@ -140,16 +140,16 @@ class DraftSelfDrafter(Drafter):
         self._restart(prompt_ids)
 
     def _restart(self, prompt_ids: Sequence[int]) -> None:
+        # Also a new sequence seen without begin(): all of it counts as prompt.
         self.index = SelfHistoryIndex(self.key_size, self.max_run, prompt_len=len(prompt_ids))
         self.index.extend(prompt_ids)
 
-    def _sync(self, context: Sequence[int]) -> None:
+    def _seen(self) -> tuple[int, int | None]:
         text = self.index.text
-        n = len(text)
-        if len(context) < n or (n and context[n - 1] != text[n - 1]):
-            self._restart(context)  # a new sequence without begin(): all of it counts as prompt
-        else:
-            self.index.extend(context[n:])
+        return len(text), text[-1] if text else None
+
+    def _extend(self, new_ids: Sequence[int]) -> None:
+        self.index.extend(new_ids)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
         self._sync(context)

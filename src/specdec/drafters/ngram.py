@@ -83,18 +83,16 @@ def _match_lengths(tokens: np.ndarray, ends: np.ndarray, max_n: int) -> np.ndarr
 class TokenBuffer:
     """An append-only int64 numpy mirror of one request's committed tokens.
 
-    ``sync(context)`` copies only the tokens added since the last call, so a
-    drafter never converts the whole (growing) context list each step. A context
-    that is shorter than, or disagrees at the last synced token with, what was
-    seen means a different sequence started without ``begin``: the buffer restarts.
+    A drafter extends it with only the tokens added since its last ``Drafter._sync``,
+    so it never converts the whole (growing) context list each step.
 
     Example::
 
         buf = TokenBuffer()
-        buf.sync([5, 6, 7])     -> 0   (tokens 0.. are new)
-        buf.sync([5, 6, 7, 8])  -> 3   (only token 3 is new)
-        buf.sync([9, 9])        -> 0   (a different sequence: restarted)
-        buf.tokens              -> array([9, 9])
+        buf.extend([5, 6, 7])
+        buf.extend([8])
+        buf.tokens  -> array([5, 6, 7, 8])
+        buf.last    -> 8
     """
 
     def __init__(self, capacity: int = 1024) -> None:
@@ -106,18 +104,20 @@ class TokenBuffer:
 
     @property
     def tokens(self) -> np.ndarray:
-        """[len] view of the synced tokens (valid until the next sync)."""
+        """[len] view of the tokens (valid until the next extend)."""
         return self._data[: self._len]
+
+    @property
+    def last(self) -> int | None:
+        """The newest token, or None when empty."""
+        return int(self._data[self._len - 1]) if self._len else None
 
     def reset(self) -> None:
         self._len = 0
 
-    def sync(self, context: Sequence[int]) -> int:
-        """Append what ``context`` adds; returns the index of the first new token."""
+    def extend(self, new_ids: Sequence[int]) -> None:
         n = self._len
-        if len(context) < n or (n and context[n - 1] != self._data[n - 1]):
-            n = 0
-        new = np.asarray(context[n:], dtype=np.int64)
+        new = np.asarray(new_ids, dtype=np.int64)
         end = n + len(new)
         if end > len(self._data):
             grown = np.empty(max(end, 2 * len(self._data)), dtype=np.int64)
@@ -125,7 +125,6 @@ class TokenBuffer:
             self._data = grown
         self._data[n:end] = new
         self._len = end
-        return n
 
 
 class NgramDrafter(Drafter):
@@ -166,11 +165,10 @@ class NgramDrafter(Drafter):
         )
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
-        self._buffer.reset()
-        self._buffer.sync(prompt_ids)
+        self._restart(prompt_ids)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
-        self._buffer.sync(context)
+        self._sync(context)
         draft = find_ngram_continuation(
             self._buffer.tokens,
             max_n=self.max_n,
@@ -181,4 +179,14 @@ class NgramDrafter(Drafter):
         return DraftProposal(draft) if draft else EMPTY
 
     def accept(self, context: Sequence[int], num_accepted: int) -> None:
-        self._buffer.sync(context)
+        self._sync(context)
+
+    def _seen(self) -> tuple[int, int | None]:
+        return len(self._buffer), self._buffer.last
+
+    def _extend(self, new_ids: Sequence[int]) -> None:
+        self._buffer.extend(new_ids)
+
+    def _restart(self, context: Sequence[int]) -> None:
+        self._buffer.reset()
+        self._buffer.extend(context)

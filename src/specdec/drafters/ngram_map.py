@@ -170,8 +170,7 @@ def chains_to_proposal(chains: Sequence[Sequence[int]]) -> DraftProposal:
             node = nxt
     if not token_ids:
         return EMPTY
-    is_chain = all(p == i for i, p in enumerate(parents))
-    return DraftProposal(token_ids, None if is_chain else parents)
+    return DraftProposal.from_tree(token_ids, parents)
 
 
 class NgramMapDrafter(Drafter):
@@ -204,23 +203,26 @@ class NgramMapDrafter(Drafter):
         return cls(key_size=key_size, max_tokens=spec.ngram_size_m, min_hits=spec.ngram_min_hits)
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+        self._last = None
+        self._restart(prompt_ids)
+
+    def _seen(self) -> tuple[int, int | None]:
+        return len(self._buffer), self._buffer.last
+
+    def _extend(self, new_ids: Sequence[int]) -> None:
+        self._buffer.extend(new_ids)
+        self.index.update(self._buffer.tokens)
+
+    def _restart(self, context: Sequence[int]) -> None:
         self._buffer.reset()
         self.index.reset()
         self._caps.clear()
-        self._last = None
-        self._sync(prompt_ids)
-
-    def _sync(self, context: Sequence[int]) -> np.ndarray:
-        if self._buffer.sync(context) < self.index.num_indexed:
-            self.index.reset()  # a different sequence: rebuild from its first token
-            self._caps.clear()
-        tokens = self._buffer.tokens
-        self.index.update(tokens)
-        return tokens
+        self._extend(context)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
         self._last = None
-        tokens = self._sync(context)
+        self._sync(context)
+        tokens = self._buffer.tokens
         if len(tokens) < self.key_size:
             return EMPTY
         key = tuple(tokens[-self.key_size :].tolist())

@@ -9,14 +9,19 @@ from specdec.drafters.draft_self import DraftSelfDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.ngram_map import NgramMapDrafter, NgramMapK4VDrafter
 from specdec.drafters.suffix import SuffixCache, SuffixDrafter
-from specdec.model.weights import ModelLoadError
-from specdec.runner import ModelRunner, load_runner
+from specdec.errors import ModelLoadError
+from specdec.runners.base import ModelRunner
+from specdec.runners.load import load_runner
+from specdec.text import load_tokenizer
 
-TOKEN_DRAFTERS: dict[SpecType, type] = {
+# One class per spec type; each builds itself with ``Drafter.from_config``.
+DRAFTERS: dict[SpecType, type[Drafter]] = {
     SpecType.NGRAM: NgramDrafter,
     SpecType.NGRAM_MAP_K: NgramMapDrafter,
     SpecType.NGRAM_MAP_K4V: NgramMapK4VDrafter,
+    SpecType.SUFFIX: SuffixDrafter,
     SpecType.DRAFT_SELF: DraftSelfDrafter,
+    SpecType.DRAFT_MODEL: DraftModelDrafter,
 }
 
 
@@ -46,24 +51,18 @@ class DraftResources:
         """A fresh drafter for one request (None when speculation is off)."""
         if not self.spec.enabled:
             return None
-        drafters = [self._make(t) for t in self.spec.types]
+        shared = dict(cache=self.suffix_cache, runner=self.draft_runner)
+        drafters = [DRAFTERS[t].from_config(self.spec, **shared) for t in self.spec.types]
         return drafters[0] if len(drafters) == 1 else ChainedDrafter(drafters)
 
-    def _make(self, kind: SpecType) -> Drafter:
-        if kind in TOKEN_DRAFTERS:
-            return TOKEN_DRAFTERS[kind].from_config(self.spec)
-        if kind is SpecType.SUFFIX:
-            return SuffixDrafter.from_config(self.spec, cache=self.suffix_cache)
-        if kind is SpecType.DRAFT_MODEL:
-            assert self.draft_runner is not None
-            return DraftModelDrafter(self.draft_runner, p_min=self.spec.draft_p_min)
-        raise ValueError(f"no drafter for spec type {kind.value}")
+    def forget(self) -> None:
+        """Empty what drafters learned from earlier requests (the suffix cache): the next request starts cold."""
+        if self.suffix_cache is not None:
+            self.suffix_cache.clear()
 
 
 def check_same_vocab(target: ModelRunner, draft: ModelRunner, tokenizer, draft_folder) -> None:
     """A draft model must share the target's tokenizer: its token ids mean the same text."""
-    from specdec.text import load_tokenizer
-
     draft_tok = load_tokenizer(draft_folder)
     if target.vocab_size != draft.vocab_size or tokenizer.get_vocab() != draft_tok.get_vocab():
         raise ModelLoadError(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import sys
 from array import array
 from collections import deque
 from collections.abc import Sequence
@@ -170,6 +171,18 @@ class SuffixTrie:
                 return
             node = child
 
+    def nbytes(self) -> int:
+        """Approximate bytes of the trie: its nodes, their child dicts, and its token text."""
+        total = self._text.itemsize * len(self._text)
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            total += sys.getsizeof(node)
+            if node.children is not None:
+                total += sys.getsizeof(node.children)
+                stack.extend(node.children.values())
+        return total
+
     def _walk(self, pattern: Sequence[int]) -> tuple[_Node, int | None] | None:
         """Follow ``pattern`` from the root: (last node, virtual position or None), or None."""
         node = self.root
@@ -306,6 +319,16 @@ class SuffixCache:
     def __len__(self) -> int:
         return len(self._lengths)
 
+    def clear(self) -> None:
+        """Forget every stored sequence."""
+        self.trie = SuffixTrie(self.trie.max_depth)
+        self.num_tokens = 0
+        self._lengths.clear()
+
+    def nbytes(self) -> int:
+        """Approximate memory of the stored sequences (see ``SuffixTrie.nbytes``)."""
+        return self.trie.nbytes()
+
     def add(self, tokens: Sequence[int]) -> None:
         tokens = list(tokens)[-self.max_tokens :]
         if not tokens:
@@ -368,16 +391,17 @@ class SuffixDrafter(Drafter):
         self._restart(prompt_ids)
 
     def _restart(self, prompt_ids: Sequence[int]) -> None:
+        # Also a new sequence seen without begin(): all of it counts as prompt.
         self._local = SuffixTrie(self.max_depth)
         self._prompt_len = len(prompt_ids)
         self._local.extend(prompt_ids)
 
-    def _sync(self, context: Sequence[int]) -> None:
+    def _seen(self) -> tuple[int, int | None]:
         n = self._local.end
-        if len(context) < n or (n and context[n - 1] != self._local.token_at(n - 1)):
-            self._restart(context)  # a new sequence without begin(): all of it is prompt
-        else:
-            self._local.extend(context[n:])
+        return n, self._local.token_at(n - 1) if n else None
+
+    def _extend(self, new_ids: Sequence[int]) -> None:
+        self._local.extend(new_ids)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
         self._sync(context)
@@ -400,8 +424,7 @@ class SuffixDrafter(Drafter):
                 best = draft
         if best is None:
             return EMPTY
-        is_chain = all(p == i for i, p in enumerate(best.parents))
-        return DraftProposal(best.token_ids, None if is_chain else best.parents)
+        return DraftProposal.from_tree(best.token_ids, best.parents)
 
     def accept(self, context: Sequence[int], num_accepted: int) -> None:
         self._sync(context)

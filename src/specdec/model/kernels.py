@@ -1,166 +1,350 @@
-"""CPU kernels (numba) for decode and verify passes: few-row matmul and row-wise attention.
+"""CPU kernels (numba) for decode and verify passes: the fused decoder stack and its parts.
 
-Verification multiplies a handful of token rows by every weight matrix. BLAS sgemm
-first packs the whole weight into a scratch layout, which doubles the memory
-traffic of a product that is bound by memory traffic, and sgemv per row reads the
-weights once per row. ``few_rows_matmul`` walks the weight four output rows at a
-time and dots them with every input row while they sit in L1. Whole default model
-(540 MB of float32 weights) on this project's 2-core EPYC, ms for all matmuls of
-one pass:
+A decode or verify pass runs a few rows (one per new token, over any mix of
+sequences, chains and trees) through every layer. Done op by op in torch, each
+of a layer's ~20 small ops pays dispatch and threading overhead; ``decode_layers``
+runs the whole stack as one compiled call instead: per layer an RMSNorm, the
+fused q/k/v product, q/k norms, rope, the cache write, attention, the output
+projection, the residual, and the MLP.
 
-    rows            1     2     4     8     9    16
-    sgemv per row  30    47    78   135   147   242
-    sgemm          37    78    82    76    90   117
-    this kernel    28    31    40    57    62    97
+``matmul`` (the products) keeps a block of 4 weight rows x 4 token rows in
+registers (16 accumulators), so each weight row is read from memory once per
+pass and each load feeds 2 FMAs; the two cores split the weight rows. Blocks
+beyond the last weight or token row *clamp* to it (the duplicate results are
+dropped), so every output element comes from the same 4x4 code.
 
-Both kernels take float32 or bfloat16 data (bfloat16 as its uint16 bits, widened to
-float32 in registers: this CPU has no bf16 arithmetic, and reading half the bytes is
-what matters) and accumulate in float32.
+``attention`` works per (sequence, KV head): every query row of the pass and
+every query head of the KV group consume a block of 16 keys (then values) while
+it sits in L1, instead of each row re-reading the whole cache: long contexts cost
+one cache read per pass, not one per row and head.
 
-Each output element is one dot product whose summation order depends only on its
-weight row and input row (for attention: its query and its visible keys), never on
-how many rows are in the pass; so a token's result in a K-token verification pass
-is bit-identical to the same token decoded alone.
+Bit-identity. Each output element is one dot product whose summation order
+depends only on its weight row and input row (for attention: its query and its
+visible keys, in key order), never on how many rows share the pass or where a
+row sits in its 4-row block; so a token's logits in a K-token verification pass
+are bit-identical to the same token decoded alone
+(``test_verify_rows_are_bit_identical_to_decoding_alone`` pins it).
+
+Weights are float32, or bfloat16 as their raw uint16 bits (widened to float32 in
+registers: reading half the bytes is what matters); arithmetic is float32. The
+KV cache is float32 or bfloat16 bits likewise (written with round-to-nearest-even).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 from numba import njit, prange, types
 from numba.extending import overload
 
-FEW_ROWS = 16  # beyond this many rows, sgemm's blocking wins
 _CHUNKS = 64  # units of parallel work per matmul (each with its own widening buffer)
+_KEY_BLOCK = 16  # keys (and values) consumed by all rows of a KV group while in L1
+_FLAGS = dict(fastmath=True, cache=True, boundscheck=False, error_model="numpy")
 
 
-def _vector_f32(src, buf):  # pragma: no cover - replaced by the overload below
-    """A 1-D row as float32 (widened into ``buf`` when it holds bfloat16 bits)."""
+def as_numpy(t: torch.Tensor) -> np.ndarray:
+    """A NumPy view of a CPU tensor; bfloat16 (which NumPy lacks) as its raw uint16 bits."""
+    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
 
 
-@overload(_vector_f32, inline="always")
-def _vector_f32_impl(src, buf):
+# -- float32 <-> stored element --------------------------------------------------------------
+def _widen(src, dst):  # pragma: no cover - replaced by the overload below
+    """dst[:] = src as float32 (src float32, or bfloat16 bits as uint16)."""
+
+
+@overload(_widen, inline="always")
+def _widen_impl(src, dst):
     if src.dtype == types.uint16:
 
-        def widen(src, buf):
-            for d in range(src.shape[0]):
-                buf[d] = np.uint32(src[d]) << np.uint32(16)
-            return buf.view(np.float32)
+        def widen(src, dst):
+            bits = dst.view(np.uint32)
+            for i in range(src.shape[0]):
+                bits[i] = np.uint32(src[i]) << np.uint32(16)
 
         return widen
-    return lambda src, buf: src
+
+    def copy(src, dst):
+        for i in range(src.shape[0]):
+            dst[i] = src[i]
+
+    return copy
 
 
-@njit(fastmath=True, cache=True, boundscheck=False, inline="always")
-def _dot_rows(w: np.ndarray, r0: int, n: int, x: np.ndarray, out: np.ndarray, n0: int) -> None:  # pragma: no cover
-    """out[:, n0:n0 + n] = x @ w[r0:r0 + n].T for n <= 4 float32 weight rows."""
-    k_in = w.shape[1]
-    if n == 4:
-        for m in range(x.shape[0]):
-            a0 = np.float32(0.0)
-            a1 = np.float32(0.0)
-            a2 = np.float32(0.0)
-            a3 = np.float32(0.0)
-            for k in range(k_in):
-                xv = x[m, k]
-                a0 += w[r0, k] * xv
-                a1 += w[r0 + 1, k] * xv
-                a2 += w[r0 + 2, k] * xv
-                a3 += w[r0 + 3, k] * xv
-            out[m, n0] = a0
-            out[m, n0 + 1] = a1
-            out[m, n0 + 2] = a2
-            out[m, n0 + 3] = a3
-    else:  # the last 1-3 weight rows
-        for i in range(n):
-            for m in range(x.shape[0]):
-                acc = np.float32(0.0)
-                for k in range(k_in):
-                    acc += w[r0 + i, k] * x[m, k]
-                out[m, n0 + i] = acc
+def _store(dst, src):  # pragma: no cover - replaced by the overload below
+    """dst[:] = src (float32) in dst's element type (bfloat16 bits: round to nearest even)."""
 
 
-@njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
-def _matmul_f32(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
-    n_out = w.shape[0]
-    for block in prange((n_out + 3) // 4):
-        n0 = block * 4
-        _dot_rows(w, n0, min(4, n_out - n0), x, out, n0)
+@overload(_store, inline="always")
+def _store_impl(dst, src):
+    if dst.dtype == types.uint16:
+
+        def store(dst, src):
+            wide = np.empty(dst.shape[0], dtype=np.float32)
+            for i in range(dst.shape[0]):
+                wide[i] = src[i]
+            bits = wide.view(np.uint32)
+            for i in range(dst.shape[0]):
+                b = bits[i]
+                dst[i] = np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+        return store
+
+    def store(dst, src):
+        for i in range(dst.shape[0]):
+            dst[i] = src[i]
+
+    return store
 
 
-@njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
-def _matmul_bf16(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+# -- products ---------------------------------------------------------------------------------
+@njit(inline="always", **_FLAGS)
+def _block4x4(w, r0, r1, r2, r3, x, m0, out, n0):  # pragma: no cover - compiled
+    """out[m0:m0+4, n0:n0+4] = x[m0:m0+4] @ w[(r0, r1, r2, r3)].T, rows past the end clamped."""
+    M, K, N = x.shape[0], x.shape[1], out.shape[1]
+    m1, m2, m3 = min(m0 + 1, M - 1), min(m0 + 2, M - 1), min(m0 + 3, M - 1)
+    a00 = a01 = a02 = a03 = np.float32(0.0)
+    a10 = a11 = a12 = a13 = np.float32(0.0)
+    a20 = a21 = a22 = a23 = np.float32(0.0)
+    a30 = a31 = a32 = a33 = np.float32(0.0)
+    for k in range(K):
+        w0, w1, w2, w3 = w[r0, k], w[r1, k], w[r2, k], w[r3, k]
+        x0, x1, x2, x3 = x[m0, k], x[m1, k], x[m2, k], x[m3, k]
+        a00 += w0 * x0
+        a01 += w1 * x0
+        a02 += w2 * x0
+        a03 += w3 * x0
+        a10 += w0 * x1
+        a11 += w1 * x1
+        a12 += w2 * x1
+        a13 += w3 * x1
+        a20 += w0 * x2
+        a21 += w1 * x2
+        a22 += w2 * x2
+        a23 += w3 * x2
+        a30 += w0 * x3
+        a31 += w1 * x3
+        a32 += w2 * x3
+        a33 += w3 * x3
+    nv = min(4, N - n0)
+    for j in range(min(4, M - m0)):
+        if j == 0:
+            c0, c1, c2, c3 = a00, a01, a02, a03
+        elif j == 1:
+            c0, c1, c2, c3 = a10, a11, a12, a13
+        elif j == 2:
+            c0, c1, c2, c3 = a20, a21, a22, a23
+        else:
+            c0, c1, c2, c3 = a30, a31, a32, a33
+        row = m0 + j
+        out[row, n0] = c0
+        if nv > 1:
+            out[row, n0 + 1] = c1
+        if nv > 2:
+            out[row, n0 + 2] = c2
+        if nv > 3:
+            out[row, n0 + 3] = c3
+
+
+def _weight_block(w, n0, buf):  # pragma: no cover - replaced by the overload below
+    """The 4 weight rows from n0 (clamped) as float32: w itself, or widened into buf."""
+
+
+@overload(_weight_block, inline="always")
+def _weight_block_impl(w, n0, buf):
+    if w.dtype == types.uint16:
+
+        def widen(w, n0, buf):
+            last = w.shape[0] - 1
+            for i in range(4):
+                _widen(w[min(n0 + i, last)], buf[i])
+            return buf, 0, 1, 2, 3
+
+        return widen
+
+    def view(w, n0, buf):
+        last = w.shape[0] - 1
+        return w, n0, min(n0 + 1, last), min(n0 + 2, last), min(n0 + 3, last)
+
+    return view
+
+
+@njit(parallel=True, **_FLAGS)
+def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """out[M, N] = x[M, K] @ w[N, K].T; w float32 or bfloat16 bits, x and out float32, C order."""
     n_out, k_in = w.shape
     n_blocks = (n_out + 3) // 4
     per_chunk = (n_blocks + _CHUNKS - 1) // _CHUNKS
     for chunk in prange(_CHUNKS):
-        buf = np.empty((4, k_in), dtype=np.uint32)  # one widening buffer per chunk of blocks
-        wide = buf.view(np.float32)
+        buf = np.empty((4, k_in), dtype=np.float32)
         for block in range(chunk * per_chunk, min(n_blocks, (chunk + 1) * per_chunk)):
             n0 = block * 4
-            n = min(4, n_out - n0)
-            for i in range(n):
-                for k in range(k_in):
-                    buf[i, k] = np.uint32(w[n0 + i, k]) << np.uint32(16)
-            _dot_rows(wide, 0, n, x, out, n0)
+            wb, r0, r1, r2, r3 = _weight_block(w, n0, buf)
+            for m0 in range(0, x.shape[0], 4):
+                _block4x4(wb, r0, r1, r2, r3, x, m0, out, n0)
 
 
-def as_numpy(t):
-    """A NumPy view of a CPU tensor; bfloat16 (which NumPy lacks) as its raw uint16 bits."""
-    import torch
-
-    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
-
-
-def few_rows_matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    """out[M, N] = x[M, K] @ w[N, K].T for small M; w float32 or bfloat16 bits (uint16),
-    x and out float32, all C-contiguous."""
-    matmul_kernel(w)(w, x, out)
-
-
-def matmul_kernel(w: np.ndarray):
-    """The compiled few-row kernel for ``w``'s dtype (bind it once: no per-call dispatch)."""
-    return _matmul_bf16 if w.dtype == np.uint16 else _matmul_f32
-
-
-@njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
+# -- attention --------------------------------------------------------------------------------
+@njit(parallel=True, **_FLAGS)
 def attention(
-    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slots: np.ndarray, mask: np.ndarray,
-    scale: float, out: np.ndarray,
+    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, row_slot: np.ndarray, row_pos: np.ndarray,
+    seq_rows: np.ndarray, mask: np.ndarray, window: int, scale: float, out: np.ndarray,
 ) -> None:  # pragma: no cover - compiled
-    """Masked attention of new queries over cached keys and values, one query row at a time.
+    """Masked attention of the pass's query rows over their sequences' cached keys and values.
 
-    q [B, T, Hq, D] float32; k_cache, v_cache [slots, Hkv, max_len, D] float32 or
-    bfloat16 bits; slots [B]; mask [B, T, L] (True = visible); out [B, T, Hq, D] float32.
-    A row's result depends only on its query and its visible keys and values, never
-    on T or L (torch's SDPA blocks over queries and keys, so its rows do).
+    q [N, Hq, D] float32; k_cache, v_cache [slots, Hkv, max_len, D]; row_slot, row_pos [N];
+    seq_rows [S + 1]: rows of sequence s are seq_rows[s]:seq_rows[s + 1] (one slot);
+    mask [N, L] (True = visible); window > 0 also hides keys at or beyond ``window``
+    positions back; out [N, Hq, D] float32.
     """
-    n_batch, n_new, n_heads, dim = q.shape
-    n_keys = mask.shape[2]
-    group = n_heads // k_cache.shape[1]
-    for job in prange(n_batch * n_new * n_heads):
-        b = job // (n_new * n_heads)
-        t = (job // n_heads) % n_new
-        h = job % n_heads
-        s, kh = slots[b], h // group
-        buf = np.empty(dim, dtype=np.uint32)
-        scores = np.empty(n_keys, dtype=np.float32)
-        top = np.float32(-np.inf)
-        for key in range(n_keys):
-            if mask[b, t, key]:
-                k_row = _vector_f32(k_cache[s, kh, key], buf)
-                dot = np.float32(0.0)
-                for d in range(dim):
-                    dot += q[b, t, h, d] * k_row[d]
-                scores[key] = dot * scale
-                top = max(top, scores[key])
-        total = np.float32(0.0)
-        acc = np.zeros(dim, dtype=np.float32)
-        for key in range(n_keys):
-            if mask[b, t, key]:
-                v_row = _vector_f32(v_cache[s, kh, key], buf)
-                e = np.float32(np.exp(scores[key] - top))
-                total += e
-                for d in range(dim):
-                    acc[d] += e * v_row[d]
-        for d in range(dim):
-            out[b, t, h, d] = acc[d] / total
+    n_heads, dim = q.shape[1], q.shape[2]
+    n_kv = k_cache.shape[1]
+    group = n_heads // n_kv
+    n_keys = mask.shape[1]
+    for job in prange((seq_rows.shape[0] - 1) * n_kv):
+        s, kvh = job // n_kv, job % n_kv
+        first, n_rows = seq_rows[s], (seq_rows[s + 1] - seq_rows[s]) * group
+        if n_rows == 0:
+            continue
+        slot = row_slot[first]
+        scores = np.empty((n_rows, n_keys), dtype=np.float32)
+        top = np.full(n_rows, -np.inf, dtype=np.float32)
+        kv = np.empty((_KEY_BLOCK, dim), dtype=np.float32)
+        for k0 in range(0, n_keys, _KEY_BLOCK):
+            k1 = min(k0 + _KEY_BLOCK, n_keys)
+            for key in range(k0, k1):
+                _widen(k_cache[slot, kvh, key], kv[key - k0])
+            for i in range(n_rows):
+                r, h = first + i // group, kvh * group + i % group
+                for key in range(k0, k1):
+                    if mask[r, key] and (window <= 0 or row_pos[r] - key < window):
+                        dot = np.float32(0.0)
+                        for d in range(dim):
+                            dot += q[r, h, d] * kv[key - k0, d]
+                        scores[i, key] = dot * scale
+                        top[i] = max(top[i], scores[i, key])
+        total = np.zeros(n_rows, dtype=np.float32)
+        acc = np.zeros((n_rows, dim), dtype=np.float32)
+        for k0 in range(0, n_keys, _KEY_BLOCK):
+            k1 = min(k0 + _KEY_BLOCK, n_keys)
+            for key in range(k0, k1):
+                _widen(v_cache[slot, kvh, key], kv[key - k0])
+            for i in range(n_rows):
+                r = first + i // group
+                for key in range(k0, k1):
+                    if mask[r, key] and (window <= 0 or row_pos[r] - key < window):
+                        e = np.float32(np.exp(scores[i, key] - top[i]))
+                        total[i] += e
+                        for d in range(dim):
+                            acc[i, d] += e * kv[key - k0, d]
+        for i in range(n_rows):
+            r, h = first + i // group, kvh * group + i % group
+            for d in range(dim):
+                out[r, h, d] = acc[i, d] / total[i]
+
+
+# -- the fused decoder stack ------------------------------------------------------------------
+@njit(**_FLAGS)
+def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:  # pragma: no cover
+    """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, row by row (any row count: same bits)."""
+    n = x.shape[1]
+    for r in range(x.shape[0]):
+        ss = np.float32(0.0)
+        for i in range(n):
+            ss += x[r, i] * x[r, i]
+        inv = np.float32(1.0) / np.sqrt(ss / np.float32(n) + np.float32(eps))
+        for i in range(n):
+            out[r, i] = x[r, i] * inv * w[i]
+
+
+@njit(inline="always", **_FLAGS)
+def _rms_norm_vector(v: np.ndarray, w: np.ndarray, eps: float) -> None:  # pragma: no cover
+    """v = v / sqrt(mean(v^2) + eps) * w in place (q/k norms: one head at a time)."""
+    n = v.shape[0]
+    ss = np.float32(0.0)
+    for i in range(n):
+        ss += v[i] * v[i]
+    inv = np.float32(1.0) / np.sqrt(ss / np.float32(n) + np.float32(eps))
+    for i in range(n):
+        v[i] = v[i] * inv * w[i]
+
+
+@njit(inline="always", **_FLAGS)
+def _rope(v: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:  # pragma: no cover
+    """Rotate the pairs (2i, 2i + 1) of one head by the position's angles."""
+    for i in range(cos.shape[0]):
+        a, b = v[2 * i], v[2 * i + 1]
+        v[2 * i] = a * cos[i] - b * sin[i]
+        v[2 * i + 1] = a * sin[i] + b * cos[i]
+
+
+@njit(inline="always", **_FLAGS)
+def _act(g: np.float32, gelu: bool) -> np.float32:  # pragma: no cover
+    if gelu:  # tanh approximation, as Gemma's gelu_pytorch_tanh
+        return np.float32(0.5) * g * (np.float32(1.0) + np.tanh(np.float32(0.7978845608028654) * (
+            g + np.float32(0.044715) * g * g * g)))
+    return g / (np.float32(1.0) + np.exp(-g))
+
+
+@njit(parallel=True, **_FLAGS)
+def decode_layers(
+    x, row_slot, row_pos, row_write, seq_rows, mask,
+    wqkv, bqkv, wo, w_gate_up, w_down, norms, qk_norms, k_cache, v_cache,
+    cos, sin, cos_local, sin_local, sliding, window,
+    n_heads, n_kv, eps, scale, has_bias, qk_norm, sandwich, gelu, hidden_at, hidden,
+):  # pragma: no cover - compiled
+    """Run the rows x [N, H] through every layer in place, writing their K/V to the cache.
+
+    Per layer l: wqkv[l] [(Hq + 2 Hkv) D, H], bqkv[l], wo[l] [H, Hq D], w_gate_up[l] [2 I, H],
+    w_down[l] [H, I]; norms[l] = (attn, mlp, post_attn, post_mlp) [4, H]; qk_norms[l] [2, D];
+    k_cache[l], v_cache[l] [slots, Hkv, max_len, D]. Rope tables [max_len, D / 2] (the local
+    ones for sliding layers). hidden[hidden_at[l]] receives x after layer l where
+    hidden_at[l] >= 0.
+    """
+    n_rows, size = x.shape
+    dim = cos.shape[1] * 2
+    q_size, kv_size = n_heads * dim, n_kv * dim
+    inter = w_down.shape[2]
+    h = np.empty((n_rows, size), dtype=np.float32)
+    qkv = np.empty((n_rows, q_size + 2 * kv_size), dtype=np.float32)
+    attn = np.empty((n_rows, n_heads, dim), dtype=np.float32)
+    proj = np.empty((n_rows, size), dtype=np.float32)
+    gate_up = np.empty((n_rows, 2 * inter), dtype=np.float32)
+    act = np.empty((n_rows, inter), dtype=np.float32)
+    for layer in range(wqkv.shape[0]):
+        rms_norm_rows(x, norms[layer, 0], eps, h)
+        matmul(wqkv[layer], h, qkv)
+        for r in range(n_rows):
+            if has_bias:
+                for i in range(qkv.shape[1]):
+                    qkv[r, i] += bqkv[layer, i]
+            local = sliding[layer]
+            c = cos_local[row_pos[r]] if local else cos[row_pos[r]]
+            s = sin_local[row_pos[r]] if local else sin[row_pos[r]]
+            for head in range(n_heads + n_kv):
+                v = qkv[r, head * dim:(head + 1) * dim]
+                if qk_norm:
+                    _rms_norm_vector(v, qk_norms[layer, 0 if head < n_heads else 1], eps)
+                _rope(v, c, s)
+            slot, at = row_slot[r], row_write[r]
+            for kvh in range(n_kv):
+                k_off = q_size + kvh * dim
+                _store(k_cache[layer, slot, kvh, at], qkv[r, k_off:k_off + dim])
+                _store(v_cache[layer, slot, kvh, at], qkv[r, k_off + kv_size:k_off + kv_size + dim])
+        q = qkv[:, :q_size].copy().reshape((n_rows, n_heads, dim))
+        attention(q, k_cache[layer], v_cache[layer], row_slot, row_pos, seq_rows, mask,
+                  window if sliding[layer] else 0, scale, attn)
+        matmul(wo[layer], attn.reshape((n_rows, q_size)), proj)
+        if sandwich:
+            rms_norm_rows(proj, norms[layer, 2], eps, proj)
+        x += proj
+        rms_norm_rows(x, norms[layer, 1], eps, h)
+        matmul(w_gate_up[layer], h, gate_up)
+        for r in range(n_rows):
+            for i in range(inter):
+                act[r, i] = _act(gate_up[r, i], gelu) * gate_up[r, inter + i]
+        matmul(w_down[layer], act, proj)
+        if sandwich:
+            rms_norm_rows(proj, norms[layer, 3], eps, proj)
+        x += proj
+        if hidden_at[layer] >= 0:
+            hidden[hidden_at[layer]] = x

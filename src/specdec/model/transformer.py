@@ -5,22 +5,30 @@ small op costs: q/k/v and gate/up projections are fused into one matmul each,
 rope is one complex multiply on q and k together (weights are permuted to the
 interleaved layout at load time), norms use ``F.rms_norm``, and the attention
 mask and rope factors are built once per forward, not per layer.
+
+Two ways through it, chosen by the runner: ``forward`` (a padded [B, T] batch,
+op by op: prefill, and every pass on the ``torch`` backend) and ``forward_rows``
+(a ragged list of rows, the whole layer stack in one compiled call: decode and
+verify passes on the ``cpu-kernels`` backend; see ``kernels.decode_layers``).
+Each layer's weights are views into one stacked tensor per kind, which is what
+the compiled call reads.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specdec.cache import KVCache
 from specdec.config import ModelConfig
+from specdec.errors import ModelLoadError
 from specdec.model import kernels
-from specdec.model.matmul import MAKERS, Linear, pick_backend
+from specdec.model.backend import Backend, Linear
 
 
 @dataclass
@@ -44,6 +52,23 @@ class Batch:
     attn_mask: torch.Tensor | None
     kv_len: int
     contiguous: bool
+
+
+@dataclass
+class Rows:
+    """Inputs of one fused pass: N new tokens of S sequences, sequence by sequence, unpadded.
+
+    input_ids, positions, slots, write_at: [N] as in ``Batch``, one entry per row
+    seq_rows:  [S + 1] rows of sequence s are seq_rows[s]:seq_rows[s + 1]
+    mask:      [N, L] bool, True where a row may attend to a cache entry
+    """
+
+    input_ids: torch.Tensor
+    positions: np.ndarray
+    slots: np.ndarray
+    write_at: np.ndarray
+    seq_rows: np.ndarray
+    mask: np.ndarray
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -76,70 +101,150 @@ def _llama3_scale(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     return torch.where(is_mid, mid, scaled)
 
 
+_STACKED = ("wqkv", "wo", "w_gate_up", "w_down")  # per-layer matrices, stacked [num_layers, ...]
+
+
 class Layer(nn.Module):
-    def __init__(self, config: ModelConfig, index: int) -> None:
+    """One decoder layer: views into the model's stacked weights, and their bound products."""
+
+    def __init__(self, config: ModelConfig, index: int, weights: dict[str, torch.Tensor], backend: Backend) -> None:
         super().__init__()
         c = config
         self.index = index
         self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        empty = lambda *shape: nn.Parameter(torch.empty(*shape), requires_grad=False)  # noqa: E731
-        self.wqkv = empty(self.q_size + 2 * self.kv_size, c.hidden_size)
-        self.bqkv = empty(self.q_size + 2 * self.kv_size) if c.attention_bias else None
-        self.wo = empty(c.hidden_size, self.q_size)
-        self.w_gate_up = empty(2 * c.intermediate_size, c.hidden_size)
-        self.w_down = empty(c.hidden_size, c.intermediate_size)
-        self.attn_norm = empty(c.hidden_size)
-        self.mlp_norm = empty(c.hidden_size)
-        if c.qk_norm:
-            self.q_norm, self.k_norm = empty(c.head_dim), empty(c.head_dim)
-        if c.sandwich_norm:
-            self.post_attn_norm, self.post_mlp_norm = empty(c.hidden_size), empty(c.hidden_size)
         self.sliding = c.layer_is_sliding(index)
-        self.qkv: Linear
-        self.o: Linear
-        self.gate_up: Linear
-        self.down: Linear
-
-    def bind_linears(self, make: Callable[..., Linear]) -> None:
-        self.qkv = make(self.wqkv, self.bqkv)
-        self.o = make(self.wo)
-        self.gate_up = make(self.w_gate_up)
-        self.down = make(self.w_down)
+        self.bqkv: torch.Tensor | None = None
+        for name, value in weights.items():
+            setattr(self, name, nn.Parameter(value, requires_grad=False))
+        self.qkv: Linear = backend.linear(self.wqkv, self.bqkv)
+        self.o: Linear = backend.linear(self.wo)
+        self.gate_up: Linear = backend.linear(self.w_gate_up)
+        self.down: Linear = backend.linear(self.w_down)
 
 
 class Transformer(nn.Module):
-    def __init__(self, config: ModelConfig, max_seq_len: int) -> None:
+    """The decoder, built from converted weights (``weights.load_state_dict``) and a backend."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        backend: Backend,
+        max_seq_len: int,
+        device: torch.device | str = "cpu",
+    ) -> None:
         super().__init__()
         c = self.config = config
-        self.embed = nn.Parameter(torch.empty(c.vocab_size, c.hidden_size), requires_grad=False)
-        self.layers = nn.ModuleList(Layer(c, i) for i in range(c.num_layers))
-        self.norm = nn.Parameter(torch.empty(c.hidden_size), requires_grad=False)
+        self.backend = backend
+        weights = {k: v.to(device) for k, v in weights.items()}
+        self._check_names(weights)
+        self.embed = nn.Parameter(weights.pop("embed"), requires_grad=False)
+        self.norm = nn.Parameter(weights.pop("norm"), requires_grad=False)
         self.lm_head = (
-            self.embed
-            if c.tie_word_embeddings
-            else nn.Parameter(torch.empty(c.vocab_size, c.hidden_size), requires_grad=False)
+            self.embed if c.tie_word_embeddings else nn.Parameter(weights.pop("lm_head"), requires_grad=False)
         )
+        # One tensor per kind of matrix, layers stacked: the fused kernel walks them in one call.
+        self.stacked = {
+            name: torch.stack([weights.pop(f"layers.{i}.{name}") for i in range(c.num_layers)])
+            for name in _STACKED
+        }
+        per_layer = [
+            {name: self.stacked[name][i] for name in _STACKED}
+            | {k.split(".", 2)[2]: weights.pop(k) for k in [k for k in weights if k.startswith(f"layers.{i}.")]}
+            for i in range(c.num_layers)
+        ]
+        self.layers = nn.ModuleList(Layer(c, i, per_layer[i], backend) for i in range(c.num_layers))
+        self.head: Linear = backend.linear(self.lm_head)
         self.scale = (c.query_pre_attn_scalar or c.head_dim) ** -0.5
-        self.register_buffer("rope", rope_table(c, c.rope_theta, max_seq_len), persistent=False)
+        self.register_buffer("rope", rope_table(c, c.rope_theta, max_seq_len).to(device), persistent=False)
         local = c.rope_local_base_freq
         self.register_buffer(
-            "rope_local", rope_table(c, local, max_seq_len) if local else None, persistent=False
+            "rope_local", rope_table(c, local, max_seq_len).to(device) if local else None, persistent=False
         )
         self.act = (
             F.silu if c.hidden_act == "silu" else (lambda x: F.gelu(x, approximate="tanh"))
         )
-        self.matmul_backend = "torch"
+        self.eval()
+        self._fused = self._fused_arguments() if backend.fused else None
 
-    def bind_linears(self, backend: str = "auto") -> str:
-        """Choose how linear layers multiply (see ``matmul``); call after the weights are loaded."""
-        if backend == "auto":
-            backend = pick_backend(self.layers[0].w_gate_up)
-        make = MAKERS[backend]
-        for layer in self.layers:
-            layer.bind_linears(make)
-        self.head = make(self.lm_head)
-        self.matmul_backend = backend
-        return backend
+    def _check_names(self, weights: dict[str, torch.Tensor]) -> None:
+        c = self.config
+        want = {"embed", "norm"} | ({"lm_head"} if not c.tie_word_embeddings else set())
+        per_layer = {"wqkv", "wo", "w_gate_up", "w_down", "attn_norm", "mlp_norm"}
+        per_layer |= {"bqkv"} if c.attention_bias else set()
+        per_layer |= {"q_norm", "k_norm"} if c.qk_norm else set()
+        per_layer |= {"post_attn_norm", "post_mlp_norm"} if c.sandwich_norm else set()
+        want |= {f"layers.{i}.{n}" for i in range(c.num_layers) for n in per_layer}
+        missing, unexpected = sorted(want - weights.keys()), sorted(weights.keys() - want)
+        if missing or unexpected:
+            raise ModelLoadError(f"weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+
+    def _fused_arguments(self) -> dict:
+        """The NumPy views and flags ``kernels.decode_layers`` takes (built once)."""
+        c = self.config
+        f32 = lambda t: t.float().contiguous().numpy()  # noqa: E731 - norms are tiny: keep float32 copies
+        zeros_h = torch.zeros(c.hidden_size)
+        norms = torch.stack([
+            torch.stack([layer.attn_norm, layer.mlp_norm,
+                         getattr(layer, "post_attn_norm", zeros_h), getattr(layer, "post_mlp_norm", zeros_h)])
+            for layer in self.layers
+        ])
+        zeros_d = torch.zeros(c.head_dim)
+        qk = torch.stack([torch.stack([getattr(layer, "q_norm", zeros_d), getattr(layer, "k_norm", zeros_d)])
+                          for layer in self.layers])
+        q_out = self.layers[0].q_size + 2 * self.layers[0].kv_size
+        bias = torch.stack([layer.bqkv if layer.bqkv is not None else torch.zeros(q_out) for layer in self.layers])
+        rope_local = self.rope_local if self.rope_local is not None else self.rope
+        return dict(
+            wqkv=kernels.as_numpy(self.stacked["wqkv"]), bqkv=f32(bias), wo=kernels.as_numpy(self.stacked["wo"]),
+            w_gate_up=kernels.as_numpy(self.stacked["w_gate_up"]), w_down=kernels.as_numpy(self.stacked["w_down"]),
+            norms=f32(norms), qk_norms=f32(qk),
+            cos=f32(self.rope.real), sin=f32(self.rope.imag), cos_local=f32(rope_local.real),
+            sin_local=f32(rope_local.imag),
+            sliding=np.array([layer.sliding for layer in self.layers], dtype=np.bool_),
+            window=int(c.sliding_window or 0), n_heads=c.num_heads, n_kv=c.num_kv_heads,
+            eps=float(c.rms_norm_eps), scale=float(self.scale), has_bias=bool(c.attention_bias),
+            qk_norm=bool(c.qk_norm), sandwich=bool(c.sandwich_norm), gelu=c.hidden_act != "silu",
+            final_norm=f32(self.norm), head=kernels.as_numpy(self.lm_head.contiguous()),
+        )
+
+    def forward_rows(
+        self, rows: Rows, cache: KVCache, logits_rows: np.ndarray | None = None, hidden_layers: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The fused pass (``cpu-kernels``): rows [N] -> logits [N or len(logits_rows), V] float32.
+
+        Hidden states as in ``forward``, per row: [N, H] float32 each.
+        """
+        c, f = self.config, self._fused
+        x = F.embedding(rows.input_ids, self.embed).float()  # [N, H]
+        if c.embed_scale:
+            x = x * torch.tensor(c.hidden_size**0.5, dtype=self.embed.dtype).float()
+        xn = x.contiguous().numpy()
+        hidden_at = np.full(c.num_layers, -1, dtype=np.int64)
+        for j, layer in enumerate(sorted(i for i in hidden_layers if i >= 0)):  # layer order, as forward
+            hidden_at[layer] = j
+        hidden = np.empty((max(1, int((hidden_at >= 0).sum())), *xn.shape), dtype=np.float32)
+        kernels.decode_layers(
+            xn, rows.slots, rows.positions, rows.write_at, rows.seq_rows, rows.mask,
+            f["wqkv"], f["bqkv"], f["wo"], f["w_gate_up"], f["w_down"], f["norms"], f["qk_norms"],
+            kernels.as_numpy(cache.k_all), kernels.as_numpy(cache.v_all),
+            f["cos"], f["sin"], f["cos_local"], f["sin_local"], f["sliding"], f["window"],
+            f["n_heads"], f["n_kv"], f["eps"], f["scale"], f["has_bias"], f["qk_norm"], f["sandwich"], f["gelu"],
+            hidden_at, hidden,
+        )
+        normed = np.empty_like(xn)
+        kernels.rms_norm_rows(xn, f["final_norm"], f["eps"], normed)
+        out_hidden = [torch.from_numpy(hidden[j]) for j in range(int((hidden_at >= 0).sum()))]
+        if -1 in hidden_layers:
+            out_hidden.append(torch.from_numpy(normed))
+        if logits_rows is not None:
+            normed = np.ascontiguousarray(normed[logits_rows])
+        logits = np.empty((normed.shape[0], c.vocab_size), dtype=np.float32)
+        kernels.matmul(f["head"], normed, logits)
+        out = torch.from_numpy(logits)
+        if c.final_logit_softcapping:
+            out = torch.tanh(out / c.final_logit_softcapping) * c.final_logit_softcapping
+        return out, out_hidden
 
     def forward(
         self,
@@ -217,8 +322,7 @@ class Transformer(nn.Module):
         self._write_cache(layer.index, k, v, batch, cache)
         # Decode/verify passes use the row kernel (bit-identical rows at any width); prefill,
         # with its T x L scores, is far faster through torch's blocked SDPA.
-        attend = self._row_attention if self.matmul_backend == "numpy" and T <= kernels.FEW_ROWS else self._sdpa
-        attn = attend(q, layer.index, batch, cache, mask)  # [B, T, Hq * D]
+        attn = self._sdpa(q, layer.index, batch, cache, mask)  # [B, T, Hq * D]
         out = layer.o(attn)
         if c.sandwich_norm:
             out = rms_norm(out, layer.post_attn_norm, c.rms_norm_eps)
@@ -256,16 +360,3 @@ class Transformer(nn.Module):
             k_all, v_all = ck[batch.slots, :, :L], cv[batch.slots, :, :L]
         attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=self.scale, enable_gqa=True)
         return attn.transpose(1, 2).reshape(B, q.shape[2], -1)
-
-    def _row_attention(
-        self, q: torch.Tensor, index: int, batch: Batch, cache: KVCache, mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        """The CPU kernel (see ``kernels.attention``): rows identical at any pass width."""
-        B, _, T, D = q.shape
-        if mask is None:  # one token of one sequence: it sees every cache entry
-            mask = torch.ones(B, 1, T, batch.kv_len, dtype=torch.bool)
-        qn = q.transpose(1, 2).float().contiguous()  # [B, T, Hq, D]
-        out = torch.empty_like(qn)
-        kernels.attention(qn.numpy(), kernels.as_numpy(cache.k[index]), kernels.as_numpy(cache.v[index]),
-                          batch.slots.numpy(), mask[:, 0].numpy(), self.scale, out.numpy())
-        return out.view(B, T, -1).to(q.dtype)

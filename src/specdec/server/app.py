@@ -1,4 +1,4 @@
-"""OpenAI-compatible HTTP server: routes, server-sent events, ``specdec serve``.
+"""OpenAI-compatible HTTP server: routes, server-sent events. ``specdec serve`` is in ``server/cli.py``.
 
     POST /v1/completions, POST /v1/chat/completions (``stream: true`` = SSE ending with ``data: [DONE]``)
     GET  /v1/models, GET /health, GET /metrics (Prometheus)
@@ -9,24 +9,44 @@ which batches them continuously on its own thread. Errors always come back as
 input, 429 when the queue is full, and 500 when the engine failed on this
 request; the server itself stays up.
 
-FastAPI is imported inside ``create_app`` so ``specdec generate`` does not pay
-for it. (No ``from __future__ import annotations`` here: FastAPI reads the
-route annotations, which name classes imported inside ``create_app``.)
+FastAPI is imported inside ``create_app`` and ``serve`` so ``specdec generate``
+does not pay for it (about half a second). (No ``from __future__ import annotations``
+here: FastAPI reads the route annotations, which name classes imported inside
+``create_app``.)
 """
 
-import argparse
 import asyncio
 import hmac
 import json
 import logging
-import os
-import sys
 import time
 import uuid
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from specdec.config import SamplingParams, SpecConfig, SpecType
+from specdec.config import SamplingParams
+from specdec.llm import LLM
 from specdec.scheduler import DraftBudget, QueueFullError, Request, Scheduler
+from specdec.server.metrics import ServerMetrics
+from specdec.server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatStreamChoice,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    ModelCard,
+    ModelList,
+    SpecDecodeInfo,
+    UsageInfo,
+    dump_chunk,
+)
+from specdec.text import TextStream, as_prompt_list
 
 logger = logging.getLogger("specdec.server")
 
@@ -53,16 +73,16 @@ def error_body(message: str, type_: str, code: str | int | None = None, param: s
 # -- the application -----------------------------------------------------------------------------
 @dataclass
 class ServerState:
-    llm: object  # specdec.llm.LLM
+    llm: LLM
     scheduler: Scheduler
-    metrics: object  # specdec.server.metrics.ServerMetrics
+    metrics: ServerMetrics
     model_name: str
     max_model_len: int
     max_num_seqs: int
 
 
 def create_app(
-    llm,
+    llm: LLM,
     *,
     served_model_name: str | None = None,
     api_key: str | None = None,
@@ -74,16 +94,12 @@ def create_app(
 
     The scheduler thread starts and stops with the app's lifespan.
     """
-    from contextlib import asynccontextmanager
-
+    # FastAPI and Starlette stay lazy: only `specdec serve` needs them (see the module docstring).
     from fastapi import FastAPI
     from fastapi import Request as HTTPRequest
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
     from starlette.exceptions import HTTPException as StarletteHTTPException
-
-    from specdec.server.metrics import ServerMetrics
-    from specdec.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 
     name = served_model_name or llm.model_name
     metrics = ServerMetrics(name)
@@ -215,8 +231,7 @@ def check_model(state: ServerState, model: str | None) -> None:
 
 def encode_prompts(llm, prompt) -> list[list[int]]:
     """str | list[str] | list[int] | list[list[int]] -> token ids per prompt (400 when unusable)."""
-    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
-        prompt = [prompt]
+    prompt = as_prompt_list(prompt)
     if not prompt:
         raise APIError(400, "the prompt is empty", code="empty_prompt", param="prompt")
     out = []
@@ -275,7 +290,7 @@ def sampling_params(state: ServerState, body, prompt_len: int, chat: bool) -> Sa
 
 
 async def serve(state: ServerState, request, body, prompts: list[list[int]], chat: bool):
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.responses import JSONResponse, StreamingResponse  # lazy: see the module docstring
 
     num_seqs = len(prompts) * body.n
     if num_seqs > state.max_num_seqs:
@@ -304,8 +319,6 @@ class Job:
     """One submitted request on the event-loop side: turns scheduler events into API responses."""
 
     def __init__(self, state: ServerState, req: Request, body, prompts: list[list[int]], chat: bool) -> None:
-        from specdec.text import TextStream
-
         self.state, self.req, self.body, self.chat = state, req, body, chat
         self.prompt_tokens = sum(len(p) for p in prompts)
         self.outputs: list[list[int]] = [[] for _ in req.seqs]
@@ -320,16 +333,12 @@ class Job:
             self.reasons[u.index] = u.finish_reason
 
     def _usage(self):
-        from specdec.server.protocol import UsageInfo
-
         completion = sum(len(o) for o in self.outputs)
         return UsageInfo(prompt_tokens=self.prompt_tokens, completion_tokens=completion,
                          total_tokens=self.prompt_tokens + completion)
 
     @staticmethod
     def _spec(stats):
-        from specdec.server.protocol import SpecDecodeInfo
-
         return SpecDecodeInfo(drafts=stats.drafts, drafted=stats.drafted, accepted=stats.accepted,
                               acceptance_rate=round(stats.acceptance_rate, 4),
                               mean_accepted_len=round(stats.mean_accepted_len, 4))
@@ -365,14 +374,6 @@ class Job:
                 return
 
     def _response(self, stats) -> dict:
-        from specdec.server.protocol import (
-            AssistantMessage,
-            ChatChoice,
-            ChatCompletionResponse,
-            CompletionChoice,
-            CompletionResponse,
-        )
-
         texts = [ts.final(ids) for ts, ids in zip(self.texts, self.outputs, strict=True)]
         common = dict(id=self.req.id, created=self.created, model=self.state.model_name, usage=self._usage(),
                       spec_decode=self._spec(stats))
@@ -387,8 +388,6 @@ class Job:
     # -- streaming ----------------------------------------------------------------------------
     async def stream(self):
         """Server-sent events: one chunk per choice and step, then usage (if asked), then [DONE]."""
-        from specdec.server.protocol import dump_chunk
-
         try:
             if self.chat:
                 for i in range(len(self.outputs)):
@@ -429,14 +428,6 @@ class Job:
         return chunks
 
     def _chunk(self, index: int, text: str, finish_reason: str | None, role: bool = False):
-        from specdec.server.protocol import (
-            ChatCompletionChunk,
-            ChatStreamChoice,
-            CompletionChoice,
-            CompletionChunk,
-            DeltaMessage,
-        )
-
         common = dict(id=self.req.id, created=self.created, model=self.state.model_name)
         if self.chat:
             delta = DeltaMessage(role="assistant", content="") if role else DeltaMessage(content=text)
@@ -446,143 +437,7 @@ class Job:
                                **common)
 
     def _usage_chunk(self, stats):
-        from specdec.server.protocol import ChatCompletionChunk, CompletionChunk
-
         cls = ChatCompletionChunk if self.chat else CompletionChunk
         return cls(id=self.req.id, created=self.created, model=self.state.model_name, choices=[],
                    usage=self._usage(), spec_decode=self._spec(stats))
 
-
-# -- command line ----------------------------------------------------------------------------------
-def add_serve_args(p: argparse.ArgumentParser) -> None:
-    from specdec.cli import add_model_args, add_spec_args, positive_int
-
-    add_model_args(p)
-    add_spec_args(p)
-    g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on every /v1 route (default: $SPECDEC_API_KEY)")
-    g.add_argument("--served-model-name", default=None, help="model id reported and accepted by the API")
-    g.add_argument("--max-batch-size", type=positive_int, default=8,
-                   help="most sequences decoded together (one KV cache slot each)")
-    g.add_argument("--max-queue", type=int, default=64,
-                   help="most sequences waiting for a slot; beyond it requests get 429")
-    g.add_argument("--max-request-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES,
-                   help="largest request body (413 beyond)")
-    g.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
-    g.add_argument("--matmul", default="auto", choices=["auto", "torch", "numpy"],
-                   help="CPU matmul backend: numpy = specdec's kernels and NumPy's BLAS, or torch; "
-                        "auto = timed at load, which a busy machine can mislead")
-    s = p.add_argument_group("speculation under load")
-    s.add_argument("--speculative-config", default=None,
-                   help='vLLM-style JSON instead of --spec-type, e.g. \'{"method": "ngram", '
-                        '"num_speculative_tokens": 5, "prompt_lookup_max": 4}\'')
-    s.add_argument("--spec-batch-draft-tokens", type=int, default=None,
-                   help="most drafted tokens per step over the whole batch: K(b) = min(K, this // b) "
-                        "(default: --spec-draft-n-max, so full K at batch 1 and none beyond K sequences)")
-    s.add_argument("--spec-disable-batch-size", type=int, default=None,
-                   help="no drafting when more sequences than this run (vLLM's disable_by_batch_size)")
-
-
-def spec_from_vllm_config(text: str) -> tuple[SpecConfig, int | None]:
-    """vLLM's --speculative-config JSON -> (SpecConfig, disable_by_batch_size). Raises ValueError.
-
-    {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4} -> ngram, K=5, n-gram size 4;
-    {"method": "suffix", ...}; {"method": "draft_model", "model": "path"} (or just {"model": "path"}).
-    """
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--speculative-config is not valid JSON: {exc.msg}") from None
-    if not isinstance(cfg, dict):
-        raise ValueError("--speculative-config must be a JSON object")
-    method = cfg.get("method")
-    model = cfg.get("model")
-    if method is None:
-        method = "ngram" if model in ("ngram", "[ngram]") else ("draft_model" if model else None)
-    aliases = {"ngram": SpecType.NGRAM, "suffix": SpecType.SUFFIX, "draft_model": SpecType.DRAFT_MODEL}
-    aliases.update({t.value: t for t in SpecType if t is not SpecType.NONE})
-    if method not in aliases:
-        raise ValueError(f"--speculative-config method {method!r} is not supported; "
-                         f"choose from: {', '.join(sorted(aliases))}")
-    kind = aliases[method]
-    changes: dict = {"types": (kind,)}
-    if "num_speculative_tokens" in cfg:
-        changes["draft_n_max"] = _int_field(cfg, "num_speculative_tokens")
-    if "prompt_lookup_max" in cfg:
-        changes["ngram_size_n"] = _int_field(cfg, "prompt_lookup_max")
-    if kind is SpecType.DRAFT_MODEL:
-        if not isinstance(model, str) or not model:
-            raise ValueError('--speculative-config with method "draft_model" needs "model"')
-        changes["draft_model"] = model
-    known = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
-             "disable_by_batch_size"}
-    ignored = sorted(set(cfg) - known)
-    if "prompt_lookup_min" in cfg:
-        ignored.append("prompt_lookup_min (the n-gram drafter falls back to 2-grams)")
-    if ignored:
-        print(f"specdec: warning: --speculative-config ignores: {', '.join(ignored)}", file=sys.stderr)
-    changes["extra"] = {k: cfg[k] for k in ignored if k in cfg}
-    disable = _int_field(cfg, "disable_by_batch_size") if "disable_by_batch_size" in cfg else None
-    return SpecConfig(**changes), disable
-
-
-def _int_field(cfg: dict, key: str) -> int:
-    value = cfg[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"--speculative-config {key} must be a positive integer, got {value!r}")
-    return value
-
-
-def serve_config(args: argparse.Namespace) -> tuple[SpecConfig, DraftBudget]:
-    """The speculation settings and batch draft budget from the serve flags (UsageError when bad)."""
-    from specdec.cli import UsageError, spec_from_args
-
-    disable = args.spec_disable_batch_size
-    if args.speculative_config is not None:
-        if args.spec_type != "none":
-            raise UsageError("give either --speculative-config or --spec-type, not both")
-        try:
-            spec, vllm_disable = spec_from_vllm_config(args.speculative_config)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        disable = disable if disable is not None else vllm_disable
-    else:
-        spec = spec_from_args(args)
-    step_tokens = args.spec_batch_draft_tokens
-    if step_tokens is None:
-        step_tokens = spec.draft_n_max
-    try:
-        budget = DraftBudget(spec.draft_n_max, step_tokens, disable)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    return spec, budget
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from specdec.cli import UsageError
-    from specdec.llm import LLM
-
-    spec, budget = serve_config(args)
-    if not 0 < args.port < 65536:
-        raise UsageError(f"--port must be in 1..65535, got {args.port}")
-    if args.max_queue < 0:
-        raise UsageError("--max-queue must be >= 0")
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
-        print(f"specdec: warning: serving on {args.host} without --api-key: anyone who can reach it can use it",
-              file=sys.stderr)
-    llm = LLM(args.model, dtype=args.dtype, spec=spec, max_model_len=args.max_model_len, device=args.device,
-              max_num_seqs=args.max_batch_size, matmul=args.matmul)
-    llm.warmup()
-    app = create_app(llm, served_model_name=args.served_model_name, api_key=args.api_key,
-                     max_queue=args.max_queue, budget=budget, max_body_bytes=args.max_request_bytes)
-    print(f"specdec: serving {args.served_model_name or llm.model_name} on http://{args.host}:{args.port}/v1 "
-          f"(batch {args.max_batch_size}, spec {','.join(t.value for t in spec.types)}, "
-          f"matmul {llm.runner.matmul_backend})",
-          file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    return 0

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from specdec.model.weights import ModelLoadError
-from specdec.runner import ModelRunner, PassOutput, SeqInput
+from specdec.errors import ModelLoadError
+from specdec.runners.base import ModelRunner, PassOutput, SeqInput
 
 
 class GenericRunner(ModelRunner):
@@ -21,6 +21,7 @@ class GenericRunner(ModelRunner):
     def __init__(
         self, folder: Path, dtype: torch.dtype, device: torch.device, max_seq_len: int, num_slots: int
     ) -> None:
+        # Lazy: importing transformers' model classes costs ~1.3 s at every CLI start.
         from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
         try:
@@ -67,10 +68,8 @@ class GenericRunner(ModelRunner):
             self.lengths[s.slot] += len(s.token_ids)
         return PassOutput(logits, hidden, time.perf_counter() - t0)
 
-    def commit(self, slot: int, start: int, keep: list[int]) -> None:
-        if keep != list(range(len(keep))):
-            raise ValueError("the generic runner keeps chain prefixes only")
-        remove = self.lengths[slot] - (start + len(keep))
+    def truncate(self, slot: int, length: int) -> None:
+        remove = self.lengths[slot] - length
+        super().truncate(slot, length)
         if remove > 0:
             self.caches[slot].crop(-remove)  # a negative count means "drop this many" in 4.x and 5.x alike
-        self.lengths[slot] = start + len(keep)

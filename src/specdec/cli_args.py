@@ -1,0 +1,63 @@
+"""Command-line pieces shared by `specdec generate`, `serve` and `bench`.
+
+A leaf of the CLI: ``cli.py``, ``server/cli.py`` and ``bench/cli.py`` import it, and
+it imports none of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from specdec.config import SpecConfig, parse_spec_types
+from specdec.errors import UsageError
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage dump
+        raise UsageError(message)
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", default=None,
+                   help="GGUF file, HF folder or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--backend", default=None, choices=["auto", "cpu-kernels", "torch"],
+                   help="how the model runs: cpu-kernels = specdec's fused CPU kernels, torch = PyTorch ops "
+                        "(default: $SPECDEC_BACKEND or auto = cpu-kernels on a CPU)")
+    p.add_argument("--max-model-len", type=positive_int, default=4096, help="context length (tokens)")
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding (llama-server flag names)")
+    g.add_argument("--spec-type", default="none",
+                   help="none, ngram, ngram-map-k, ngram-map-k4v, suffix, draft-self, draft-model; "
+                        "a comma list chains them (the first that proposes wins)")
+    g.add_argument("--spec-draft-n-max", type=positive_int, default=None, help="most drafted tokens per step")
+    g.add_argument("--spec-draft-n-min", type=int, default=0, help="drop drafts shorter than this")
+    g.add_argument("--spec-draft-p-min", type=float, default=0.0, help="draft model stops below this probability")
+    g.add_argument("--spec-ngram-size-n", type=positive_int, default=12, help="longest n-gram matched")
+    g.add_argument("--spec-ngram-size-m", type=positive_int, default=48, help="most tokens an n-gram proposes")
+    g.add_argument("--spec-ngram-min-hits", type=positive_int, default=1)
+    g.add_argument("--draft-model", default=None, help="draft model for --spec-type draft-model")
+
+
+def spec_from_args(args: argparse.Namespace) -> SpecConfig:
+    try:
+        types = parse_spec_types(args.spec_type)
+        n_max = args.spec_draft_n_max or SpecConfig.draft_n_max
+        return SpecConfig(
+            types=types, draft_n_max=n_max, draft_n_min=args.spec_draft_n_min,
+            draft_p_min=args.spec_draft_p_min, ngram_size_n=args.spec_ngram_size_n,
+            ngram_size_m=args.spec_ngram_size_m, ngram_min_hits=args.spec_ngram_min_hits,
+            draft_model=args.draft_model,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None

@@ -1,0 +1,97 @@
+"""The runner contract: the target's weights and KV cache behind one call per pass.
+
+Every pass is the same call: each sequence (a cache *slot*) brings its new
+tokens, optionally shaped as a draft tree, and gets logits back. The new
+tokens' K/V are written after the slot's length, which then grows by their
+number. Afterwards the caller keeps what the verifier accepted:
+
+- ``truncate(slot, length)``: roll the slot back to ``length`` tokens (a rejected
+  chain suffix, or a probe that must not stay in the cache): O(1).
+- ``commit(slot, start, keep)``: keep the new entries ``keep`` (indices into the
+  last pass's tokens of that slot, which started at ``start``) packed at ``start``:
+  the accepted path of a tree. A chain prefix is ``truncate(slot, start + n)``.
+
+The runner alone owns the slots' lengths (``lengths[slot]``).
+
+Hidden states: ``run(seqs, hidden_layers=(i, ...))`` also returns, per sequence,
+the hidden state after each decoder layer ``i`` for every new token ([T, H];
+``-1`` is the final normed state). Trained drafters (EAGLE-style heads) read
+them; ``tests/test_runner.py`` pins them against transformers.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SeqInput:
+    """New tokens of one sequence for a pass.
+
+    token_ids: tokens to run, the first one following the slot's last cache entry.
+    parents:   None for a chain; for a tree, parents[i] < i is the index of token i's
+               parent within token_ids (parents[0] == -1).
+    all_logits: False returns only the last token's logits (prefill).
+    """
+
+    slot: int
+    token_ids: list[int]
+    parents: list[int] | None = None
+    all_logits: bool = True
+
+
+@dataclass
+class PassOutput:
+    logits: list[torch.Tensor]  # per sequence [T_i or 1, V] float32
+    hidden: list[list[torch.Tensor]] = field(default_factory=list)  # per sequence, per layer [T_i, H]
+    seconds: float = 0.0
+
+
+class ModelRunner(ABC):
+    vocab_size: int
+    max_seq_len: int
+    eos_token_ids: tuple[int, ...]
+    device: torch.device
+    dtype: torch.dtype
+    supports_trees: bool = False
+    backend: str = "torch"  # how the linear layers and attention run (see runners.load)
+
+    def __init__(self, max_seq_len: int, num_slots: int) -> None:
+        self.max_seq_len = max_seq_len
+        self.num_slots = num_slots
+        self._free = list(range(num_slots - 1, -1, -1))
+        self.lengths = [0] * num_slots  # host-side: read every step, a device copy would sync
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise RuntimeError("no free KV cache slot")
+        slot = self._free.pop()
+        self.lengths[slot] = 0
+        return slot
+
+    def free(self, slot: int) -> None:
+        self.lengths[slot] = 0
+        self._free.append(slot)
+
+    @property
+    def num_free_slots(self) -> int:
+        return len(self._free)
+
+    @abstractmethod
+    def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = ()) -> PassOutput:
+        """Run every sequence's new tokens in one pass; their K/V are appended to the cache."""
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Roll ``slot`` back to its first ``length`` tokens."""
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"cannot truncate slot {slot} of length {self.lengths[slot]} to {length}")
+        self.lengths[slot] = length
+
+    def commit(self, slot: int, start: int, keep: list[int]) -> None:
+        """Keep the last pass's new entries ``keep`` packed at ``start``; drop the rest."""
+        if keep != list(range(len(keep))):
+            raise ValueError(f"{type(self).__name__} keeps chain prefixes only")
+        self.truncate(slot, start + len(keep))

@@ -1,0 +1,157 @@
+"""The native runner: our decoder (``model.transformer``) over a static KV cache; trees too."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from specdec.cache import KVCache
+from specdec.config import ModelConfig
+from specdec.model.transformer import Batch, Rows, Transformer
+from specdec.runners.base import ModelRunner, PassOutput, SeqInput
+from specdec.tree import DraftTree
+
+FUSED_PREFILL_ROWS = 32  # a prompt chunk this short runs faster fused than through BLAS
+
+
+class NativeRunner(ModelRunner):
+    supports_trees = True
+
+    def __init__(
+        self,
+        model: Transformer,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_seq_len: int,
+        num_slots: int = 1,
+    ) -> None:
+        super().__init__(max_seq_len, num_slots)
+        self.model, self.config = model, config
+        self.vocab_size = config.vocab_size
+        self.eos_token_ids = config.eos_token_ids
+        self.dtype, self.device = dtype, device
+        self.backend = model.backend.name
+        self.cache = KVCache(config, num_slots, max_seq_len, dtype, device)
+
+    def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = ()) -> PassOutput:
+        t0 = time.perf_counter()
+        if any(s.all_logits for s in seqs) and not all(s.all_logits for s in seqs):
+            raise ValueError("a pass returns either all logits or the last ones for every sequence")
+        num_rows = sum(len(s.token_ids) for s in seqs)
+        # Decode and verify passes (every row's logits) take the fused path, whatever their
+        # width, so a row's bits never depend on the pass; prefill's many rows go to BLAS.
+        if self.model.backend.fused and (seqs[0].all_logits or num_rows <= FUSED_PREFILL_ROWS):
+            out_logits, out_hidden = self._run_rows(seqs, hidden_layers)
+        else:
+            out_logits, out_hidden = self._run_batch(seqs, hidden_layers)
+        for s in seqs:
+            self.lengths[s.slot] += len(s.token_ids)
+        return PassOutput(out_logits, out_hidden, time.perf_counter() - t0)
+
+    def commit(self, slot: int, start: int, keep: list[int]) -> None:
+        self.cache.compact(slot, start, keep)
+        self.truncate(slot, start + len(keep))
+
+    def _run_batch(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...]):
+        batch, logits_rows = self._make_batch(seqs)
+        with torch.inference_mode():
+            logits, hidden = self.model(batch, self.cache, logits_rows, hidden_layers)
+        out_logits, out_hidden = [], []
+        for i, s in enumerate(seqs):
+            n = len(s.token_ids)
+            out_logits.append(logits[i, :n] if s.all_logits else logits[i, :1])
+            out_hidden.append([h[i, :n] for h in hidden])
+        return out_logits, out_hidden
+
+    def _run_rows(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...]):
+        rows = self._make_rows(seqs)
+        logits_rows = None if seqs[0].all_logits else rows.seq_rows[1:] - 1
+        with torch.inference_mode():
+            logits, hidden = self.model.forward_rows(rows, self.cache, logits_rows, hidden_layers)
+        out_logits, out_hidden = [], []
+        for i, s in enumerate(seqs):
+            r0, r1 = int(rows.seq_rows[i]), int(rows.seq_rows[i + 1])
+            out_logits.append(logits[r0:r1] if s.all_logits else logits[i : i + 1])
+            out_hidden.append([h[r0:r1] for h in hidden])
+        return out_logits, out_hidden
+
+    def _make_rows(self, seqs: list[SeqInput]) -> Rows:
+        counts = [len(s.token_ids) for s in seqs]
+        starts = [self.lengths[s.slot] for s in seqs]
+        kv_len = max(st + n for st, n in zip(starts, counts, strict=True))
+        if kv_len > self.max_seq_len:
+            raise ValueError(f"sequence would exceed the context of {self.max_seq_len} tokens")
+        seq_rows = np.zeros(len(seqs) + 1, dtype=np.int64)
+        seq_rows[1:] = np.cumsum(counts)
+        n_rows = int(seq_rows[-1])
+        positions = np.empty(n_rows, dtype=np.int64)
+        write_at = np.empty(n_rows, dtype=np.int64)
+        slots = np.empty(n_rows, dtype=np.int64)
+        mask = np.zeros((n_rows, kv_len), dtype=np.bool_)
+        for i, (s, start, n) in enumerate(zip(seqs, starts, counts, strict=True)):
+            r0 = int(seq_rows[i])
+            if s.parents is None:
+                depths, visible = np.arange(n), np.tri(n, dtype=np.bool_)
+            else:
+                tree = DraftTree(s.token_ids, s.parents)
+                depths, visible = np.asarray(tree.depths), tree.ancestor_mask().numpy()
+            positions[r0 : r0 + n] = start + depths
+            write_at[r0 : r0 + n] = start + np.arange(n)
+            slots[r0 : r0 + n] = s.slot
+            mask[r0 : r0 + n, :start] = True
+            mask[r0 : r0 + n, start : start + n] = visible
+        ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.long)
+        return Rows(ids, positions, slots, write_at, seq_rows, mask)
+
+    def _make_batch(self, seqs: list[SeqInput]) -> tuple[Batch, torch.Tensor | None]:
+        B = len(seqs)
+        T = max(len(s.token_ids) for s in seqs)
+        starts = [self.lengths[s.slot] for s in seqs]
+        kv_len = max(st + T for st in starts)
+        if kv_len > self.max_seq_len:
+            raise ValueError(f"sequence would exceed the context of {self.max_seq_len} tokens")
+        ids = torch.zeros(B, T, dtype=torch.long)
+        depth = torch.zeros(B, T, dtype=torch.long)
+        tree_mask = torch.zeros(B, T, T, dtype=torch.bool)
+        need_mask = T > 1 or B > 1 or self._window_exceeded(kv_len)
+        for i, s in enumerate(seqs):
+            n = len(s.token_ids)
+            ids[i, :n] = torch.tensor(s.token_ids)
+            if s.parents is None:
+                depth[i, :n] = torch.arange(n)
+                tree_mask[i, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+            else:
+                tree = DraftTree(s.token_ids, s.parents)
+                depth[i, :n] = torch.tensor(tree.depths)
+                tree_mask[i, :n, :n] = tree.ancestor_mask()
+            tree_mask[i, n:, n:] = torch.eye(T - n, dtype=torch.bool)  # pads see themselves
+        start_t = torch.tensor(starts).unsqueeze(1)  # [B, 1]
+        mask = None
+        if need_mask:
+            rel = torch.arange(kv_len).unsqueeze(0) - start_t  # [B, L] index among new tokens
+            in_new = (rel >= 0) & (rel < T)
+            new_part = tree_mask.gather(2, rel.clamp(0, T - 1).unsqueeze(1).expand(B, T, kv_len))
+            mask = ((rel < 0).unsqueeze(1) | (in_new.unsqueeze(1) & new_part)).unsqueeze(1)
+            mask = mask.to(self.device)  # [B, 1, T, L]
+        slots = [s.slot for s in seqs]
+        batch = Batch(
+            input_ids=ids.to(self.device),
+            positions=(start_t + depth).to(self.device),
+            slots=torch.tensor(slots, device=self.device),
+            write_at=(start_t + torch.arange(T)).to(self.device),
+            attn_mask=mask,
+            kv_len=kv_len,
+            contiguous=slots == list(range(B)),
+        )
+        logits_rows = None
+        if not seqs[0].all_logits:
+            last = [len(s.token_ids) - 1 for s in seqs]
+            logits_rows = torch.tensor(last, device=self.device).unsqueeze(1)
+        return batch, logits_rows
+
+    def _window_exceeded(self, kv_len: int) -> bool:
+        w = self.config.sliding_window
+        return w is not None and kv_len > w

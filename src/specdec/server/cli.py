@@ -1,0 +1,139 @@
+"""`specdec serve`: the command's flags, vLLM's --speculative-config, and starting uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import uvicorn
+
+from specdec.cli_args import add_model_args, add_spec_args, positive_int, spec_from_args
+from specdec.config import SpecConfig, SpecType
+from specdec.errors import UsageError
+from specdec.llm import LLM
+from specdec.scheduler import DraftBudget
+from specdec.server.app import DEFAULT_MAX_BODY_BYTES, create_app
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_spec_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on every /v1 route (default: $SPECDEC_API_KEY)")
+    g.add_argument("--served-model-name", default=None, help="model id reported and accepted by the API")
+    g.add_argument("--max-batch-size", type=positive_int, default=8,
+                   help="most sequences decoded together (one KV cache slot each)")
+    g.add_argument("--max-queue", type=int, default=64,
+                   help="most sequences waiting for a slot; beyond it requests get 429")
+    g.add_argument("--max-request-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="largest request body (413 beyond)")
+    g.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    s = p.add_argument_group("speculation under load")
+    s.add_argument("--speculative-config", default=None,
+                   help='vLLM-style JSON instead of --spec-type, e.g. \'{"method": "ngram", '
+                        '"num_speculative_tokens": 5, "prompt_lookup_max": 4}\'')
+    s.add_argument("--spec-batch-draft-tokens", type=int, default=None,
+                   help="most drafted tokens per step over the whole batch: K(b) = min(K, this // b) "
+                        "(default: --spec-draft-n-max, so full K at batch 1 and none beyond K sequences)")
+    s.add_argument("--spec-disable-batch-size", type=int, default=None,
+                   help="no drafting when more sequences than this run (vLLM's disable_by_batch_size)")
+
+
+def spec_from_vllm_config(text: str) -> tuple[SpecConfig, int | None]:
+    """vLLM's --speculative-config JSON -> (SpecConfig, disable_by_batch_size). Raises ValueError.
+
+    {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4} -> ngram, K=5, n-gram size 4;
+    {"method": "suffix", ...}; {"method": "draft_model", "model": "path"} (or just {"model": "path"}).
+    """
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--speculative-config is not valid JSON: {exc.msg}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError("--speculative-config must be a JSON object")
+    method = cfg.get("method")
+    model = cfg.get("model")
+    if method is None:
+        method = "ngram" if model in ("ngram", "[ngram]") else ("draft_model" if model else None)
+    aliases = {"ngram": SpecType.NGRAM, "suffix": SpecType.SUFFIX, "draft_model": SpecType.DRAFT_MODEL}
+    aliases.update({t.value: t for t in SpecType if t is not SpecType.NONE})
+    if method not in aliases:
+        raise ValueError(f"--speculative-config method {method!r} is not supported; "
+                         f"choose from: {', '.join(sorted(aliases))}")
+    kind = aliases[method]
+    changes: dict = {"types": (kind,)}
+    if "num_speculative_tokens" in cfg:
+        changes["draft_n_max"] = _int_field(cfg, "num_speculative_tokens")
+    if "prompt_lookup_max" in cfg:
+        changes["ngram_size_n"] = _int_field(cfg, "prompt_lookup_max")
+    if kind is SpecType.DRAFT_MODEL:
+        if not isinstance(model, str) or not model:
+            raise ValueError('--speculative-config with method "draft_model" needs "model"')
+        changes["draft_model"] = model
+    known = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+             "disable_by_batch_size"}
+    ignored = sorted(set(cfg) - known)
+    if "prompt_lookup_min" in cfg:
+        ignored.append("prompt_lookup_min (the n-gram drafter falls back to 2-grams)")
+    if ignored:
+        print(f"specdec: warning: --speculative-config ignores: {', '.join(ignored)}", file=sys.stderr)
+    changes["extra"] = {k: cfg[k] for k in ignored if k in cfg}
+    disable = _int_field(cfg, "disable_by_batch_size") if "disable_by_batch_size" in cfg else None
+    return SpecConfig(**changes), disable
+
+
+def _int_field(cfg: dict, key: str) -> int:
+    value = cfg[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"--speculative-config {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def serve_config(args: argparse.Namespace) -> tuple[SpecConfig, DraftBudget]:
+    """The speculation settings and batch draft budget from the serve flags (UsageError when bad)."""
+    disable = args.spec_disable_batch_size
+    if args.speculative_config is not None:
+        if args.spec_type != "none":
+            raise UsageError("give either --speculative-config or --spec-type, not both")
+        try:
+            spec, vllm_disable = spec_from_vllm_config(args.speculative_config)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        disable = disable if disable is not None else vllm_disable
+    else:
+        spec = spec_from_args(args)
+    step_tokens = args.spec_batch_draft_tokens
+    if step_tokens is None:
+        step_tokens = spec.draft_n_max
+    try:
+        budget = DraftBudget(spec.draft_n_max, step_tokens, disable)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return spec, budget
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    spec, budget = serve_config(args)
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be in 1..65535, got {args.port}")
+    if args.max_queue < 0:
+        raise UsageError("--max-queue must be >= 0")
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        print(f"specdec: warning: serving on {args.host} without --api-key: anyone who can reach it can use it",
+              file=sys.stderr)
+    llm = LLM(args.model, dtype=args.dtype, spec=spec, max_model_len=args.max_model_len, device=args.device,
+              max_num_seqs=args.max_batch_size, backend=args.backend)
+    llm.warmup()
+    app = create_app(llm, served_model_name=args.served_model_name, api_key=args.api_key,
+                     max_queue=args.max_queue, budget=budget, max_body_bytes=args.max_request_bytes)
+    print(f"specdec: serving {args.served_model_name or llm.model_name} on http://{args.host}:{args.port}/v1 "
+          f"(batch {args.max_batch_size}, spec {','.join(t.value for t in spec.types)}, "
+          f"backend {llm.runner.backend})",
+          file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0

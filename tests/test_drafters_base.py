@@ -1,0 +1,172 @@
+"""The drafter interface: DraftProposal, ChainedDrafter, the shared sync helper, and the registry."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from specdec.config import SamplingParams, SpecConfig, SpecType
+from specdec.drafters.base import EMPTY, ChainedDrafter, Drafter, DraftProposal
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.draft_self import DraftSelfDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.ngram_map import NgramMapDrafter, NgramMapK4VDrafter
+from specdec.drafters.registry import DRAFTERS, DraftResources
+from specdec.drafters.suffix import SuffixDrafter
+
+SAMPLING = SamplingParams()
+
+
+# -- DraftProposal -------------------------------------------------------------------------------
+
+
+def test_proposal_from_tree_stores_a_chain_as_a_chain():
+    chain = DraftProposal.from_tree([5, 6, 7], [0, 1, 2])
+    assert chain.parents is None and chain.is_chain
+    tree = DraftProposal.from_tree([5, 8, 6], [0, 0, 1])
+    assert tree.parents == [0, 0, 1] and not tree.is_chain
+    assert DraftProposal([5, 6], [0, 1]).is_chain  # explicit chain parents still read as a chain
+
+
+def test_first_path_follows_first_children():
+    probs = torch.rand(4, 10)
+    # root -> 5 -> 6, root -> 8, 5 -> 9: first children are 5 then 6
+    tree = DraftProposal([5, 8, 6, 9], [0, 0, 1, 1], probs)
+    path = tree.first_path()
+    assert path.token_ids == [5, 6] and path.parents is None
+    assert torch.equal(path.probs, probs[[0, 2]])
+    chain = DraftProposal([1, 2])
+    assert chain.first_path() is chain
+
+
+def test_truncate_keeps_a_tree_prefix():
+    tree = DraftProposal([5, 8, 6, 9], [0, 0, 1, 1])
+    assert tree.truncate(3) == DraftProposal([5, 8, 6], [0, 0, 1])
+    assert tree.truncate(9) is tree
+
+
+# -- ChainedDrafter ------------------------------------------------------------------------------
+
+
+class Fixed(Drafter):
+    def __init__(self, draft: list[int]) -> None:
+        self.draft, self.accepted = draft, []
+
+    def propose(self, context, max_tokens):
+        return DraftProposal(self.draft[:max_tokens]) if self.draft else EMPTY
+
+    def accept(self, context, num_accepted):
+        self.accepted.append(num_accepted)
+
+
+def test_chained_drafter_takes_the_first_non_empty_proposal():
+    empty, first, second = Fixed([]), Fixed([1, 2]), Fixed([3])
+    chained = ChainedDrafter([empty, first, second])
+    assert chained.propose([0], 4).token_ids == [1, 2] and chained.last_used == 1
+    chained.accept([0, 1, 2], 2)
+    assert (empty.accepted, first.accepted, second.accepted) == ([0], [2], [0])
+    with pytest.raises(ValueError):
+        ChainedDrafter([])
+
+
+# -- Drafter._sync: catch up with the context, or restart ---------------------------------------
+
+
+class Recorder(Drafter):
+    """Records the hooks ``_sync`` calls."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+        self.calls: list[tuple[str, list[int]]] = []
+
+    def propose(self, context, max_tokens):
+        return EMPTY
+
+    def _seen(self) -> tuple[int, int | None]:
+        return len(self.seen), self.seen[-1] if self.seen else None
+
+    def _extend(self, new_ids: Sequence[int]) -> None:
+        self.calls.append(("extend", list(new_ids)))
+        self.seen += new_ids
+
+    def _restart(self, context: Sequence[int]) -> None:
+        self.calls.append(("restart", list(context)))
+        self.seen = list(context)
+
+
+def test_sync_docstring_example():
+    d = Recorder()
+    for context in ([5, 6, 7], [5, 6, 7, 8], [5, 6, 7, 8], [9, 9], [9], [9, 1]):
+        d._sync(context)
+    assert d.calls == [
+        ("extend", [5, 6, 7]),
+        ("extend", [8]),
+        ("extend", []),  # nothing new
+        ("restart", [9, 9]),  # disagrees at the last seen token
+        ("restart", [9]),  # shorter than what was seen
+        ("extend", [1]),
+    ]
+
+
+TOKEN_DRAFTERS = [
+    lambda: NgramDrafter(max_n=3, min_n=1),
+    lambda: NgramMapDrafter(key_size=2),
+    lambda: NgramMapK4VDrafter(key_size=2),
+    lambda: SuffixDrafter(tree=True),
+    lambda: DraftSelfDrafter(key_size=2),
+]
+
+
+@pytest.mark.parametrize("make", TOKEN_DRAFTERS, ids=["ngram", "map-k", "map-k4v", "suffix", "draft-self"])
+def test_a_new_sequence_without_begin_drafts_as_after_begin(make):
+    first = [1, 2, 3, 1, 2, 3, 1, 2]
+    other = [7, 8, 9, 7, 8, 9, 4, 7, 8, 9, 7, 8]
+    reused = make()
+    reused.begin(first, SAMPLING)
+    reused.propose(first, 4)
+    reused.accept([*first, 3], 1)
+    fresh = make()
+    fresh.begin(other, SAMPLING)
+    assert reused.propose(other, 4) == fresh.propose(other, 4)
+    grown = [*other, 9, 7, 8]
+    assert reused.propose(grown, 4) == fresh.propose(grown, 4)
+
+
+# -- the registry ----------------------------------------------------------------------------------
+
+
+def test_registry_has_one_class_per_spec_type():
+    assert set(DRAFTERS) == set(SpecType) - {SpecType.NONE}
+    for kind, cls in DRAFTERS.items():
+        assert cls.name == kind.value
+
+
+def test_new_drafter_chains_and_shares_the_suffix_cache():
+    spec = SpecConfig(types=(SpecType.SUFFIX, SpecType.NGRAM, SpecType.DRAFT_SELF), draft_n_max=5)
+    res = DraftResources(spec, target=None, tokenizer=None)  # no draft model: no target needed
+    one, two = res.new_drafter(), res.new_drafter()
+    assert isinstance(one, ChainedDrafter) and one.name == "suffix,ngram,draft-self"
+    assert one.drafters[0].cache is res.suffix_cache is two.drafters[0].cache
+    assert one.drafters[0].max_tokens == 5
+    assert DraftResources(SpecConfig(), target=None, tokenizer=None).new_drafter() is None
+
+
+def test_forget_empties_the_suffix_cache_in_place():
+    res = DraftResources(SpecConfig(types=(SpecType.SUFFIX,)), target=None, tokenizer=None)
+    drafter = res.new_drafter()
+    drafter.begin([1, 2, 3], SAMPLING)
+    drafter.end([1, 2, 3, 4, 5])
+    cache = res.suffix_cache
+    assert len(cache) == 1 and cache.trie.count([4, 5]) == 1 and cache.nbytes() > 0
+    res.forget()
+    assert res.suffix_cache is cache and len(cache) == 0 and cache.num_tokens == 0
+    assert cache.trie.count([4, 5]) == 0
+
+
+def test_from_config_needs_what_a_drafter_cannot_make():
+    with pytest.raises(ValueError, match="draft model"):
+        DraftModelDrafter.from_config(SpecConfig(), cache=None)
+    with pytest.raises(TypeError):
+        Fixed.from_config(SpecConfig())
