@@ -246,3 +246,20 @@ def metrics_stats():
     from specdec.stats import SpecStats
 
     return SpecStats()
+
+
+def test_bench_passes_on_tiny_model(tiny_llama, capsys):
+    """`specdec bench passes --json`: every width timed, the floor measured, ratios consistent."""
+    assert main(["bench", "passes", "--model", str(tiny_llama), "--context", "40", "--widths", "1,4,9",
+                 "--rounds", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["pass_ms"]) == {"1", "4", "9"} and all(v > 0 for v in out["pass_ms"].values())
+    assert out["backend"] == "cpu-kernels" and out["read_floor_ms"] > 0 and out["weight_bytes"] > 0
+    assert out["vs_one_token"]["1"] == 1.0
+    assert abs(out["one_token_vs_floor"] - out["pass_ms"]["1"] / out["read_floor_ms"]) < 1e-6
+    assert out["machine"]["cores"] >= 1 and out["peak_rss_bytes"] > 0
+
+
+def test_bench_passes_rejects_bad_widths(tiny_llama, capsys):
+    assert main(["bench", "passes", "--model", str(tiny_llama), "--widths", "0,2"]) == 2
+    assert "--widths" in capsys.readouterr().err

@@ -15,6 +15,7 @@ def specdec(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([*SPECDEC, *args], capture_output=True, text=True, timeout=timeout)
 
 
+# Cheap on purpose: one subprocess that loads the default model and decodes 12 tokens (~10 s on 2 cores).
 def test_json_contract_on_default_model():
     out = specdec("generate", "def add(a, b):", "--max-new-tokens", "12", "--json", "--spec-type", "ngram")
     assert out.returncode == 0, out.stderr

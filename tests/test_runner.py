@@ -60,6 +60,8 @@ def test_hidden_states_match_transformers(tiny_model_factory, backend):
 
 
 
+# Cheap on purpose (13 tokens; ~20 s measured on a busy 2-core machine, mostly loading both models):
+# the fast suite's transformers parity on the real default model.
 def test_default_model_logits_match_transformers(default_model_folder):
     ids = [1, 504, 3458, 282, 4649, 314, 216, 1035, 30, 2365, 17, 28, 29]
     ref = hf_logits(default_model_folder, ids)

@@ -22,6 +22,7 @@ import torch
 
 from specdec.bench import harness, metrics, report
 from specdec.bench.config import DEFAULT_METHODS, PEER_NAMES, BenchConfig, parse_methods
+from specdec.bench.passes import add_passes_args, cmd_passes
 from specdec.bench.workloads import WORKLOAD_NAMES, load_workload, load_workload_file
 from specdec.cli_args import add_model_args, positive_int
 from specdec.config import SpecConfig
@@ -57,6 +58,8 @@ def _names(text: str) -> list[str]:
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="bench_command", metavar="{passes}")
+    add_passes_args(sub.add_parser("passes", help="ms per target pass by width, against the weight-read floor"))
     add_model_args(p)
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma list of spec types; '+' chains (e.g. suffix+draft-model); 'none' is always run "
@@ -127,6 +130,8 @@ def command_line(argv: list[str] | None) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench_command == "passes":
+        return cmd_passes(args)
     from specdec.bench import plots  # lazy: it imports matplotlib (about a second), which only bench needs
 
     cfg = config_from_args(args, getattr(args, "argv", None))

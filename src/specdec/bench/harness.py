@@ -130,8 +130,7 @@ class MethodRunner:
         return [s.output_ids for s in seqs], total
 
     def kv_bytes(self) -> int | None:
-        cache = getattr(self.llm.runner, "cache", None)
-        return getattr(cache, "nbytes", None)
+        return self.llm.runner.kv_bytes() or None
 
 
 def build_requests(runner: MethodRunner, w: Workload, notes: list[str], first_seed: int,

@@ -24,10 +24,7 @@ def drafter_bytes(res: DraftResources) -> int | None:
         known = True
     runner = res.draft_runner
     if runner is not None:
-        model = getattr(runner, "model", None)
-        if model is not None:
-            total += sum(p.numel() * p.element_size() for p in model.parameters())
-        total += getattr(getattr(runner, "cache", None), "nbytes", 0)
+        total += runner.weight_bytes() + runner.kv_bytes()
         known = True
     return total if known else None
 

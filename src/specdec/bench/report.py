@@ -24,8 +24,11 @@ def cpu_info() -> dict:
                 flags = set(value.split())
     except OSError:
         pass
+    simd = [f for f in ("fma", "avx2", "avx512f", "avx512bw", "avx_vnni", "avx512_vnni", "avx512_bf16", "amx_tile")
+            if f in flags]
     return {"cpu": model, "cores": os.cpu_count(), "avx2": "avx2" in flags, "avx512": "avx512f" in flags,
-            "avx512_bf16": "avx512_bf16" in flags, "amx": any(f.startswith("amx") for f in flags)}
+            "avx512_bf16": "avx512_bf16" in flags, "amx": any(f.startswith("amx") for f in flags),
+            "simd": " ".join(simd) or "none"}
 
 
 def machine_info() -> dict:

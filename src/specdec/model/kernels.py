@@ -243,29 +243,23 @@ def attention(
 
 
 # -- the fused decoder stack ------------------------------------------------------------------
-@njit(**_FLAGS)
-def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:  # pragma: no cover
-    """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, row by row (any row count: same bits)."""
-    n = x.shape[1]
-    for r in range(x.shape[0]):
-        ss = np.float32(0.0)
-        for i in range(n):
-            ss += x[r, i] * x[r, i]
-        inv = np.float32(1.0) / np.sqrt(ss / np.float32(n) + np.float32(eps))
-        for i in range(n):
-            out[r, i] = x[r, i] * inv * w[i]
-
-
 @njit(inline="always", **_FLAGS)
-def _rms_norm_vector(v: np.ndarray, w: np.ndarray, eps: float) -> None:  # pragma: no cover
-    """v = v / sqrt(mean(v^2) + eps) * w in place (q/k norms: one head at a time)."""
+def _rms_norm(v: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:  # pragma: no cover
+    """out = v / sqrt(mean(v^2) + eps) * w for one vector (out may be v)."""
     n = v.shape[0]
     ss = np.float32(0.0)
     for i in range(n):
         ss += v[i] * v[i]
     inv = np.float32(1.0) / np.sqrt(ss / np.float32(n) + np.float32(eps))
     for i in range(n):
-        v[i] = v[i] * inv * w[i]
+        out[i] = v[i] * inv * w[i]
+
+
+@njit(**_FLAGS)
+def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:  # pragma: no cover
+    """RMSNorm row by row (any row count: same bits)."""
+    for r in range(x.shape[0]):
+        _rms_norm(x[r], w, eps, out[r])
 
 
 @njit(inline="always", **_FLAGS)
@@ -278,6 +272,13 @@ def _rope(v: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:  # pragma: n
 
 
 @njit(inline="always", **_FLAGS)
+def _add_rows(x: np.ndarray, y: np.ndarray) -> None:  # pragma: no cover
+    for r in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            x[r, i] += y[r, i]
+
+
+@njit(inline="always", **_FLAGS)
 def _act(g: np.float32, gelu: bool) -> np.float32:  # pragma: no cover
     if gelu:  # tanh approximation, as Gemma's gelu_pytorch_tanh
         return np.float32(0.5) * g * (np.float32(1.0) + np.tanh(np.float32(0.7978845608028654) * (
@@ -285,7 +286,7 @@ def _act(g: np.float32, gelu: bool) -> np.float32:  # pragma: no cover
     return g / (np.float32(1.0) + np.exp(-g))
 
 
-@njit(parallel=True, **_FLAGS)
+@njit(**_FLAGS)  # serial glue: only the products and attention inside launch threads
 def decode_layers(
     x, row_slot, row_pos, row_write, seq_rows, mask,
     wqkv, bqkv, wo, w_gate_up, w_down, norms, qk_norms, k_cache, v_cache,
@@ -323,7 +324,7 @@ def decode_layers(
             for head in range(n_heads + n_kv):
                 v = qkv[r, head * dim:(head + 1) * dim]
                 if qk_norm:
-                    _rms_norm_vector(v, qk_norms[layer, 0 if head < n_heads else 1], eps)
+                    _rms_norm(v, qk_norms[layer, 0 if head < n_heads else 1], eps, v)
                 _rope(v, c, s)
             slot, at = row_slot[r], row_write[r]
             for kvh in range(n_kv):
@@ -336,7 +337,7 @@ def decode_layers(
         matmul(wo[layer], attn.reshape((n_rows, q_size)), proj)
         if sandwich:
             rms_norm_rows(proj, norms[layer, 2], eps, proj)
-        x += proj
+        _add_rows(x, proj)
         rms_norm_rows(x, norms[layer, 1], eps, h)
         matmul(w_gate_up[layer], h, gate_up)
         for r in range(n_rows):
@@ -345,6 +346,6 @@ def decode_layers(
         matmul(w_down[layer], act, proj)
         if sandwich:
             rms_norm_rows(proj, norms[layer, 3], eps, proj)
-        x += proj
+        _add_rows(x, proj)
         if hidden_at[layer] >= 0:
             hidden[hidden_at[layer]] = x

@@ -76,9 +76,13 @@ class ModelRunner(ABC):
         self.lengths[slot] = 0
         self._free.append(slot)
 
-    @property
-    def num_free_slots(self) -> int:
-        return len(self._free)
+    def weight_bytes(self) -> int:
+        """Bytes of weights a decode pass reads (0 when unknown)."""
+        return 0
+
+    def kv_bytes(self) -> int:
+        """Bytes of the KV cache (0 when unknown)."""
+        return 0
 
     @abstractmethod
     def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = ()) -> PassOutput:

@@ -13,6 +13,7 @@ import torch
 
 from specdec.errors import ModelLoadError
 from specdec.runners.base import ModelRunner, PassOutput, SeqInput
+from specdec.tree import is_chain
 
 
 class GenericRunner(ModelRunner):
@@ -48,7 +49,7 @@ class GenericRunner(ModelRunner):
         t0 = time.perf_counter()
         logits, hidden = [], []
         for s in seqs:
-            if s.parents is not None and s.parents != [-1, *range(len(s.token_ids) - 1)]:
+            if s.parents is not None and not is_chain(s.parents):
                 raise ValueError("the generic runner verifies chains only; trees need a native model")
             start = self.lengths[s.slot]
             ids = torch.tensor([s.token_ids], device=self.device)

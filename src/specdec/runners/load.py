@@ -23,7 +23,6 @@ def load_runner(
     device: str | None = None,
     max_seq_len: int = 4096,
     num_slots: int = 1,
-    force_generic: bool = False,
     backend: str = "auto",
 ) -> tuple[ModelRunner, Path]:
     """Load ``model`` (see ``resolve_model``) into the native runner, or the generic one.
@@ -36,7 +35,7 @@ def load_runner(
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     folder = resolve_model(model)
     config, _ = read_model_config(folder)
-    if config is None or force_generic:
+    if config is None:
         return GenericRunner(folder, torch_dtype, dev, max_seq_len, num_slots), folder
     max_seq_len = min(max_seq_len, config.max_position_embeddings)
     state = load_state_dict(folder, config, torch_dtype)

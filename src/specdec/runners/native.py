@@ -36,6 +36,20 @@ class NativeRunner(ModelRunner):
         self.backend = model.backend.name
         self.cache = KVCache(config, num_slots, max_seq_len, dtype, device)
 
+    def weight_bytes(self) -> int:
+        """Every layer matrix, norm and the LM head, each storage once (an untied embedding
+        is looked up by row, never read whole)."""
+        m, seen, total = self.model, set(), 0
+        for name, t in m.named_parameters():
+            if (name == "embed" and m.lm_head is not m.embed) or t.data_ptr() in seen:
+                continue
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+        return total
+
+    def kv_bytes(self) -> int:
+        return self.cache.nbytes
+
     def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = ()) -> PassOutput:
         t0 = time.perf_counter()
         if any(s.all_logits for s in seqs) and not all(s.all_logits for s in seqs):

@@ -1,0 +1,128 @@
+"""`specdec bench passes`: what a target pass costs by width, against the machine's weight-read floor.
+
+Speculation pays when verifying T tokens costs little more than decoding one.
+This measures, on the machine at hand, the milliseconds of one pass over
+T = 1, 2, 4, 8, 16, 32 new tokens of one sequence after a context of N tokens,
+and the floor under a 1-token pass: the time to stream as many bytes as the
+weights occupy, on every core, measured in the same run. Widths run interleaved
+in rounds and each keeps its median, so a burst of load from elsewhere skews
+every width alike instead of one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from specdec.bench.records import peak_rss_bytes
+from specdec.bench.report import machine_info
+from specdec.cli_args import add_model_args, positive_int
+from specdec.errors import UsageError
+from specdec.llm import LLM
+from specdec.runners.base import ModelRunner, SeqInput
+
+WIDTHS = (1, 2, 4, 8, 16, 32)
+
+
+def add_passes_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    p.add_argument("--context", type=positive_int, default=300, help="tokens already in the cache (default 300)")
+    p.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="pass widths (default 1,2,4,8,16,32)")
+    p.add_argument("--rounds", type=positive_int, default=15, help="rounds over all widths (median kept)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def _stream_sum(buf: np.ndarray) -> float:  # pragma: no cover - compiled
+    total = np.float32(0.0)
+    for i in prange(buf.shape[0]):
+        total += buf[i]
+    return total
+
+
+def read_floor_seconds(num_bytes: int, device: torch.device, rounds: int = 9) -> float:
+    """Median seconds to read ``num_bytes`` once, on every core (or the GPU)."""
+    if device.type == "cuda":
+        buf = torch.ones(num_bytes // 4, device=device)
+        read = lambda: buf.sum().item()  # noqa: E731
+    else:
+        host = np.ones(num_bytes // 4, dtype=np.float32)
+        read = lambda: _stream_sum(host)  # noqa: E731
+    read()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        read()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(runner: ModelRunner, context: int, widths: list[int], rounds: int) -> dict[int, float]:
+    """Median seconds of a pass over each width after ``context`` tokens of one sequence."""
+    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
+    slot = runner.allocate()
+    try:
+        prompt = [(97 + 13 * i) % runner.vocab_size for i in range(context)]
+        runner.run([SeqInput(slot, prompt, all_logits=False)])
+        probe = [(1000 + 7 * i) % runner.vocab_size for i in range(max(widths))]
+        for w in widths:  # warm-up: first calls compile and allocate
+            runner.run([SeqInput(slot, probe[:w])])
+            runner.truncate(slot, context)
+        times: dict[int, list[float]] = {w: [] for w in widths}
+        for _ in range(rounds):
+            for w in widths:
+                sync()
+                t0 = time.perf_counter()
+                runner.run([SeqInput(slot, probe[:w])])
+                sync()
+                times[w].append(time.perf_counter() - t0)
+                runner.truncate(slot, context)
+        return {w: statistics.median(ts) for w, ts in times.items()}
+    finally:
+        runner.free(slot)
+
+
+def cmd_passes(args: argparse.Namespace) -> int:
+    try:
+        widths = sorted({int(w) for w in args.widths.split(",") if w.strip()})
+    except ValueError:
+        widths = []
+    if not widths or widths[0] < 1:
+        raise UsageError(f"--widths must be positive integers, got {args.widths!r}")
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
+              max_model_len=args.context + max(widths) + 8)
+    runner = llm.runner
+    nbytes = runner.weight_bytes()
+    floor = read_floor_seconds(nbytes, runner.device)
+    costs = measure(runner, args.context, widths, args.rounds)
+    one = costs[widths[0]]
+    result = {
+        "model": llm.model_name, "dtype": args.dtype, "backend": runner.backend, "device": str(runner.device),
+        "context": args.context, "rounds": args.rounds, "weight_bytes": nbytes,
+        "read_floor_ms": floor * 1e3, "read_gb_per_s": nbytes / floor / 1e9,
+        "pass_ms": {w: c * 1e3 for w, c in costs.items()},
+        "vs_one_token": {w: c / one for w, c in costs.items()},
+        "one_token_vs_floor": one / floor, "peak_rss_bytes": peak_rss_bytes(),
+        "torch_threads": torch.get_num_threads(), "machine": machine_info(),
+    }
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    m = result["machine"]
+    print(f"{result['model']}, {args.dtype}, backend {runner.backend}, {args.context}-token context; "
+          f"CPU {m.get('cpu', '?')} ({m.get('cores', '?')} cores, {m.get('simd', '?')})")
+    print(f"weights {nbytes / 1e6:.0f} MB; read floor {floor * 1e3:.1f} ms ({result['read_gb_per_s']:.1f} GB/s); "
+          f"peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB")
+    print("| tokens in the pass | ms per pass | x 1-token pass | x read floor |")
+    print("|---:|---:|---:|---:|")
+    for w in widths:
+        print(f"| {w} | {costs[w] * 1e3:.1f} | {costs[w] / one:.2f} | {costs[w] / floor:.2f} |")
+    sys.stdout.flush()
+    return 0
