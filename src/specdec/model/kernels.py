@@ -39,6 +39,7 @@ from numba.extending import overload
 
 _CHUNKS = 64  # units of parallel work per matmul (each with its own widening buffer)
 _KEY_BLOCK = 16  # keys (and values) consumed by all rows of a KV group while in L1
+_ATTENTION_ROWS = 8  # query rows per attention job: more jobs for two cores, few re-reads of the cache
 _FLAGS = dict(fastmath=True, cache=True, boundscheck=False, error_model="numpy")
 
 
@@ -184,6 +185,32 @@ def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no
 
 
 # -- attention --------------------------------------------------------------------------------
+@njit(fastmath={"nnan", "ninf", "nsz", "arcp", "contract"}, cache=True, boundscheck=False, error_model="numpy")
+def exp_shifted(x: np.ndarray, shift: float, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """out[i] = exp(x[i] - shift) for i < len(x), vectorised (libm's exp is one call per key).
+
+    Cephes' expf: 2^n * p(r) with x = n ln2 + r, |r| <= ln2 / 2; about 1 ulp. Elementwise
+    and without reassociation, so a value's bits never depend on where it sits in the block.
+    """
+    n = x.shape[0]
+    scale = np.empty(n, dtype=np.int32)
+    for i in range(n):
+        v = min(max(x[i] - np.float32(shift), np.float32(-87.0)), np.float32(88.0))
+        k = np.floor(v * np.float32(1.44269504088896341) + np.float32(0.5))
+        r = v - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)
+        p = np.float32(1.9875691500e-4)
+        p = p * r + np.float32(1.3981999507e-3)
+        p = p * r + np.float32(8.3334519073e-3)
+        p = p * r + np.float32(4.1665795894e-2)
+        p = p * r + np.float32(1.6666665459e-1)
+        p = p * r + np.float32(5.0000001201e-1)
+        out[i] = p * (r * r) + r + np.float32(1.0)
+        scale[i] = (np.int32(k) + np.int32(127)) << np.int32(23)
+    factor = scale.view(np.float32)
+    for i in range(n):
+        out[i] *= factor[i]
+
+
 @njit(parallel=True, **_FLAGS)
 def attention(
     q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, row_slot: np.ndarray, row_pos: np.ndarray,
@@ -200,11 +227,17 @@ def attention(
     n_kv = k_cache.shape[1]
     group = n_heads // n_kv
     n_keys = mask.shape[1]
-    for job in prange((seq_rows.shape[0] - 1) * n_kv):
-        s, kvh = job // n_kv, job % n_kv
-        first, n_rows = seq_rows[s], (seq_rows[s + 1] - seq_rows[s]) * group
-        if n_rows == 0:
-            continue
+    # jobs: (row chunk of one sequence, KV head); a chunk's rows share their slot's cache reads
+    chunk_start = np.empty(seq_rows[-1] + 1, dtype=np.int64)
+    chunk_end = np.empty(seq_rows[-1] + 1, dtype=np.int64)
+    n_chunks = 0
+    for s in range(seq_rows.shape[0] - 1):
+        for r in range(seq_rows[s], seq_rows[s + 1], _ATTENTION_ROWS):
+            chunk_start[n_chunks], chunk_end[n_chunks] = r, min(r + _ATTENTION_ROWS, seq_rows[s + 1])
+            n_chunks += 1
+    for job in prange(n_chunks * n_kv):
+        c, kvh = job // n_kv, job % n_kv
+        first, n_rows = chunk_start[c], (chunk_end[c] - chunk_start[c]) * group
         slot = row_slot[first]
         scores = np.empty((n_rows, n_keys), dtype=np.float32)
         top = np.full(n_rows, -np.inf, dtype=np.float32)
@@ -222,17 +255,21 @@ def attention(
                             dot += q[r, h, d] * kv[key - k0, d]
                         scores[i, key] = dot * scale
                         top[i] = max(top[i], scores[i, key])
+                    else:
+                        scores[i, key] = -np.inf  # never used: keeps exp's input defined
         total = np.zeros(n_rows, dtype=np.float32)
         acc = np.zeros((n_rows, dim), dtype=np.float32)
+        weight = np.empty(_KEY_BLOCK, dtype=np.float32)
         for k0 in range(0, n_keys, _KEY_BLOCK):
             k1 = min(k0 + _KEY_BLOCK, n_keys)
             for key in range(k0, k1):
                 _widen(v_cache[slot, kvh, key], kv[key - k0])
             for i in range(n_rows):
                 r = first + i // group
+                exp_shifted(scores[i, k0:k1], top[i], weight)
                 for key in range(k0, k1):
                     if mask[r, key] and (window <= 0 or row_pos[r] - key < window):
-                        e = np.float32(np.exp(scores[i, key] - top[i]))
+                        e = weight[key - k0]
                         total[i] += e
                         for d in range(dim):
                             acc[i, d] += e * kv[key - k0, d]
@@ -284,6 +321,17 @@ def _act(g: np.float32, gelu: bool) -> np.float32:  # pragma: no cover
         return np.float32(0.5) * g * (np.float32(1.0) + np.tanh(np.float32(0.7978845608028654) * (
             g + np.float32(0.044715) * g * g * g)))
     return g / (np.float32(1.0) + np.exp(-g))
+
+
+@njit(parallel=True, **_FLAGS)
+def gated_activation(gate_up: np.ndarray, gelu: bool, out: np.ndarray) -> None:  # pragma: no cover
+    """out = act(gate) * up for gate_up = [gate | up] [N, 2 I], on every core (exp is dear)."""
+    inter = out.shape[1]
+    per_chunk = (inter + _CHUNKS - 1) // _CHUNKS
+    for job in prange(out.shape[0] * _CHUNKS):
+        r, c = job // _CHUNKS, job % _CHUNKS
+        for i in range(c * per_chunk, min(inter, (c + 1) * per_chunk)):
+            out[r, i] = _act(gate_up[r, i], gelu) * gate_up[r, inter + i]
 
 
 @njit(**_FLAGS)  # serial glue: only the products and attention inside launch threads
@@ -340,9 +388,7 @@ def decode_layers(
         _add_rows(x, proj)
         rms_norm_rows(x, norms[layer, 1], eps, h)
         matmul(w_gate_up[layer], h, gate_up)
-        for r in range(n_rows):
-            for i in range(inter):
-                act[r, i] = _act(gate_up[r, i], gelu) * gate_up[r, inter + i]
+        gated_activation(gate_up, gelu, act)
         matmul(w_down[layer], act, proj)
         if sandwich:
             rms_norm_rows(proj, norms[layer, 3], eps, proj)
