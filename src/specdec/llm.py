@@ -9,6 +9,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 import torch
+from threadpoolctl import threadpool_limits
 
 from specdec.config import SamplingParams, SpecConfig, SpecType, parse_spec_types
 from specdec.drafters.registry import DraftResources
@@ -75,9 +76,13 @@ class LLM:
             model, dtype=dtype, device=device, max_seq_len=max_model_len, num_slots=max_num_seqs, backend=backend
         )
         if self.runner.device.type == "cpu":
-            # numba runs its own threads; torch's OpenMP pool spinning beside them made every
-            # small op 3-4x slower, and one torch thread loses nothing on the ops left to it.
-            torch.set_num_threads(1 if self.runner.backend == "cpu-kernels" else os.cpu_count() or 1)
+            kernels = self.runner.backend == "cpu-kernels"
+            # numba's kernels run on the OpenMP threads torch shares; a second pool (OpenBLAS's
+            # pthreads, for prefill) spinning beside them made a 40-token prefill 4x slower and
+            # decoding 1.4x slower: with the kernels, BLAS and torch keep one thread each.
+            torch.set_num_threads(1 if kernels else os.cpu_count() or 1)
+            if kernels:
+                threadpool_limits(limits=1, user_api="blas")
         self.tokenizer = load_tokenizer(self.folder)
         self.model_name = str(model) if model else "SmolLM2-135M-Instruct"
         self._dtype, self._device, self._max_num_seqs = dtype, device, max_num_seqs
