@@ -57,7 +57,7 @@ def build_tiny_model(
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
-        max_position_embeddings=512,
+        max_position_embeddings=2048,
         tie_word_embeddings=arch in ("llama", "gemma3"),
         bos_token_id=1,
         eos_token_id=2,

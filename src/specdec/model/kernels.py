@@ -40,6 +40,7 @@ from numba.extending import overload
 _CHUNKS = 64  # units of parallel work per matmul (each with its own widening buffer)
 _KEY_BLOCK = 16  # keys (and values) consumed by all rows of a KV group while in L1
 _ATTENTION_ROWS = 8  # query rows per attention job: more jobs for two cores, few re-reads of the cache
+_KEY_CHUNK = 512  # keys per attention job (split-K); fixed boundaries keep every row's bits
 _FLAGS = dict(fastmath=True, cache=True, boundscheck=False, error_model="numpy")
 
 
@@ -186,14 +187,13 @@ def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no
 
 # -- attention --------------------------------------------------------------------------------
 @njit(fastmath={"nnan", "ninf", "nsz", "arcp", "contract"}, cache=True, boundscheck=False, error_model="numpy")
-def exp_shifted(x: np.ndarray, shift: float, out: np.ndarray) -> None:  # pragma: no cover - compiled
+def exp_shifted(x: np.ndarray, shift: float, out: np.ndarray, scale: np.ndarray) -> None:  # pragma: no cover
     """out[i] = exp(x[i] - shift) for i < len(x), vectorised (libm's exp is one call per key).
 
     Cephes' expf: 2^n * p(r) with x = n ln2 + r, |r| <= ln2 / 2; about 1 ulp. Elementwise
     and without reassociation, so a value's bits never depend on where it sits in the block.
     """
-    n = x.shape[0]
-    scale = np.empty(n, dtype=np.int32)
+    n = x.shape[0]  # scale: int32 scratch of at least n
     for i in range(n):
         v = min(max(x[i] - np.float32(shift), np.float32(-87.0)), np.float32(88.0))
         k = np.floor(v * np.float32(1.44269504088896341) + np.float32(0.5))
@@ -227,7 +227,7 @@ def attention(
     n_kv = k_cache.shape[1]
     group = n_heads // n_kv
     n_keys = mask.shape[1]
-    # jobs: (row chunk of one sequence, KV head); a chunk's rows share their slot's cache reads
+    # jobs: (row chunk of one sequence, KV head, key chunk); a chunk's rows share its cache reads
     chunk_start = np.empty(seq_rows[-1] + 1, dtype=np.int64)
     chunk_end = np.empty(seq_rows[-1] + 1, dtype=np.int64)
     n_chunks = 0
@@ -235,48 +235,95 @@ def attention(
         for r in range(seq_rows[s], seq_rows[s + 1], _ATTENTION_ROWS):
             chunk_start[n_chunks], chunk_end[n_chunks] = r, min(r + _ATTENTION_ROWS, seq_rows[s + 1])
             n_chunks += 1
+    n_parts = (n_keys + _KEY_CHUNK - 1) // _KEY_CHUNK
+    most = _ATTENTION_ROWS * group
+    part_top = np.empty((n_chunks * n_kv * n_parts, most), dtype=np.float32)
+    part_total = np.empty((n_chunks * n_kv * n_parts, most), dtype=np.float32)
+    part_acc = np.empty((n_chunks * n_kv * n_parts, most, dim), dtype=np.float32)
+    for job in prange(n_chunks * n_kv * n_parts):
+        c, kvh, part = job // (n_kv * n_parts), (job // n_parts) % n_kv, job % n_parts
+        first, n_rows = chunk_start[c], (chunk_end[c] - chunk_start[c]) * group
+        _attend_part(q, k_cache, v_cache, row_slot[first], kvh, first, n_rows, group, row_pos, mask, window,
+                     scale, part * _KEY_CHUNK, min(n_keys, (part + 1) * _KEY_CHUNK),
+                     part_top[job], part_total[job], part_acc[job])
+        if n_parts == 1:  # one key chunk: done here, without a second parallel region
+            for i in range(n_rows):
+                r, h = first + i // group, kvh * group + i % group
+                for d in range(dim):
+                    out[r, h, d] = part_acc[job, i, d] / part_total[job, i]
+    if n_parts == 1:
+        return
     for job in prange(n_chunks * n_kv):
         c, kvh = job // n_kv, job % n_kv
         first, n_rows = chunk_start[c], (chunk_end[c] - chunk_start[c]) * group
-        slot = row_slot[first]
-        scores = np.empty((n_rows, n_keys), dtype=np.float32)
-        top = np.full(n_rows, -np.inf, dtype=np.float32)
-        kv = np.empty((_KEY_BLOCK, dim), dtype=np.float32)
-        for k0 in range(0, n_keys, _KEY_BLOCK):
-            k1 = min(k0 + _KEY_BLOCK, n_keys)
-            for key in range(k0, k1):
-                _widen(k_cache[slot, kvh, key], kv[key - k0])
-            for i in range(n_rows):
-                r, h = first + i // group, kvh * group + i % group
-                for key in range(k0, k1):
-                    if mask[r, key] and (window <= 0 or row_pos[r] - key < window):
-                        dot = np.float32(0.0)
-                        for d in range(dim):
-                            dot += q[r, h, d] * kv[key - k0, d]
-                        scores[i, key] = dot * scale
-                        top[i] = max(top[i], scores[i, key])
-                    else:
-                        scores[i, key] = -np.inf  # never used: keeps exp's input defined
-        total = np.zeros(n_rows, dtype=np.float32)
-        acc = np.zeros((n_rows, dim), dtype=np.float32)
-        weight = np.empty(_KEY_BLOCK, dtype=np.float32)
-        for k0 in range(0, n_keys, _KEY_BLOCK):
-            k1 = min(k0 + _KEY_BLOCK, n_keys)
-            for key in range(k0, k1):
-                _widen(v_cache[slot, kvh, key], kv[key - k0])
-            for i in range(n_rows):
-                r = first + i // group
-                exp_shifted(scores[i, k0:k1], top[i], weight)
-                for key in range(k0, k1):
-                    if mask[r, key] and (window <= 0 or row_pos[r] - key < window):
-                        e = weight[key - k0]
-                        total[i] += e
-                        for d in range(dim):
-                            acc[i, d] += e * kv[key - k0, d]
         for i in range(n_rows):
             r, h = first + i // group, kvh * group + i % group
+            top = np.float32(-np.inf)
+            for part in range(n_parts):
+                if part_total[job * n_parts + part, i] > 0:
+                    top = max(top, part_top[job * n_parts + part, i])
+            total = np.float32(0.0)
             for d in range(dim):
-                out[r, h, d] = acc[i, d] / total[i]
+                out[r, h, d] = 0.0
+            for part in range(n_parts):  # in key order: a key chunk no row sees adds nothing
+                p = job * n_parts + part
+                if part_total[p, i] > 0:
+                    f = np.float32(np.exp(part_top[p, i] - top))
+                    total += part_total[p, i] * f
+                    for d in range(dim):
+                        out[r, h, d] += part_acc[p, i, d] * f
+            for d in range(dim):
+                out[r, h, d] /= total
+
+
+@njit(**_FLAGS)
+def _attend_part(q, k_cache, v_cache, slot, kvh, first, n_rows, group, row_pos, mask, window, scale,
+                 k_start, k_end, top, total, acc):  # pragma: no cover - compiled
+    """Softmax parts of keys k_start:k_end for n_rows row-heads: max score, sum of weights and
+    weighted values relative to that max (combined across key chunks by ``attention``)."""
+    dim, n_keys = q.shape[2], k_end - k_start
+    # q . k for every row-head and key through the 4x4 product block (keys as weight rows)
+    qg = np.empty((n_rows, dim), dtype=np.float32)
+    for i in range(n_rows):
+        qg[i] = q[first + i // group, kvh * group + i % group]
+    keys = k_cache[slot, kvh, k_start:]
+    scores = np.empty((n_rows, n_keys), dtype=np.float32)
+    buf = np.empty((4, dim), dtype=np.float32)
+    for k0 in range(0, n_keys, 4):
+        wb, r0, r1, r2, r3 = _weight_block(keys, k0, buf)
+        for m0 in range(0, n_rows, 4):
+            _block4x4(wb, r0, r1, r2, r3, qg, m0, scores, k0)
+    for i in range(n_rows):
+        r = first + i // group
+        top[i] = -np.inf
+        for j in range(n_keys):
+            key = k_start + j
+            if mask[r, key] and (window <= 0 or row_pos[r] - key < window):
+                scores[i, j] *= np.float32(scale)
+                top[i] = max(top[i], scores[i, j])
+            else:
+                scores[i, j] = -np.inf  # never used: keeps exp's input defined
+    kv = np.empty((_KEY_BLOCK, dim), dtype=np.float32)
+    bits = np.empty(_KEY_BLOCK, dtype=np.int32)
+    weight = np.empty(_KEY_BLOCK, dtype=np.float32)
+    for i in range(n_rows):
+        total[i] = 0.0
+        for d in range(dim):
+            acc[i, d] = 0.0
+    for k0 in range(0, n_keys, _KEY_BLOCK):
+        k1 = min(k0 + _KEY_BLOCK, n_keys)
+        for j in range(k0, k1):
+            _widen(v_cache[slot, kvh, k_start + j], kv[j - k0])
+        for i in range(n_rows):
+            r = first + i // group
+            exp_shifted(scores[i, k0:k1], top[i], weight, bits)
+            for j in range(k0, k1):
+                key = k_start + j
+                if mask[r, key] and (window <= 0 or row_pos[r] - key < window):
+                    e = weight[j - k0]
+                    total[i] += e
+                    for d in range(dim):
+                        acc[i, d] += e * kv[j - k0, d]
 
 
 # -- the fused decoder stack ------------------------------------------------------------------
