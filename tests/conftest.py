@@ -21,7 +21,7 @@ TINY_CONFIGS = {
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
     ),
-    "mistral": dict(model_type="mistral", sliding_window=None),
+    "mistral": dict(model_type="mistral", sliding_window=16),  # every layer slides
     "qwen2": dict(model_type="qwen2"),
     "qwen3": dict(model_type="qwen3"),
     "gemma3": dict(model_type="gemma3_text", sliding_window=8, layer_types=None, query_pre_attn_scalar=16),

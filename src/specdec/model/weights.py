@@ -15,6 +15,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -110,7 +111,12 @@ def _convert_gguf(path: Path) -> Path:
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     model.generation_config.to_json_file(str(tmp / "generation_config.json"))
     tokenizer.save_pretrained(tmp)
-    tmp.rename(out)  # atomic: a half-written cache is never picked up
+    try:
+        tmp.rename(out)  # atomic: a half-written cache is never picked up
+    except OSError:  # another process converted the same file first: keep its copy
+        if not (out / "config.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -137,7 +143,8 @@ def _native_config(arch: str, raw: dict, folder: Path) -> ModelConfig:
     scaling = rope if rope_type not in ("default", None) else None
     eos = _eos_ids(raw, folder)
     gemma = arch == "gemma3"
-    sliding = _sliding_layers(raw) if gemma else ()
+    sliding = _sliding_layers(raw, arch)
+    window = raw.get("sliding_window") if sliding else None
     return ModelConfig(
         arch=arch,
         vocab_size=raw["vocab_size"],
@@ -159,7 +166,7 @@ def _native_config(arch: str, raw: dict, folder: Path) -> ModelConfig:
         embed_scale=gemma,
         hidden_act=raw.get("hidden_activation") or raw.get("hidden_act", "silu"),
         query_pre_attn_scalar=raw.get("query_pre_attn_scalar") if gemma else None,
-        sliding_window=raw.get("sliding_window") if gemma else None,
+        sliding_window=window,
         sliding_layers=sliding,
         rope_local_base_freq=_local_rope_base(raw) if gemma else None,
         final_logit_softcapping=raw.get("final_logit_softcapping"),
@@ -182,12 +189,21 @@ def _check_native_support(arch: str, raw: dict, rope_type: str | None) -> None:
                              "native decoder does not implement attention logit soft-capping")
 
 
-def _sliding_layers(raw: dict) -> tuple[int, ...]:
+def _sliding_layers(raw: dict, arch: str) -> tuple[int, ...]:
+    """Layers that attend within ``sliding_window`` only (as transformers reads the config)."""
     n = raw["num_hidden_layers"]
+    if not raw.get("sliding_window"):
+        return ()
     if raw.get("layer_types"):
         return tuple(i for i, t in enumerate(raw["layer_types"]) if t == "sliding_attention")
-    pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6
-    return tuple(i for i in range(n) if (i + 1) % pattern != 0)
+    if arch == "gemma3":
+        pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6
+        return tuple(i for i in range(n) if (i + 1) % pattern != 0)
+    if arch == "mistral":  # every layer
+        return tuple(range(n))
+    if arch == "qwen2" and raw.get("use_sliding_window"):  # the layers from max_window_layers on
+        return tuple(range(raw.get("max_window_layers", n), n))
+    return ()
 
 
 def _local_rope_base(raw: dict) -> float:
