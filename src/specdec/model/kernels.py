@@ -13,15 +13,18 @@ pass and each load feeds 2 FMAs; the two cores split the weight rows. Blocks
 beyond the last weight or token row *clamp* to it (the duplicate results are
 dropped), so every output element comes from the same 4x4 code.
 
-``attention`` works per (sequence, KV head): every query row of the pass and
-every query head of the KV group consume a block of 16 keys (then values) while
-it sits in L1, instead of each row re-reading the whole cache: long contexts cost
-one cache read per pass, not one per row and head.
+``attention`` works per (8 rows of a sequence, KV head, 512-key chunk): every
+query head of the KV group computes q.k through the same 4x4 block (keys as the
+weight rows), then consumes the values 16 keys at a time while they sit in L1,
+so a chunk of the cache is read once per 8 rows, not once per row and head.
+Long contexts split into fixed key chunks that both cores share; each row's
+chunks are combined in key order (softmax rescaling), so the split never
+depends on the pass either.
 
 Bit-identity. Each output element is one dot product whose summation order
 depends only on its weight row and input row (for attention: its query and its
-visible keys, in key order), never on how many rows share the pass or where a
-row sits in its 4-row block; so a token's logits in a K-token verification pass
+visible keys, in key order; a key a row cannot see adds an exact zero), never on
+how many rows share the pass or where a row sits in its 4-row block; so a token's logits in a K-token verification pass
 are bit-identical to the same token decoded alone
 (``test_verify_rows_are_bit_identical_to_decoding_alone`` pins it).
 
