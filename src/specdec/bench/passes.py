@@ -4,9 +4,9 @@ Speculation pays when verifying T tokens costs little more than decoding one.
 This measures, on the machine at hand, the milliseconds of one pass over
 T = 1, 2, 4, 8, 16, 32 new tokens of one sequence after a context of N tokens,
 and the floor under a 1-token pass: the time to stream as many bytes as the
-weights occupy, on every core, measured in the same run. Widths run interleaved
-in rounds and each keeps its median, so a burst of load from elsewhere skews
-every width alike instead of one.
+weights occupy, on every core. The floor and the widths run interleaved in
+rounds and each keeps its median, so a burst of load from elsewhere skews every
+width, and the floor, alike instead of one.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -47,25 +48,20 @@ def _stream_sum(buf: np.ndarray) -> float:  # pragma: no cover - compiled
     return total
 
 
-def read_floor_seconds(num_bytes: int, device: torch.device, rounds: int = 9) -> float:
-    """Median seconds to read ``num_bytes`` once, on every core (or the GPU)."""
+def floor_reader(num_bytes: int, device: torch.device) -> Callable[[], object]:
+    """A call that reads ``num_bytes`` once, on every core (or the GPU): the floor under a pass."""
     if device.type == "cuda":
         buf = torch.ones(num_bytes // 4, device=device)
-        read = lambda: buf.sum().item()  # noqa: E731
-    else:
-        host = np.ones(num_bytes // 4, dtype=np.float32)
-        read = lambda: _stream_sum(host)  # noqa: E731
-    read()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        read()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        return lambda: buf.sum().item()
+    host = np.ones(num_bytes // 4, dtype=np.float32)
+    return lambda: _stream_sum(host)
 
 
-def measure(runner: ModelRunner, context: int, widths: list[int], rounds: int) -> dict[int, float]:
-    """Median seconds of a pass over each width after ``context`` tokens of one sequence."""
+def measure(
+    runner: ModelRunner, context: int, widths: list[int], rounds: int, read_floor: Callable[[], object]
+) -> dict[int, list[float]]:
+    """Seconds of a pass over each width after ``context`` tokens of one sequence, every round;
+    key 0 holds the floor's read, timed in the same rounds (it moves with the machine too)."""
     sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
     slot = runner.allocate()
     try:
@@ -75,8 +71,12 @@ def measure(runner: ModelRunner, context: int, widths: list[int], rounds: int) -
         for w in widths:  # warm-up: first calls compile and allocate
             runner.run([SeqInput(slot, probe[:w])])
             runner.truncate(slot, context)
-        times: dict[int, list[float]] = {w: [] for w in widths}
+        read_floor()
+        times: dict[int, list[float]] = {w: [] for w in [0, *widths]}
         for _ in range(rounds):
+            t0 = time.perf_counter()
+            read_floor()
+            times[0].append(time.perf_counter() - t0)
             for w in widths:
                 sync()
                 t0 = time.perf_counter()
@@ -84,7 +84,7 @@ def measure(runner: ModelRunner, context: int, widths: list[int], rounds: int) -
                 sync()
                 times[w].append(time.perf_counter() - t0)
                 runner.truncate(slot, context)
-        return {w: statistics.median(ts) for w, ts in times.items()}
+        return times
     finally:
         runner.free(slot)
 
@@ -100,13 +100,16 @@ def cmd_passes(args: argparse.Namespace) -> int:
               max_model_len=args.context + max(widths) + 8)
     runner = llm.runner
     nbytes = runner.weight_bytes()
-    floor = read_floor_seconds(nbytes, runner.device)
-    costs = measure(runner, args.context, widths, args.rounds)
+    times = measure(runner, args.context, widths, args.rounds, floor_reader(nbytes, runner.device))
+    floor_times = times.pop(0)
+    floor = statistics.median(floor_times)
+    costs = {w: statistics.median(ts) for w, ts in times.items()}
     one = costs[widths[0]]
     result = {
         "model": llm.model_name, "dtype": args.dtype, "backend": runner.backend, "device": str(runner.device),
         "context": args.context, "rounds": args.rounds, "weight_bytes": nbytes,
-        "read_floor_ms": floor * 1e3, "read_gb_per_s": nbytes / floor / 1e9,
+        "read_floor_ms": floor * 1e3, "read_floor_ms_range": [min(floor_times) * 1e3, max(floor_times) * 1e3],
+        "read_gb_per_s": nbytes / floor / 1e9,
         "pass_ms": {w: c * 1e3 for w, c in costs.items()},
         "vs_one_token": {w: c / one for w, c in costs.items()},
         "one_token_vs_floor": one / floor, "peak_rss_bytes": peak_rss_bytes(),
@@ -118,7 +121,9 @@ def cmd_passes(args: argparse.Namespace) -> int:
     m = result["machine"]
     print(f"{result['model']}, {args.dtype}, backend {runner.backend}, {args.context}-token context; "
           f"CPU {m.get('cpu', '?')} ({m.get('cores', '?')} cores, {m.get('simd', '?')})")
-    print(f"weights {nbytes / 1e6:.0f} MB; read floor {floor * 1e3:.1f} ms ({result['read_gb_per_s']:.1f} GB/s); "
+    lo, hi = result["read_floor_ms_range"]
+    print(f"weights {nbytes / 1e6:.0f} MB; read floor {floor * 1e3:.1f} ms ({result['read_gb_per_s']:.1f} GB/s; "
+          f"{lo:.1f}-{hi:.1f} ms over the rounds, timed between the passes); "
           f"peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB")
     print("| tokens in the pass | ms per pass | x 1-token pass | x read floor |")
     print("|---:|---:|---:|---:|")
