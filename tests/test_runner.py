@@ -212,3 +212,20 @@ def test_generic_runner_for_other_architectures(tiny_model_factory, tmp_path, de
     fast = Sequence(prompt, params, drafter=spec)  # k4v trees fall back to their first path
     list(engine.generate(fast))
     assert fast.output_ids == plain.output_ids
+
+
+def test_auto_backend_falls_back_to_torch_where_kernels_do_not_compile(monkeypatch, capsys):
+    from specdec.errors import ModelLoadError
+    from specdec.model import backend
+
+    assert backend.make_backend("auto", torch.float32, torch.device("cpu")).name == "cpu-kernels"
+
+    def broken() -> None:
+        raise RuntimeError("no LLVM target")
+
+    monkeypatch.setattr(backend, "kernels_compile", broken)
+    assert backend.make_backend("auto", torch.float32, torch.device("cpu")).name == "torch"
+    assert "CPU kernels unavailable (RuntimeError: no LLVM target)" in capsys.readouterr().err
+    with pytest.raises(ModelLoadError, match="does not compile here"):
+        backend.make_backend("cpu-kernels", torch.float32, torch.device("cpu"))
+    assert backend.make_backend("auto", torch.float16, torch.device("cpu")).name == "torch"

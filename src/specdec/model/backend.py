@@ -7,11 +7,13 @@
   many rows go through NumPy's BLAS (PyTorch's CPU wheels call MKL, which takes a
   slow generic path on AMD CPUs) and torch's SDPA.
 
-``auto`` is ``cpu-kernels`` on a CPU for float32 and bfloat16 weights, else ``torch``.
+``auto`` is ``cpu-kernels`` on a CPU for float32 and bfloat16 weights, else ``torch``; and
+``torch``, with one notice line, where the kernels do not compile on this machine.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.errors import ModelLoadError
+from specdec.model import kernels
 from specdec.model.kernels import as_numpy
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
@@ -45,7 +48,26 @@ def make_backend(name: str, dtype: torch.dtype, device: torch.device) -> Backend
     kernels_fit = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
     if name == "cpu-kernels" and not kernels_fit:
         raise ModelLoadError(f"the cpu-kernels backend runs float32 or bfloat16 on a CPU, not {dtype} on {device}")
-    return CPU_KERNELS if name == "cpu-kernels" or (name == "auto" and kernels_fit) else TORCH
+    if name == "torch" or not kernels_fit:
+        return TORCH
+    try:
+        kernels_compile()
+    except Exception as exc:  # noqa: BLE001 - any compiler failure: run on torch instead
+        if name == "cpu-kernels":
+            raise ModelLoadError(
+                f"the cpu-kernels backend does not compile here: {type(exc).__name__}: {exc}"
+            ) from None
+        print(f"specdec: notice: CPU kernels unavailable ({type(exc).__name__}: {exc}); running on torch",
+              file=sys.stderr)
+        return TORCH
+    return CPU_KERNELS
+
+
+def kernels_compile() -> None:
+    """Compile (or load from numba's cache) the kernels on a tiny product: raises where they cannot."""
+    w = np.ones((4, 8), dtype=np.float32)
+    out = np.empty((1, 4), dtype=np.float32)
+    kernels.matmul(w, np.ones((1, 8), dtype=np.float32), out)
 
 
 def blas_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
