@@ -95,9 +95,7 @@ class NativeRunner(ModelRunner):
     def _make_rows(self, seqs: list[SeqInput]) -> Rows:
         counts = [len(s.token_ids) for s in seqs]
         starts = [self.lengths[s.slot] for s in seqs]
-        kv_len = max(st + n for st, n in zip(starts, counts, strict=True))
-        if kv_len > self.max_seq_len:
-            raise ValueError(f"sequence would exceed the context of {self.max_seq_len} tokens")
+        kv_len = self._kv_len(max(st + n for st, n in zip(starts, counts, strict=True)))
         seq_rows = np.zeros(len(seqs) + 1, dtype=np.int64)
         seq_rows[1:] = np.cumsum(counts)
         n_rows = int(seq_rows[-1])
@@ -107,11 +105,7 @@ class NativeRunner(ModelRunner):
         mask = np.zeros((n_rows, kv_len), dtype=np.bool_)
         for i, (s, start, n) in enumerate(zip(seqs, starts, counts, strict=True)):
             r0 = int(seq_rows[i])
-            if s.parents is None:
-                depths, visible = np.arange(n), np.tri(n, dtype=np.bool_)
-            else:
-                tree = DraftTree(s.token_ids, s.parents)
-                depths, visible = np.asarray(tree.depths), tree.ancestor_mask().numpy()
+            depths, visible = _layout(s)
             positions[r0 : r0 + n] = start + depths
             write_at[r0 : r0 + n] = start + np.arange(n)
             slots[r0 : r0 + n] = s.slot
@@ -124,9 +118,7 @@ class NativeRunner(ModelRunner):
         B = len(seqs)
         T = max(len(s.token_ids) for s in seqs)
         starts = [self.lengths[s.slot] for s in seqs]
-        kv_len = max(st + T for st in starts)
-        if kv_len > self.max_seq_len:
-            raise ValueError(f"sequence would exceed the context of {self.max_seq_len} tokens")
+        kv_len = self._kv_len(max(st + T for st in starts))
         ids = torch.zeros(B, T, dtype=torch.long)
         depth = torch.zeros(B, T, dtype=torch.long)
         tree_mask = torch.zeros(B, T, T, dtype=torch.bool)
@@ -134,13 +126,9 @@ class NativeRunner(ModelRunner):
         for i, s in enumerate(seqs):
             n = len(s.token_ids)
             ids[i, :n] = torch.tensor(s.token_ids)
-            if s.parents is None:
-                depth[i, :n] = torch.arange(n)
-                tree_mask[i, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
-            else:
-                tree = DraftTree(s.token_ids, s.parents)
-                depth[i, :n] = torch.tensor(tree.depths)
-                tree_mask[i, :n, :n] = tree.ancestor_mask()
+            depths, visible = _layout(s)
+            depth[i, :n] = torch.from_numpy(depths)
+            tree_mask[i, :n, :n] = torch.from_numpy(visible)
             tree_mask[i, n:, n:] = torch.eye(T - n, dtype=torch.bool)  # pads see themselves
         start_t = torch.tensor(starts).unsqueeze(1)  # [B, 1]
         mask = None
@@ -166,6 +154,22 @@ class NativeRunner(ModelRunner):
             logits_rows = torch.tensor(last, device=self.device).unsqueeze(1)
         return batch, logits_rows
 
+    def _kv_len(self, kv_len: int) -> int:
+        """The cache entries a pass reads, checked against the context."""
+        if kv_len > self.max_seq_len:
+            raise ValueError(f"sequence would exceed the context of {self.max_seq_len} tokens")
+        return kv_len
+
     def _window_exceeded(self, kv_len: int) -> bool:
         w = self.config.sliding_window
         return w is not None and kv_len > w
+
+
+def _layout(s: SeqInput) -> tuple[np.ndarray, np.ndarray]:
+    """Each new token's depth (its rope offset) and [T, T] which new tokens it sees: a chain
+    sees every earlier token, a tree node its ancestors."""
+    n = len(s.token_ids)
+    if s.parents is None:
+        return np.arange(n), np.tri(n, dtype=np.bool_)
+    tree = DraftTree(s.token_ids, s.parents)
+    return np.asarray(tree.depths), tree.ancestor_mask().numpy()
