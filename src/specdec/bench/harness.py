@@ -22,13 +22,13 @@ from tqdm import tqdm
 
 from specdec.bench import metrics, oracle
 from specdec.bench.config import BenchConfig, Method
+from specdec.bench.passes import measure as measure_passes
 from specdec.bench.peers import make_peers, run_peer_cell
 from specdec.bench.records import GREEDY, BenchResult, Cell, Request, peak_rss_bytes
 from specdec.bench.workloads import Conversation, Workload
 from specdec.config import SamplingParams
 from specdec.drafters.registry import DraftResources
 from specdec.llm import LLM
-from specdec.runners.base import SeqInput
 from specdec.stats import SpecStats
 
 
@@ -222,23 +222,9 @@ def measure_pass_costs(runner: MethodRunner, context_ids: list[int], max_width: 
 
     The minimum of ``reps`` runs: on a shared machine, interference only ever adds time.
     """
-    target = runner.llm.runner
-    slot = target.allocate()
-    try:
-        target.run([SeqInput(slot, context_ids, all_logits=False)])
-        start = target.lengths[slot]
-        probe = (context_ids * (max_width // max(len(context_ids), 1) + 1))[:max_width]
-        costs = []
-        for width in range(1, max_width + 1):
-            times = []
-            for _ in range(reps):
-                out = target.run([SeqInput(slot, probe[:width])])
-                target.truncate(slot, start)  # roll back: the probe must not stay in the cache
-                times.append(out.seconds)
-            costs.append(min(times))
-        return costs
-    finally:
-        target.free(slot)
+    widths = list(range(1, max_width + 1))
+    times = measure_passes(runner.llm.runner, context_ids, widths, reps)
+    return [min(times[w]) for w in widths]
 
 
 def run_oracle(runner: MethodRunner, result: BenchResult) -> None:

@@ -57,26 +57,37 @@ def floor_reader(num_bytes: int, device: torch.device) -> Callable[[], object]:
     return lambda: _stream_sum(host)
 
 
+def synthetic_context(runner: ModelRunner, length: int) -> list[int]:
+    return [(97 + 13 * i) % runner.vocab_size for i in range(length)]
+
+
 def measure(
-    runner: ModelRunner, context: int, widths: list[int], rounds: int, read_floor: Callable[[], object]
+    runner: ModelRunner, context_ids: list[int], widths: list[int], rounds: int,
+    read_floor: Callable[[], object] | None = None,
 ) -> dict[int, list[float]]:
-    """Seconds of a pass over each width after ``context`` tokens of one sequence, every round;
-    key 0 holds the floor's read, timed in the same rounds (it moves with the machine too)."""
+    """Seconds of a pass over each width after ``context_ids`` in one sequence, every round.
+
+    Widths run interleaved, round after round. With ``read_floor``, key 0 holds its read, timed
+    in the same rounds (it moves with the machine too).
+    """
     sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
     slot = runner.allocate()
+    context = len(context_ids)
     try:
-        prompt = [(97 + 13 * i) % runner.vocab_size for i in range(context)]
-        runner.run([SeqInput(slot, prompt, all_logits=False)])
+        runner.run([SeqInput(slot, context_ids, all_logits=False)])
         probe = [(1000 + 7 * i) % runner.vocab_size for i in range(max(widths))]
         for w in widths:  # warm-up: first calls compile and allocate
             runner.run([SeqInput(slot, probe[:w])])
             runner.truncate(slot, context)
-        read_floor()
-        times: dict[int, list[float]] = {w: [] for w in [0, *widths]}
-        for _ in range(rounds):
-            t0 = time.perf_counter()
+        times: dict[int, list[float]] = {w: [] for w in widths}
+        if read_floor is not None:
             read_floor()
-            times[0].append(time.perf_counter() - t0)
+            times[0] = []
+        for _ in range(rounds):
+            if read_floor is not None:
+                t0 = time.perf_counter()
+                read_floor()
+                times[0].append(time.perf_counter() - t0)
             for w in widths:
                 sync()
                 t0 = time.perf_counter()
@@ -100,7 +111,8 @@ def cmd_passes(args: argparse.Namespace) -> int:
               max_model_len=args.context + max(widths) + 8)
     runner = llm.runner
     nbytes = runner.weight_bytes()
-    times = measure(runner, args.context, widths, args.rounds, floor_reader(nbytes, runner.device))
+    context = synthetic_context(runner, args.context)
+    times = measure(runner, context, widths, args.rounds, floor_reader(nbytes, runner.device))
     floor_times = times.pop(0)
     floor = statistics.median(floor_times)
     costs = {w: statistics.median(ts) for w, ts in times.items()}
