@@ -93,7 +93,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = sampling_from_args(args)
     spec = spec_from_args(args)
     llm = LLM(args.model, dtype=args.dtype, spec=spec, max_model_len=args.max_model_len, device=args.device,
-              backend=args.backend)
+              backend=args.backend, quantization=args.quantization)
     inputs: list[str | list[int]] = []
     for p in prompts:
         if args.chat:

@@ -32,6 +32,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, choices=["auto", "cpu-kernels", "torch"],
                    help="how the model runs: cpu-kernels = specdec's fused CPU kernels, torch = PyTorch ops "
                         "(default: $SPECDEC_BACKEND or auto = cpu-kernels on a CPU)")
+    p.add_argument("--quantization", "-q", default=None, choices=["none", "gguf"],
+                   help="gguf = run a GGUF file's quantized blocks as they are (integer-dot CPU kernels; the "
+                        "default for a GGUF file), none = dequantise them to --dtype at load")
     p.add_argument("--max-model-len", type=positive_int, default=4096, help="context length (tokens)")
 
 

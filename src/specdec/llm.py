@@ -57,7 +57,8 @@ class LLM:
 
     ``spec`` is a SpecConfig, or a --spec-type string such as "ngram" or "suffix,draft-model".
     ``backend``: "auto", "cpu-kernels" or "torch" (see ``model.backend``); default
-    ``$SPECDEC_BACKEND`` or "auto".
+    ``$SPECDEC_BACKEND`` or "auto". ``quantization``: "gguf" runs a GGUF file's blocks as they
+    are, "none" dequantises them; default gguf for a GGUF file where the CPU kernels run.
     """
 
     def __init__(
@@ -69,11 +70,13 @@ class LLM:
         device: str | None = None,
         max_num_seqs: int = 1,
         backend: str | None = None,
+        quantization: str | None = None,
     ) -> None:
         # The one place that reads the environment and sets torch's threads (see model.backend).
         backend = backend or os.environ.get("SPECDEC_BACKEND", "auto")
         self.runner, self.folder = load_runner(
-            model, dtype=dtype, device=device, max_seq_len=max_model_len, num_slots=max_num_seqs, backend=backend
+            model, dtype=dtype, device=device, max_seq_len=max_model_len, num_slots=max_num_seqs, backend=backend,
+            quantization=quantization,
         )
         if self.runner.device.type == "cpu":
             kernels = self.runner.backend == "cpu-kernels"

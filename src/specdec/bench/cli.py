@@ -113,7 +113,8 @@ def config_from_args(args: argparse.Namespace, argv: list[str] | None = None) ->
         raise UsageError(f"unknown peer {unknown[0]!r}; choose from: {', '.join(PEER_NAMES)}, none")
     return BenchConfig(
         methods=methods, workloads=[w.limited(limit, max_turns) for w in workloads], model=args.model,
-        dtype=args.dtype, device=args.device, backend=args.backend, max_model_len=args.max_model_len,
+        dtype=args.dtype, device=args.device, backend=args.backend, quantization=args.quantization,
+        max_model_len=args.max_model_len,
         batch_sizes=pick("batch_sizes"),
         temperatures=pick("temperatures"), max_new_tokens=pick("max_new_tokens"), limit=limit,
         max_turns=max_turns, peers=peers, out=Path(args.out), quick=args.quick, usd_per_hour=args.usd_per_hour,
@@ -174,7 +175,7 @@ def run_meta(cfg: BenchConfig, result, wall: float, code: str) -> dict:
         "quick": cfg.quick, "draft_n_max": cfg.draft_n_max, "usd_per_hour": cfg.usd_per_hour,
         "requests": {w: len(r) for w, r in result.requests.items()},
         "specdec_threads": torch.get_num_threads(), "peer_threads": cfg.peer_threads or cfg.default_threads,
-        "wall_seconds": wall, "code": code,
+        "wall_seconds": wall, "code": code, "weights": result.weights,
     }
 
 

@@ -51,6 +51,7 @@ class BenchConfig:
     dtype: str = "float32"
     device: str | None = None
     backend: str | None = None  # see model.backend; None = $SPECDEC_BACKEND or auto
+    quantization: str | None = None  # see runners.load; None = gguf for a GGUF file
     max_model_len: int = 4096
     batch_sizes: list[int] = field(default_factory=lambda: [1])
     temperatures: list[float] = field(default_factory=lambda: [0.0])

@@ -75,7 +75,8 @@ class MethodRunner:
     def __init__(self, cfg: BenchConfig) -> None:
         self.cfg = cfg
         self.llm = LLM(cfg.model, dtype=cfg.dtype, max_model_len=cfg.max_model_len, device=cfg.device,
-                       max_num_seqs=max(cfg.batch_sizes), backend=cfg.backend)
+                       max_num_seqs=max(cfg.batch_sizes), backend=cfg.backend,
+                       quantization=cfg.quantization)
         self._resources: dict[str, DraftResources] = {}
 
     def use(self, method: Method) -> DraftResources:
@@ -260,6 +261,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
     result = BenchResult(cfg)
     runner = MethodRunner(cfg)
     result.folder = str(runner.llm.folder)
+    result.weights = runner.llm.runner.weights_label
     runner.llm.warmup()
     peers = make_peers(result, runner.llm)
     # Progress counts requests: the reference run, then each cell (the plain greedy batch-1

@@ -16,6 +16,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 from collections.abc import Callable
 
 import numpy as np
@@ -27,6 +28,7 @@ from specdec.bench.report import machine_info
 from specdec.cli_args import add_model_args, positive_int
 from specdec.errors import UsageError
 from specdec.llm import LLM
+from specdec.model.weights import gguf_file
 from specdec.runners.base import ModelRunner, SeqInput
 
 WIDTHS = (1, 2, 4, 8, 16, 32)
@@ -107,7 +109,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
         widths = []
     if not widths or widths[0] < 1:
         raise UsageError(f"--widths must be positive integers, got {args.widths!r}")
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend, quantization=args.quantization,
               max_model_len=args.context + max(widths) + 8)
     runner = llm.runner
     nbytes = runner.weight_bytes()
@@ -124,22 +126,44 @@ def cmd_passes(args: argparse.Namespace) -> int:
         "read_gb_per_s": nbytes / floor / 1e9,
         "pass_ms": {w: c * 1e3 for w, c in costs.items()},
         "vs_one_token": {w: c / one for w, c in costs.items()},
-        "one_token_vs_floor": one / floor, "peak_rss_bytes": peak_rss_bytes(),
+        "one_token_vs_floor": one / floor, "peak_rss_bytes": peak_rss_bytes(), "rss_bytes": rss_bytes(),
+        "kv_bytes": runner.kv_bytes(), "weights": runner.weights_label, "model_file_bytes": _file_bytes(args.model),
         "torch_threads": torch.get_num_threads(), "machine": machine_info(),
     }
     if args.json:
         print(json.dumps(result))
         return 0
     m = result["machine"]
-    print(f"{result['model']}, {args.dtype}, backend {runner.backend}, {args.context}-token context; "
+    print(f"{result['model']}, {runner.weights_label}, {args.dtype} compute, backend {runner.backend}, "
+          f"{args.context}-token context; "
           f"CPU {m.get('cpu', '?')} ({m.get('cores', '?')} cores, {m.get('simd', '?')})")
     lo, hi = result["read_floor_ms_range"]
     print(f"weights {nbytes / 1e6:.0f} MB; read floor {floor * 1e3:.1f} ms ({result['read_gb_per_s']:.1f} GB/s; "
           f"{lo:.1f}-{hi:.1f} ms over the rounds, timed between the passes); "
           f"peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB")
+    if result["model_file_bytes"]:
+        limit = 2 * result["model_file_bytes"] + result["kv_bytes"]
+        print(f"RSS after the passes {result['rss_bytes'] / 2**20:.0f} MiB; 2x the model file + KV cache = "
+              f"{limit / 2**20:.0f} MiB")
     print("| tokens in the pass | ms per pass | x 1-token pass | x read floor |")
     print("|---:|---:|---:|---:|")
     for w in widths:
         print(f"| {w} | {costs[w] * 1e3:.1f} | {costs[w] / one:.2f} | {costs[w] / floor:.2f} |")
     sys.stdout.flush()
     return 0
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux; 0 elsewhere)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _file_bytes(model: str | None) -> int:
+    path = gguf_file(model)
+    return path.stat().st_size if path else 0

@@ -59,6 +59,7 @@ class BenchResult:
     pass_cost_context: int = 0
     notes: list[str] = field(default_factory=list)
     folder: str = ""  # the model folder specdec loaded
+    weights: str = ""  # the weights' format (runner.weights_label)
 
 
 def peak_rss_bytes() -> int:

@@ -188,6 +188,75 @@ def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no
                 _block4x4(wb, r0, r1, r2, r3, x, m0, out, n0)
 
 
+# -- quantized products (GGUF blocks, qkernels.c) ---------------------------------------------
+# Declared here, resolved by name when a quantized specialization is compiled: clib.load_qkernels()
+# must have loaded the library first (model.quant does, before any quantized weights exist).
+_i = types.intp
+_sd_prepare = types.ExternalFunction("sd_prepare", types.void(_i, _i, _i, _i, _i, _i))
+_sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 15)))
+_sd_dequantize_rows = types.ExternalFunction("sd_dequantize_rows", types.void(*([_i] * 10)))
+_QCHUNKS = 16  # units of parallel work per quantized product
+
+
+@njit(parallel=True, **_FLAGS)
+def qmatmul(q, s, m, fmt, x, out):  # pragma: no cover - compiled
+    """out[M, N] = x[M, K] @ W.T for W in quantized layout (q [N, *] uint8, s/m [N, *] float32,
+    fmt [N] int8; see qkernels.c); x and out float32, C order."""
+    rows, k = x.shape
+    n_out = q.shape[0]
+    xq = np.empty((rows, k), dtype=np.int8)
+    dx = np.empty((rows, k // 32), dtype=np.float32)
+    bs32 = np.empty((rows, k // 32), dtype=np.float32)
+    _sd_prepare(x.ctypes.data, rows, k, xq.ctypes.data, dx.ctypes.data, bs32.ctypes.data)
+    per = (n_out + _QCHUNKS - 1) // _QCHUNKS
+    for chunk in prange(_QCHUNKS):
+        n0, n1 = chunk * per, min(n_out, (chunk + 1) * per)
+        if n0 < n1:
+            _sd_qmatmul(q.ctypes.data, s.ctypes.data, m.ctypes.data, fmt.ctypes.data, q.shape[1], s.shape[1], k,
+                        xq.ctypes.data, dx.ctypes.data, bs32.ctypes.data, rows,
+                        out.ctypes.data, out.shape[1], n0, n1)
+
+
+@njit(**_FLAGS)
+def dequantize_rows(q, s, m, fmt, k, ids, out):  # pragma: no cover - compiled
+    """out[i] = row ids[i] of the quantized matrix, as float32 (the embedding lookup)."""
+    _sd_dequantize_rows(q.ctypes.data, s.ctypes.data, m.ctypes.data, fmt.ctypes.data, q.shape[1], s.shape[1], k,
+                        ids.ctypes.data, ids.shape[0], out.ctypes.data)
+
+
+def product(w, x, out):  # pragma: no cover - replaced by the overload below
+    """out = x @ w.T for a float matrix (``matmul``) or a quantized one, a (q, s, m, fmt) tuple."""
+
+
+@overload(product, inline="always")
+def _product_impl(w, x, out):
+    if isinstance(w, types.BaseTuple):
+        return lambda w, x, out: qmatmul(w[0], w[1], w[2], w[3], x, out)
+    return lambda w, x, out: matmul(w, x, out)
+
+
+def layer_weight(w, layer):  # pragma: no cover - replaced by the overload below
+    """Layer ``layer``'s matrix of a stack: w[layer], or per array of a quantized tuple."""
+
+
+@overload(layer_weight, inline="always")
+def _layer_weight_impl(w, layer):
+    if isinstance(w, types.BaseTuple):
+        return lambda w, layer: (w[0][layer], w[1][layer], w[2][layer], w[3][layer])
+    return lambda w, layer: w[layer]
+
+
+def stack_rows(w):  # pragma: no cover - replaced by the overload below
+    """Output rows of a stacked matrix [layers, rows, ...], float or quantized."""
+
+
+@overload(stack_rows, inline="always")
+def _rows_impl(w):
+    if isinstance(w, types.BaseTuple):
+        return lambda w: w[0].shape[1]
+    return lambda w: w.shape[1]
+
+
 # -- attention --------------------------------------------------------------------------------
 @njit(fastmath={"nnan", "ninf", "nsz", "arcp", "contract"}, cache=True, boundscheck=False, error_model="numpy")
 def exp_shifted(x: np.ndarray, shift: float, out: np.ndarray, scale: np.ndarray) -> None:  # pragma: no cover
@@ -402,16 +471,16 @@ def decode_layers(
     n_rows, size = x.shape
     dim = cos.shape[1] * 2
     q_size, kv_size = n_heads * dim, n_kv * dim
-    inter = w_down.shape[2]
+    inter = stack_rows(w_gate_up) // 2
     h = np.empty((n_rows, size), dtype=np.float32)
     qkv = np.empty((n_rows, q_size + 2 * kv_size), dtype=np.float32)
     attn = np.empty((n_rows, n_heads, dim), dtype=np.float32)
     proj = np.empty((n_rows, size), dtype=np.float32)
     gate_up = np.empty((n_rows, 2 * inter), dtype=np.float32)
     act = np.empty((n_rows, inter), dtype=np.float32)
-    for layer in range(wqkv.shape[0]):
+    for layer in range(norms.shape[0]):
         rms_norm_rows(x, norms[layer, 0], eps, h)
-        matmul(wqkv[layer], h, qkv)
+        product(layer_weight(wqkv, layer), h, qkv)
         for r in range(n_rows):
             if has_bias:
                 for i in range(qkv.shape[1]):
@@ -432,14 +501,14 @@ def decode_layers(
         q = qkv[:, :q_size].copy().reshape((n_rows, n_heads, dim))
         attention(q, k_cache[layer], v_cache[layer], row_slot, row_pos, seq_rows, mask,
                   window if sliding[layer] else 0, scale, attn)
-        matmul(wo[layer], attn.reshape((n_rows, q_size)), proj)
+        product(layer_weight(wo, layer), attn.reshape((n_rows, q_size)), proj)
         if sandwich:
             rms_norm_rows(proj, norms[layer, 2], eps, proj)
         _add_rows(x, proj)
         rms_norm_rows(x, norms[layer, 1], eps, h)
-        matmul(w_gate_up[layer], h, gate_up)
+        product(layer_weight(w_gate_up, layer), h, gate_up)
         gated_activation(gate_up, gelu, act)
-        matmul(w_down[layer], act, proj)
+        product(layer_weight(w_down, layer), act, proj)
         if sandwich:
             rms_norm_rows(proj, norms[layer, 3], eps, proj)
         _add_rows(x, proj)

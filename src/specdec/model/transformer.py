@@ -27,8 +27,9 @@ from torch import nn
 from specdec.cache import KVCache
 from specdec.config import ModelConfig
 from specdec.errors import ModelLoadError
-from specdec.model import kernels
+from specdec.model import kernels, quant
 from specdec.model.backend import Backend, Linear
+from specdec.model.quant import QuantMatrix
 
 
 @dataclass
@@ -69,6 +70,17 @@ class Rows:
     write_at: np.ndarray
     seq_rows: np.ndarray
     mask: np.ndarray
+
+
+def _stack(mats: list[torch.Tensor | QuantMatrix]) -> torch.Tensor | tuple[np.ndarray, ...]:
+    """Layers' matrices of one kind, stacked: quantized arrays if every layer is, else float."""
+    if all(isinstance(m, QuantMatrix) for m in mats):
+        return quant.stack(mats)  # type: ignore[arg-type]
+    return torch.stack([m if isinstance(m, torch.Tensor) else torch.from_numpy(m.dense()) for m in mats])
+
+
+def _layer(stacked: torch.Tensor | tuple[np.ndarray, ...], i: int) -> torch.Tensor | tuple[np.ndarray, ...]:
+    return tuple(a[i] for a in stacked) if isinstance(stacked, tuple) else stacked[i]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -114,8 +126,10 @@ class Layer(nn.Module):
         self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         self.sliding = c.layer_is_sliding(index)
         self.bqkv: torch.Tensor | None = None
-        for name, value in weights.items():
-            setattr(self, name, nn.Parameter(value, requires_grad=False))
+        for name, value in weights.items():  # quantized stacks are read by the fused kernel only
+            setattr(self, name, nn.Parameter(value, requires_grad=False) if isinstance(value, torch.Tensor) else None)
+        if any(getattr(self, name) is None for name in _STACKED):
+            return  # no op-by-op products over quantized weights: every pass is fused
         self.qkv: Linear = backend.linear(self.wqkv, self.bqkv)
         self.o: Linear = backend.linear(self.wo)
         self.gate_up: Linear = backend.linear(self.w_gate_up)
@@ -123,12 +137,16 @@ class Layer(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The decoder, built from converted weights (``weights.load_state_dict``) and a backend."""
+    """The decoder, built from converted weights (``weights.load_state_dict``) and a backend.
+
+    Matrices may be GGUF blocks (``QuantMatrix``, from ``gguf_weights``): then every pass runs
+    fused (``forward_rows``) on the integer-dot kernels, and ``forward`` is unavailable.
+    """
 
     def __init__(
         self,
         config: ModelConfig,
-        weights: dict[str, torch.Tensor],
+        weights: dict[str, torch.Tensor | QuantMatrix],
         backend: Backend,
         max_seq_len: int,
         device: torch.device | str = "cpu",
@@ -136,25 +154,37 @@ class Transformer(nn.Module):
         super().__init__()
         c = self.config = config
         self.backend = backend
-        weights = {k: v.to(device) for k, v in weights.items()}
+        weights = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in weights.items()}
         self._check_names(weights)
-        self.embed = nn.Parameter(weights.pop("embed"), requires_grad=False)
-        self.norm = nn.Parameter(weights.pop("norm"), requires_grad=False)
-        self.lm_head = (
-            self.embed if c.tie_word_embeddings else nn.Parameter(weights.pop("lm_head"), requires_grad=False)
-        )
-        # One tensor per kind of matrix, layers stacked: the fused kernel walks them in one call.
-        self.stacked = {
-            name: torch.stack([weights.pop(f"layers.{i}.{name}") for i in range(c.num_layers)])
-            for name in _STACKED
+        embed = weights.pop("embed")
+        head = embed if c.tie_word_embeddings else weights.pop("lm_head")
+        self.quantized: dict[str, QuantMatrix] = {  # the token embedding and LM head kept as blocks
+            name: w for name, w in (("embed", embed), ("lm_head", head)) if isinstance(w, QuantMatrix)
         }
+        self.embed = nn.Parameter(embed, requires_grad=False) if isinstance(embed, torch.Tensor) else None
+        self.norm = nn.Parameter(weights.pop("norm"), requires_grad=False)
+        self.lm_head = (  # None when it is quantized
+            nn.Parameter(head, requires_grad=False) if isinstance(head, torch.Tensor) and head is not embed
+            else self.embed if isinstance(head, torch.Tensor) else None
+        )
+        quantized = [w for w in (embed, head, *weights.values()) if isinstance(w, QuantMatrix)]
+        self.block_types = tuple(dict.fromkeys(t for w in quantized for t in w.types))  # GGUF type names
+        self.quantized_bytes = (head.nbytes if isinstance(head, QuantMatrix) else 0) + sum(
+            w.nbytes for w in weights.values() if isinstance(w, QuantMatrix))
+        # One tensor per kind of matrix, layers stacked: the fused kernel walks them in one call;
+        # quantized ones as (q, s, m, fmt) arrays [layers, rows, ...] (float where a layer is not).
+        self.stacked: dict[str, torch.Tensor | tuple[np.ndarray, ...]] = {
+            name: _stack([weights.pop(f"layers.{i}.{name}") for i in range(c.num_layers)]) for name in _STACKED
+        }
+        if (self.quantized or any(isinstance(v, tuple) for v in self.stacked.values())) and not backend.fused:
+            raise ModelLoadError("quantized (GGUF block) weights run on the cpu-kernels backend only")
         per_layer = [
-            {name: self.stacked[name][i] for name in _STACKED}
+            {name: _layer(self.stacked[name], i) for name in _STACKED}
             | {k.split(".", 2)[2]: weights.pop(k) for k in [k for k in weights if k.startswith(f"layers.{i}.")]}
             for i in range(c.num_layers)
         ]
         self.layers = nn.ModuleList(Layer(c, i, per_layer[i], backend) for i in range(c.num_layers))
-        self.head: Linear = backend.linear(self.lm_head)
+        self.head: Linear | None = backend.linear(self.lm_head) if self.lm_head is not None else None
         self.scale = (c.query_pre_attn_scalar or c.head_dim) ** -0.5
         self.register_buffer("rope", rope_table(c, c.rope_theta, max_seq_len).to(device), persistent=False)
         local = c.rope_local_base_freq
@@ -195,9 +225,11 @@ class Transformer(nn.Module):
         q_out = self.layers[0].q_size + 2 * self.layers[0].kv_size
         bias = torch.stack([layer.bqkv if layer.bqkv is not None else torch.zeros(q_out) for layer in self.layers])
         rope_local = self.rope_local if self.rope_local is not None else self.rope
+        arrays = lambda w: w if isinstance(w, tuple) else kernels.as_numpy(w)  # noqa: E731
+        head = self.quantized.get("lm_head")
         return dict(
-            wqkv=kernels.as_numpy(self.stacked["wqkv"]), bqkv=f32(bias), wo=kernels.as_numpy(self.stacked["wo"]),
-            w_gate_up=kernels.as_numpy(self.stacked["w_gate_up"]), w_down=kernels.as_numpy(self.stacked["w_down"]),
+            wqkv=arrays(self.stacked["wqkv"]), bqkv=f32(bias), wo=arrays(self.stacked["wo"]),
+            w_gate_up=arrays(self.stacked["w_gate_up"]), w_down=arrays(self.stacked["w_down"]),
             norms=f32(norms), qk_norms=f32(qk),
             cos=f32(self.rope.real), sin=f32(self.rope.imag), cos_local=f32(rope_local.real),
             sin_local=f32(rope_local.imag),
@@ -205,8 +237,28 @@ class Transformer(nn.Module):
             window=int(c.sliding_window or 0), n_heads=c.num_heads, n_kv=c.num_kv_heads,
             eps=float(c.rms_norm_eps), scale=float(self.scale), has_bias=bool(c.attention_bias),
             qk_norm=bool(c.qk_norm), sandwich=bool(c.sandwich_norm), gelu=c.hidden_act != "silu",
-            final_norm=f32(self.norm), head=kernels.as_numpy(self.lm_head.contiguous()),
+            final_norm=f32(self.norm),
+            head=head.arrays() if head is not None else kernels.as_numpy(self.lm_head.contiguous()),
         )
+
+    @property
+    def is_quantized(self) -> bool:
+        return bool(self.quantized) or any(isinstance(v, tuple) for v in self.stacked.values())
+
+    def weights_label(self, dtype: torch.dtype) -> str:
+        if not self.is_quantized:
+            return str(dtype).removeprefix("torch.")
+        from specdec.model.clib import isa
+
+        return f"gguf {'+'.join(self.block_types)} blocks ({isa()} kernels)"
+
+    def _embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        embed = self.quantized.get("embed")
+        if embed is None:
+            return F.embedding(ids, self.embed).float()
+        out = np.empty((ids.shape[0], embed.k), dtype=np.float32)
+        kernels.dequantize_rows(*embed.arrays(), embed.k, ids.numpy().astype(np.int64), out)
+        return torch.from_numpy(out)
 
     def forward_rows(
         self, rows: Rows, cache: KVCache, logits_rows: np.ndarray | None = None, hidden_layers: tuple[int, ...] = ()
@@ -216,9 +268,10 @@ class Transformer(nn.Module):
         Hidden states as in ``forward``, per row: [N, H] float32 each.
         """
         c, f = self.config, self._fused
-        x = F.embedding(rows.input_ids, self.embed).float()  # [N, H]
+        x = self._embed_rows(rows.input_ids)  # [N, H]
         if c.embed_scale:
-            x = x * torch.tensor(c.hidden_size**0.5, dtype=self.embed.dtype).float()
+            dtype = self.embed.dtype if self.embed is not None else torch.float32
+            x = x * torch.tensor(c.hidden_size**0.5, dtype=dtype).float()
         xn = x.contiguous().numpy()
         hidden_at = np.full(c.num_layers, -1, dtype=np.int64)
         for j, layer in enumerate(sorted(i for i in hidden_layers if i >= 0)):  # layer order, as forward
@@ -240,7 +293,10 @@ class Transformer(nn.Module):
         if logits_rows is not None:
             normed = np.ascontiguousarray(normed[logits_rows])
         logits = np.empty((normed.shape[0], c.vocab_size), dtype=np.float32)
-        kernels.matmul(f["head"], normed, logits)
+        if isinstance(f["head"], tuple):
+            kernels.qmatmul(*f["head"], normed, logits)
+        else:
+            kernels.matmul(f["head"], normed, logits)
         out = torch.from_numpy(logits)
         if c.final_logit_softcapping:
             out = torch.tanh(out / c.final_logit_softcapping) * c.final_logit_softcapping
@@ -260,6 +316,8 @@ class Transformer(nn.Module):
         each layer in ``hidden_layers`` (the final normed hidden state is index -1).
         """
         c = self.config
+        if self.is_quantized:
+            raise RuntimeError("a model with quantized weights runs fused passes only (forward_rows)")
         x = F.embedding(batch.input_ids, self.embed)  # [B, T, H]
         if c.embed_scale:
             x = x * torch.tensor(c.hidden_size**0.5, dtype=x.dtype)

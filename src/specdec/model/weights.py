@@ -53,6 +53,12 @@ def default_model_path() -> Path:
     return ggufs[0]
 
 
+def gguf_file(model: str | os.PathLike | None) -> Path | None:
+    """The GGUF file ``model`` names (the default model is one), else None."""
+    path = default_model_path() if model is None else Path(model).expanduser()
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
 def resolve_model(model: str | os.PathLike | None) -> Path:
     """Return a local Hugging Face folder for ``model`` (see the module docstring)."""
     path = default_model_path() if model is None else Path(model).expanduser()

@@ -58,6 +58,7 @@ class ModelRunner(ABC):
     dtype: torch.dtype
     supports_trees: bool = False
     backend: str = "torch"  # how the linear layers and attention run (see runners.load)
+    weights_label: str = "float"  # the weights' format, for reports ("gguf Q4_1+Q8_0 (avx2+vnni)")
 
     def __init__(self, max_seq_len: int, num_slots: int) -> None:
         self.max_seq_len = max_seq_len

@@ -34,6 +34,7 @@ class NativeRunner(ModelRunner):
         self.eos_token_ids = config.eos_token_ids
         self.dtype, self.device = dtype, device
         self.backend = model.backend.name
+        self.weights_label = model.weights_label(dtype)
         self.cache = KVCache(config, num_slots, max_seq_len, dtype, device)
 
     def weight_bytes(self) -> int:
@@ -45,7 +46,7 @@ class NativeRunner(ModelRunner):
                 continue
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
-        return total
+        return total + m.quantized_bytes
 
     def kv_bytes(self) -> int:
         return self.cache.nbytes
@@ -56,8 +57,10 @@ class NativeRunner(ModelRunner):
             raise ValueError("a pass returns either all logits or the last ones for every sequence")
         num_rows = sum(len(s.token_ids) for s in seqs)
         # Decode and verify passes (every row's logits) take the fused path, whatever their
-        # width, so a row's bits never depend on the pass; prefill's many rows go to BLAS.
-        if self.model.backend.fused and (seqs[0].all_logits or num_rows <= FUSED_PREFILL_ROWS):
+        # width, so a row's bits never depend on the pass; prefill's many rows go to BLAS
+        # (unless the weights are GGUF blocks, which only the fused kernels read).
+        fused = self.model.is_quantized or seqs[0].all_logits or num_rows <= FUSED_PREFILL_ROWS
+        if self.model.backend.fused and fused:
             out_logits, out_hidden = self._run_rows(seqs, hidden_layers)
         else:
             out_logits, out_hidden = self._run_batch(seqs, hidden_layers)

@@ -127,7 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"specdec: warning: serving on {args.host} without --api-key: anyone who can reach it can use it",
               file=sys.stderr)
     llm = LLM(args.model, dtype=args.dtype, spec=spec, max_model_len=args.max_model_len, device=args.device,
-              max_num_seqs=args.max_batch_size, backend=args.backend)
+              max_num_seqs=args.max_batch_size, backend=args.backend, quantization=args.quantization)
     llm.warmup()
     app = create_app(llm, served_model_name=args.served_model_name, api_key=args.api_key,
                      max_queue=args.max_queue, budget=budget, max_body_bytes=args.max_request_bytes)

@@ -1,0 +1,67 @@
+"""Build ``qkernels.c`` for this CPU on first use and load it where numba's code can call it.
+
+The quantized products need integer dot instructions (vpmaddubsw, vpdpbusd) that
+numba does not emit, so they are C, compiled with ``-march=native``: the CPU at hand
+is detected by the compiler, never assumed. The library is cached under
+``~/.cache/specdec/kernels`` keyed by the source, the compiler and the CPU's flags, and
+loaded into LLVM's symbol table so that jitted code calls its functions by name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import llvmlite.binding as llvm
+
+from specdec.errors import ModelLoadError
+
+SOURCE = Path(__file__).with_name("qkernels.c")
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec")) / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+@functools.cache
+def load_qkernels() -> ctypes.CDLL:
+    """The compiled library (built once per source, compiler and CPU); raises ModelLoadError."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        raise ModelLoadError("no C compiler (cc) to build the quantized kernels")
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + cc.encode() + " ".join(FLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
+    lib = _cache_dir() / f"qkernels-{key}.so"
+    if not lib.is_file():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        tmp = lib.with_name(f"{lib.name}.tmp{os.getpid()}")
+        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ModelLoadError(f"cannot build the quantized kernels with {cc}: {done.stderr.strip()[-500:]}")
+        tmp.replace(lib)  # atomic: a concurrent build never loads a half-written file
+    llvm.load_library_permanently(str(lib))
+    handle = ctypes.CDLL(str(lib))
+    handle.sd_isa.restype = ctypes.c_char_p
+    return handle
+
+
+def isa() -> str:
+    """Which instruction set the kernels were built for here: avx2+vnni, avx2 or scalar."""
+    return load_qkernels().sd_isa().decode()
