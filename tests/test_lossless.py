@@ -150,6 +150,8 @@ def test_draft_model_with_another_vocabulary_is_refused(tiny, tmp_path):
 
 
 # -- greedy on the real default model ------------------------------------------------------------
+# The default model loads its GGUF blocks as they are (quantization "gguf", the default for a GGUF
+# file), so these tests are the greedy identity of every drafter on the quantized kernels.
 # Cost (SmolLM2-135M, 2 CPU cores, warm numba cache): loading ~3 s, 48 tokens ~1 s. The greedy
 # identity tests stay in the fast suite on purpose: the plain outputs are decoded once per module
 # and shared, so each drafter costs three 48-token runs (~5 s). The transformers.generate
@@ -163,6 +165,8 @@ REAL_PROMPTS = {
         "def add_all(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total\n"
     ),
     "open": "Write a short poem about the sea.",
+    # the model restates its own lines: draft-self's case (its acceptance is asserted below)
+    "refrain": "Write a poem where every line starts with 'The sea is'.",
 }
 
 
@@ -196,9 +200,10 @@ def test_greedy_identity_on_default_model(smol, smol_plain, kind, tiny_llama):
 
 
 @pytest.mark.slow  # a second copy of the model and transformers' eager generate: 8 s to 70 s on 2 busy cores
-def test_plain_greedy_equals_transformers_generate(smol):
+def test_plain_greedy_equals_transformers_generate():
     from transformers import AutoModelForCausalLM
 
+    smol = LLM(None, max_model_len=1024, quantization="none")  # the dequantised float32 model, as transformers'
     hf = AutoModelForCausalLM.from_pretrained(smol.folder, dtype=torch.float32).eval()
     for text in REAL_PROMPTS.values():
         prompt = smol.chat_prompt([{"role": "user", "content": text}])
@@ -294,9 +299,27 @@ def sampling_case(peaked: LLM):
 
 @pytest.mark.parametrize("kind", [*TOKEN_DRAFTERS, SpecType.DRAFT_MODEL])
 def test_sampling_distribution_every_drafter(peaked, tiny_model_factory, kind):
-    prompt, params, dist = sampling_case(peaked)
+    check_sampling_distribution(peaked, tiny_model_factory, kind)
+
+
+@pytest.fixture(scope="module")
+def peaked_quantized(tiny_model_factory) -> LLM:
+    """The same target with its matrices in GGUF Q4_1 blocks (the default model's format) on the
+    integer-dot kernels: its own distribution, which speculation must keep too."""
+    folder = tiny_model_factory("qwen2", seed=3, logit_scale=4.0, bigram=True)
+    return LLM(str(folder), max_model_len=256, quantization="q4_1")
+
+
+@pytest.mark.parametrize("kind", [*TOKEN_DRAFTERS, SpecType.DRAFT_MODEL])
+def test_sampling_distribution_every_drafter_quantized(peaked_quantized, tiny_model_factory, kind):
+    assert peaked_quantized.runner.weights_label.startswith("gguf Q4_1")
+    check_sampling_distribution(peaked_quantized, tiny_model_factory, kind)
+
+
+def check_sampling_distribution(llm: LLM, tiny_model_factory, kind: SpecType) -> None:
+    prompt, params, dist = sampling_case(llm)
     draft = flat_draft(tiny_model_factory) if kind is SpecType.DRAFT_MODEL else None
-    counts, accepted = sample_counts(peaked, prompt, params, lambda: drafter_for(peaked, kind, 4, draft))
+    counts, accepted = sample_counts(llm, prompt, params, lambda: drafter_for(llm, kind, 4, draft))
     assert chi2_pvalue(counts, dist) > 1e-3
     # draft-self drafts from its own earlier output only, which 3 tokens do not give it;
     # its acceptance is exercised by the greedy tests on the default model.

@@ -32,9 +32,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, choices=["auto", "cpu-kernels", "torch"],
                    help="how the model runs: cpu-kernels = specdec's fused CPU kernels, torch = PyTorch ops "
                         "(default: $SPECDEC_BACKEND or auto = cpu-kernels on a CPU)")
-    p.add_argument("--quantization", "-q", default=None, choices=["none", "gguf"],
+    p.add_argument("--quantization", "-q", default=None,
+                   choices=["none", "gguf", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"],
                    help="gguf = run a GGUF file's quantized blocks as they are (integer-dot CPU kernels; the "
-                        "default for a GGUF file), none = dequantise them to --dtype at load")
+                        "default for a GGUF file), none = dequantise them to --dtype at load; q8_0, q4_0, ... = "
+                        "quantize a float checkpoint to those GGUF blocks at load")
     p.add_argument("--max-model-len", type=positive_int, default=4096, help="context length (tokens)")
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from specdec.bench import harness, metrics, report
+from specdec.bench.accuracy import add_accuracy_args, cmd_accuracy
 from specdec.bench.config import DEFAULT_METHODS, PEER_NAMES, BenchConfig, parse_methods
 from specdec.bench.passes import add_passes_args, cmd_passes
 from specdec.bench.workloads import WORKLOAD_NAMES, load_workload, load_workload_file
@@ -58,8 +59,9 @@ def _names(text: str) -> list[str]:
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="bench_command", metavar="{passes}")
+    sub = p.add_subparsers(dest="bench_command", metavar="{passes,accuracy}")
     add_passes_args(sub.add_parser("passes", help="ms per target pass by width, against the weight-read floor"))
+    add_accuracy_args(sub.add_parser("accuracy", help="a quantized format vs the dequantised float32 model"))
     add_model_args(p)
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma list of spec types; '+' chains (e.g. suffix+draft-model); 'none' is always run "
@@ -133,6 +135,8 @@ def command_line(argv: list[str] | None) -> str:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench_command == "passes":
         return cmd_passes(args)
+    if args.bench_command == "accuracy":
+        return cmd_accuracy(args)
     from specdec.bench import plots  # lazy: it imports matplotlib (about a second), which only bench needs
 
     cfg = config_from_args(args, getattr(args, "argv", None))

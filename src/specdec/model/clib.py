@@ -24,6 +24,7 @@ from specdec.errors import ModelLoadError
 
 SOURCE = Path(__file__).with_name("qkernels.c")
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
+EXTRA_FLAGS = "SPECDEC_QKERNELS_CFLAGS"  # e.g. "-mno-avx512f" to measure the AVX2 path on an AVX-512 CPU
 
 
 def _cache_dir() -> Path:
@@ -47,12 +48,13 @@ def load_qkernels() -> ctypes.CDLL:
     if cc is None:
         raise ModelLoadError("no C compiler (cc) to build the quantized kernels")
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + cc.encode() + " ".join(FLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
+    flags = FLAGS + os.environ.get(EXTRA_FLAGS, "").split()
+    key = hashlib.sha256(source + cc.encode() + " ".join(flags).encode() + _cpu_flags().encode()).hexdigest()[:16]
     lib = _cache_dir() / f"qkernels-{key}.so"
     if not lib.is_file():
         lib.parent.mkdir(parents=True, exist_ok=True)
         tmp = lib.with_name(f"{lib.name}.tmp{os.getpid()}")
-        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True)
+        done = subprocess.run([cc, *flags, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True)
         if done.returncode != 0:
             raise ModelLoadError(f"cannot build the quantized kernels with {cc}: {done.stderr.strip()[-500:]}")
         tmp.replace(lib)  # atomic: a concurrent build never loads a half-written file

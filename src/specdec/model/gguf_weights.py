@@ -42,7 +42,7 @@ def load_gguf_weights(path: Path, config: ModelConfig) -> dict[str, Weight]:
         if t is None:
             raise ModelLoadError(f"tensor {name} missing from {path.name}")
         k, rows = int(t.shape[0]), int(t.shape[1])
-        if t.tensor_type in SUPPORTED and k % 32 == 0:
+        if t.tensor_type in SUPPORTED and k % 64 == 0:
             return QuantMatrix.from_blocks(np.asarray(t.data), t.tensor_type, k)
         dequantized.add(t.tensor_type.name)
         return torch.from_numpy(np.ascontiguousarray(_dequantize(t).reshape(rows, k)))

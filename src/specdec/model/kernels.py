@@ -192,29 +192,39 @@ def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no
 # Declared here, resolved by name when a quantized specialization is compiled: clib.load_qkernels()
 # must have loaded the library first (model.quant does, before any quantized weights exist).
 _i = types.intp
-_sd_prepare = types.ExternalFunction("sd_prepare", types.void(_i, _i, _i, _i, _i, _i))
-_sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 15)))
+_sd_prepare = types.ExternalFunction("sd_prepare", types.void(_i, _i, _i, _i, _i, _i, _i))
+_sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 16)))
 _sd_dequantize_rows = types.ExternalFunction("sd_dequantize_rows", types.void(*([_i] * 10)))
 _QCHUNKS = 16  # units of parallel work per quantized product
+_QROWS = 16  # activation rows per sweep over the weights
 
 
 @njit(parallel=True, **_FLAGS)
 def qmatmul(q, s, m, fmt, x, out):  # pragma: no cover - compiled
     """out[M, N] = x[M, K] @ W.T for W in quantized layout (q [N, *] uint8, s/m [N, *] float32,
-    fmt [N] int8; see qkernels.c); x and out float32, C order."""
+    fmt [N] int8; see qkernels.c); x and out float32, C order.
+
+    Rows go _QROWS at a time (a prompt's hundreds of rows): each weight row then meets a few KB
+    of activations in L1/L2 instead of streaming all of them from L3 once per weight row.
+    """
     rows, k = x.shape
     n_out = q.shape[0]
-    xq = np.empty((rows, k), dtype=np.int8)
-    dx = np.empty((rows, k // 32), dtype=np.float32)
-    bs32 = np.empty((rows, k // 32), dtype=np.float32)
-    _sd_prepare(x.ctypes.data, rows, k, xq.ctypes.data, dx.ctypes.data, bs32.ctypes.data)
+    block = min(rows, _QROWS)
+    xq = np.empty((block, k), dtype=np.int8)
+    dx8 = np.empty((block, k // 4), dtype=np.float32)
+    bs32 = np.empty((block, k // 32), dtype=np.float32)
+    nxl = np.empty((block, k // 4), dtype=np.int32)
     per = (n_out + _QCHUNKS - 1) // _QCHUNKS
-    for chunk in prange(_QCHUNKS):
-        n0, n1 = chunk * per, min(n_out, (chunk + 1) * per)
-        if n0 < n1:
-            _sd_qmatmul(q.ctypes.data, s.ctypes.data, m.ctypes.data, fmt.ctypes.data, q.shape[1], s.shape[1], k,
-                        xq.ctypes.data, dx.ctypes.data, bs32.ctypes.data, rows,
-                        out.ctypes.data, out.shape[1], n0, n1)
+    for r0 in range(0, rows, block):
+        n_rows = min(block, rows - r0)
+        _sd_prepare(x[r0:].ctypes.data, n_rows, k, xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data, nxl.ctypes.data)
+        dst = out[r0:]
+        for chunk in prange(_QCHUNKS):
+            n0, n1 = chunk * per, min(n_out, (chunk + 1) * per)
+            if n0 < n1:
+                _sd_qmatmul(q.ctypes.data, s.ctypes.data, m.ctypes.data, fmt.ctypes.data, q.shape[1], s.shape[1],
+                            k, xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data, nxl.ctypes.data, n_rows,
+                            dst.ctypes.data, out.shape[1], n0, n1)
 
 
 @njit(**_FLAGS)

@@ -12,10 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from gguf import GGMLQuantizationType as T
+from gguf import quants
 
 U4M, U8M, I8, I8H = 0, 1, 2, 3
 SUPPORTED = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
+# types a float checkpoint can be quantized to at load (gguf's own quantizers; it has none for K-quants)
+AT_LOAD = {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0, "q5_1": T.Q5_1}
+_MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
 
 
 @dataclass
@@ -58,7 +63,9 @@ class QuantMatrix:
 
     @staticmethod
     def from_blocks(data: np.ndarray, qtype: T, k: int) -> QuantMatrix:
-        """Rows of raw GGUF blocks (uint8 [rows, bytes per row]) of a [rows, k] matrix."""
+        """Rows of raw GGUF blocks (uint8 [rows, bytes per row]) of a [rows, k] matrix, k % 64 == 0."""
+        if k % 64:
+            raise ValueError(f"quantized rows need a multiple of 64 values, not {k}")
         rows = data.shape[0]
         q, s, m, fmt = _REPACK[qtype](data.reshape(rows, -1), rows, k)
         return QuantMatrix(
@@ -77,6 +84,21 @@ class QuantMatrix:
             np.concatenate([pad(p.m, s_w) for p in parts]), np.concatenate([p.fmt for p in parts]), k,
             tuple(dict.fromkeys(t for p in parts for t in p.types)),
         )
+
+
+def quantize_weights(state: dict[str, torch.Tensor], qtype: T) -> dict[str, torch.Tensor | QuantMatrix]:
+    """A float checkpoint's matrices (layer products, embedding, LM head) as ``qtype`` blocks, the way
+    llama.cpp's quantize would store them; norms and biases stay float. Rows of a length that is not a
+    multiple of 64 stay float too."""
+    out: dict[str, torch.Tensor | QuantMatrix] = {}
+    for name, w in state.items():
+        kind = name.rsplit(".", 1)[-1]
+        if (kind in _MATRICES or name in ("embed", "lm_head")) and w.dim() == 2 and w.shape[1] % 64 == 0:
+            blocks = quants.quantize(w.float().numpy(), qtype)
+            out[name] = QuantMatrix.from_blocks(blocks, qtype, w.shape[1])
+        else:
+            out[name] = w
+    return out
 
 
 def stack(mats: list[QuantMatrix]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -98,9 +120,14 @@ def _f16(b: np.ndarray) -> np.ndarray:
 
 
 def _nibbles(q: np.ndarray) -> np.ndarray:
-    """Values 0..15 [rows, n * 32] -> 16 bytes per 32 (byte j: value j low, value j + 16 high)."""
-    q = q.reshape(q.shape[0], -1, 2, 16)
-    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(q.shape[0], -1).astype(np.uint8)
+    """Values 0..15 [rows, k] -> 32 bytes per 64 (byte j: block 2p's value j low, block 2p+1's high)."""
+    q = q.reshape(q.shape[0], -1, 2, 32).astype(np.uint8)
+    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(q.shape[0], -1)
+
+
+def _unpack_nibbles(qs: np.ndarray) -> np.ndarray:
+    """GGUF's Q4_0/Q4_1 blocks of 16 bytes [rows, blocks, 16] -> values 0..15 [rows, blocks * 32]."""
+    return np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(qs.shape[0], -1)
 
 
 def _blocks(data: np.ndarray, rows: int, size: int) -> np.ndarray:
@@ -110,12 +137,13 @@ def _blocks(data: np.ndarray, rows: int, size: int) -> np.ndarray:
 def _q4_0(data, rows, k):
     b = _blocks(data, rows, 18)
     d = _f16(b[:, :, 0:2]).reshape(rows, -1)
-    return b[:, :, 2:].reshape(rows, -1), d, -8.0 * d, U4M
+    return _nibbles(_unpack_nibbles(b[:, :, 2:])), d, -8.0 * d, U4M
 
 
 def _q4_1(data, rows, k):
     b = _blocks(data, rows, 20)
-    return b[:, :, 4:].reshape(rows, -1), _f16(b[:, :, 0:2]).reshape(rows, -1), _f16(b[:, :, 2:4]).reshape(rows, -1), U4M
+    q = _nibbles(_unpack_nibbles(b[:, :, 4:]))
+    return q, _f16(b[:, :, 0:2]).reshape(rows, -1), _f16(b[:, :, 2:4]).reshape(rows, -1), U4M
 
 
 def _five_bit(qs: np.ndarray, qh: np.ndarray) -> np.ndarray:
@@ -139,7 +167,8 @@ def _q5_1(data, rows, k):
 
 def _q8_0(data, rows, k):
     b = _blocks(data, rows, 34)
-    return b[:, :, 2:].reshape(rows, -1), _f16(b[:, :, 0:2]).reshape(rows, -1), np.zeros((rows, 1)), I8
+    q = (b[:, :, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)  # biased: see qkernels.c
+    return q.reshape(rows, -1), _f16(b[:, :, 0:2]).reshape(rows, -1), np.zeros((rows, 1)), I8
 
 
 def _k_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -177,7 +206,7 @@ def _q6_k(data, rows, k):
     high = (qh.reshape(rows, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)) & 3
     q = (low.reshape(rows, -1, 8, 32) | (high.reshape(rows, -1, 8, 32) << 4)).astype(np.int16) - 32
     s = d * scales.view(np.int8).astype(np.float32)  # [rows, blocks, 16], one per 16 values
-    return q.astype(np.int8).view(np.uint8).reshape(rows, -1), s.reshape(rows, -1), np.zeros((rows, 1)), I8H
+    return (q + 128).astype(np.uint8).reshape(rows, -1), s.reshape(rows, -1), np.zeros((rows, 1)), I8H
 
 
 _REPACK = {

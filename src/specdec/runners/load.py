@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from pathlib import Path
 
 import torch
 
-import sys
-
 from specdec.errors import ModelLoadError
 from specdec.model.backend import Backend, make_backend
+from specdec.model.quant import AT_LOAD, quantize_weights
 from specdec.model.transformer import Transformer
 from specdec.model.weights import gguf_file, load_state_dict, read_model_config, resolve_model
 from specdec.runners.base import ModelRunner
@@ -17,7 +18,7 @@ from specdec.runners.generic import GenericRunner
 from specdec.runners.native import NativeRunner
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-QUANTIZATIONS = ("none", "gguf")
+QUANTIZATIONS = ("none", "gguf", *AT_LOAD)
 
 
 def load_runner(
@@ -33,8 +34,10 @@ def load_runner(
 
     backend: "auto", "cpu-kernels" or "torch" (see ``model.backend``).
     quantization: "gguf" keeps a GGUF file's blocks and runs them on the integer-dot kernels
-    (the default for a GGUF file where the CPU kernels run); "none" dequantises them at load.
-    ``dtype`` stays the compute and KV-cache type.
+    (the default for a GGUF file where the CPU kernels run); "none" dequantises them at load;
+    "q8_0", "q4_0", "q4_1", "q5_0", "q5_1" quantize a float checkpoint's matrices at load into
+    those GGUF blocks (llama.cpp's formats) for the same kernels. ``dtype`` stays the compute and
+    KV-cache type.
     """
     if dtype not in DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
@@ -49,7 +52,11 @@ def load_runner(
     max_seq_len = min(max_seq_len, config.max_position_embeddings)
     chosen = make_backend(backend, torch_dtype, dev)
     source = gguf_file(model)
-    if _keep_blocks(quantization, source, chosen):
+    if quantization in AT_LOAD:
+        _check_kernels(quantization, chosen)
+        state = quantize_weights(load_state_dict(folder, config, torch.float32), AT_LOAD[quantization])
+        state = {k: v.to(torch_dtype) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+    elif _keep_blocks(quantization, source, chosen):
         from specdec.model.gguf_weights import load_gguf_weights
 
         state = load_gguf_weights(source, config)  # type: ignore[arg-type]
@@ -57,7 +64,18 @@ def load_runner(
     else:
         state = load_state_dict(folder, config, torch_dtype)
     net = Transformer(config, state, chosen, max_seq_len, dev)
+    del state
+    _return_freed_memory()
     return NativeRunner(net, config, torch_dtype, dev, max_seq_len, num_slots), folder
+
+
+def _return_freed_memory() -> None:
+    """Hand the loader's freed scratch (per-layer copies before stacking) back to the OS: glibc keeps
+    freed heap pages otherwise, ~80 MB of resident memory for the default model."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def _keep_blocks(quantization: str | None, source: Path | None, backend: Backend) -> bool:
@@ -68,17 +86,29 @@ def _keep_blocks(quantization: str | None, source: Path | None, backend: Backend
         if quantization == "gguf":
             raise ModelLoadError("--quantization gguf needs a .gguf model file")
         return False
-    why = None if backend.fused else f"the {backend.name} backend runs float weights only"
-    if why is None:
-        from specdec.model.clib import load_qkernels
-
-        try:
-            load_qkernels()
-        except ModelLoadError as exc:
-            why = str(exc)
+    why = _why_no_kernels(backend)
     if why is None:
         return True
     if quantization == "gguf":
         raise ModelLoadError(f"--quantization gguf: {why}")
     print(f"specdec: notice: GGUF blocks dequantised to float ({why})", file=sys.stderr)
     return False
+
+
+def _check_kernels(quantization: str, backend: Backend) -> None:
+    why = _why_no_kernels(backend)
+    if why is not None:
+        raise ModelLoadError(f"--quantization {quantization}: {why}")
+
+
+def _why_no_kernels(backend: Backend) -> str | None:
+    """Why quantized blocks cannot run here (None: they can)."""
+    if not backend.fused:
+        return f"the {backend.name} backend runs float weights only"
+    from specdec.model.clib import load_qkernels
+
+    try:
+        load_qkernels()
+    except ModelLoadError as exc:
+        return str(exc)
+    return None
