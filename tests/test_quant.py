@@ -203,3 +203,17 @@ def test_default_model_blocks_close_to_the_float_model():
     want = floats.run([SeqInput(floats.allocate(), ids)]).logits[0]
     assert (got - want).abs().max() < 0.1 * want.abs().max()
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.75
+
+
+def test_long_prompt_runs_in_chunks_with_the_bits_of_one_pass(tiny_model_factory):
+    """A prompt longer than QUANTIZED_PREFILL_ROWS is prefilled in passes of that many tokens: the
+    last token's logits equal decoding it after the rest, and hidden states cover every token."""
+    runner, _ = load_runner(str(tiny_model_factory("llama")), max_seq_len=1024, quantization="q8_0")
+    ids = [(37 * i) % 40000 + 3 for i in range(601)]
+    slot = runner.allocate()
+    out = runner.run([SeqInput(slot, ids, all_logits=False)], hidden_layers=(0, -1))
+    assert runner.lengths[slot] == 601 and out.logits[0].shape[0] == 1
+    assert [h.shape[0] for h in out.hidden[0]] == [601, 601]
+    runner.truncate(slot, 600)
+    step = runner.run([SeqInput(slot, ids[600:])])
+    assert torch.equal(step.logits[0][-1], out.logits[0][-1])

@@ -14,6 +14,7 @@ from specdec.runners.base import ModelRunner, PassOutput, SeqInput
 from specdec.tree import DraftTree
 
 FUSED_PREFILL_ROWS = 32  # a prompt chunk this short runs faster fused than through BLAS
+QUANTIZED_PREFILL_ROWS = 256  # a long prompt over GGUF blocks runs in passes of this many tokens
 
 
 class NativeRunner(ModelRunner):
@@ -60,6 +61,9 @@ class NativeRunner(ModelRunner):
         # width, so a row's bits never depend on the pass; prefill's many rows go to BLAS
         # (unless the weights are GGUF blocks, which only the fused kernels read).
         fused = self.model.is_quantized or seqs[0].all_logits or num_rows <= FUSED_PREFILL_ROWS
+        if self.model.is_quantized and not seqs[0].all_logits and num_rows > QUANTIZED_PREFILL_ROWS:
+            out_logits, out_hidden = self._run_prompt_chunks(seqs, hidden_layers)
+            return PassOutput(out_logits, out_hidden, time.perf_counter() - t0)
         if self.model.backend.fused and fused:
             out_logits, out_hidden = self._run_rows(seqs, hidden_layers)
         else:
@@ -67,6 +71,23 @@ class NativeRunner(ModelRunner):
         for s in seqs:
             self.lengths[s.slot] += len(s.token_ids)
         return PassOutput(out_logits, out_hidden, time.perf_counter() - t0)
+
+    def _run_prompt_chunks(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...]):
+        """A long prefill over GGUF blocks, one sequence and QUANTIZED_PREFILL_ROWS tokens per pass:
+        the pass's scratch (its [rows, context] mask, activations) stays bounded at any prompt length."""
+        out_logits, out_hidden = [], []
+        for s in seqs:
+            if s.parents is not None:
+                raise ValueError("a prompt is a chain, not a tree")
+            hidden: list[list[torch.Tensor]] = []
+            for i in range(0, len(s.token_ids), QUANTIZED_PREFILL_ROWS):
+                chunk = SeqInput(s.slot, s.token_ids[i : i + QUANTIZED_PREFILL_ROWS], all_logits=False)
+                logits, chunk_hidden = self._run_rows([chunk], hidden_layers)
+                self.lengths[s.slot] += len(chunk.token_ids)
+                hidden.append(chunk_hidden[0])
+            out_logits.append(logits[0])
+            out_hidden.append([torch.cat(layer) for layer in zip(*hidden, strict=True)] if hidden_layers else [])
+        return out_logits, out_hidden
 
     def commit(self, slot: int, start: int, keep: list[int]) -> None:
         self.cache.compact(slot, start, keep)
