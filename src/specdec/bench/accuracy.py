@@ -67,7 +67,7 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     same, prefix = 0, []
     for text in PROMPTS:
-        prompt = test.chat_prompt([{"role": "user", "content": text}])
+        prompt = _prompt(test, text)
         outs = [llm.generate([prompt], params)[0].token_ids for llm in (test, ref)]
         same += outs[0] == outs[1]
         prefix.append(next((i for i, (a, b) in enumerate(zip(*outs, strict=False)) if a != b), min(map(len, outs))))
@@ -94,3 +94,10 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
           f"(common prefixes {prefix}) | - |")
     return 0
 
+
+def _prompt(llm: LLM, text: str) -> list[int]:
+    """The chat-templated prompt, or the raw text for a base model without a chat template."""
+    try:
+        return llm.chat_prompt([{"role": "user", "content": text}])
+    except ValueError:  # no chat template
+        return llm.encode(text)
