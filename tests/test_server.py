@@ -258,8 +258,8 @@ def test_engine_failure_fails_only_that_request(tiny, monkeypatch):
     def boom(_output_ids):
         raise RuntimeError("injected stop-check failure")
 
-    def new_sequence(prompt_ids, params):
-        seq = real_new_sequence(prompt_ids, params)
+    def new_sequence(prompt_ids, params, spec_types=None):
+        seq = real_new_sequence(prompt_ids, params, spec_types)
         if prompt_ids[-len(marker):] == marker:
             seq.should_stop = boom
         return seq
