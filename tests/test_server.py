@@ -258,8 +258,8 @@ def test_engine_failure_fails_only_that_request(tiny, monkeypatch):
     def boom(_output_ids):
         raise RuntimeError("injected stop-check failure")
 
-    def new_sequence(prompt_ids, params):
-        seq = real_new_sequence(prompt_ids, params)
+    def new_sequence(prompt_ids, params, spec_types=None):
+        seq = real_new_sequence(prompt_ids, params, spec_types)
         if prompt_ids[-len(marker):] == marker:
             seq.should_stop = boom
         return seq
@@ -381,13 +381,84 @@ def test_metrics_move(tiny, client):
         "specdec:spec_decode_num_draft_tokens_total")
 
 
+# -- token provenance -------------------------------------------------------------------------------
+LOOPING_PROMPT = "héllo wörld 你好 🙂 x"  # the bigram tiny model loops on it: drafts get accepted
+
+
+@pytest.fixture(scope="module")
+def looping(tiny_model_factory):
+    """(base URL, served LLM) of a bigram tiny model with the n-gram and suffix drafters."""
+    llm = LLM(str(tiny_model_factory("llama", bigram=True)), spec="ngram,suffix", max_model_len=MAX_LEN,
+              max_num_seqs=4)
+    with running_server(create_app(llm, api_key=API_KEY)) as url:
+        yield url, llm
+
+
+def test_provenance_in_streamed_chunks(looping):
+    url, llm = looping
+    client = openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
+    messages = [{"role": "user", "content": LOOPING_PROMPT}]
+    # The first answer teaches the suffix drafter this output: the streamed repeat drafts from it.
+    want = client.chat.completions.create(model=llm.model_name, messages=messages, max_tokens=40, temperature=0,
+                                          extra_body={"ignore_eos": True}).choices[0].message.content
+    stream = client.chat.completions.create(
+        model=llm.model_name, messages=messages, max_tokens=40, temperature=0,
+        stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True, "spec_decode_detail": True})
+    chunks = list(stream)
+    tokens, origins, steps = [], [], []
+    for c in chunks[1:-1]:  # the role chunk and the usage chunk carry no tokens
+        spec = c.model_extra["spec_decode"]
+        assert len(spec["tokens"]) == len(spec["origins"])
+        assert "".join(spec["tokens"]) == c.choices[0].delta.content
+        tokens += spec["tokens"]
+        origins += spec["origins"]
+        steps += spec["steps"]
+    final, usage = chunks[-2].model_extra["spec_decode"], chunks[-1]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "".join(tokens) == text == want
+    assert len(origins) == usage.usage.completion_tokens == 40
+    assert final["accepted"] > 0 and sum(o != "target" for o in origins) == final["accepted"]
+    assert set(origins) <= {"ngram", "suffix", "target"}
+    # Step detail: the accepted prefix of each drafting step is its drafter's; a rejected draft is shown.
+    assert sum(s["drafted"] for s in steps) == final["drafted"]
+    for s in steps:
+        assert origins[s["start"] : s["start"] + s["accepted"]] == [s["drafter"]] * s["accepted"]
+        assert len(s["rejected"]) == len(s["rejected_ids"]) <= s["drafted"] - s["accepted"]
+
+
+def test_provenance_in_responses_and_drafter_choice(looping):
+    url, llm = looping
+    body = {"prompt": LOOPING_PROMPT, "max_tokens": 30, "temperature": 0, "ignore_eos": True, "n": 2}
+    r = httpx.post(url + "/v1/completions", json=body, headers=AUTH).json()
+    spec = r["spec_decode"]
+    assert [c["index"] for c in spec["choices"]] == [0, 1]
+    for choice, prov in zip(r["choices"], spec["choices"], strict=True):
+        assert "".join(prov["tokens"]) == choice["text"] and len(prov["origins"]) == 30
+        assert prov["steps"] is None  # detail only when asked
+    assert sum(o != "target" for c in spec["choices"] for o in c["origins"]) == spec["accepted"] > 0
+
+    # A request may pick among the loaded drafters, or none.
+    plain = httpx.post(url + "/v1/completions", json={**body, "n": 1, "spec_decode_drafter": "none"},
+                       headers=AUTH).json()
+    assert plain["spec_decode"]["drafted"] == 0 and set(plain["spec_decode"]["choices"][0]["origins"]) == {"target"}
+    assert plain["choices"][0]["text"] == r["choices"][0]["text"]  # lossless either way
+    ngram = httpx.post(url + "/v1/completions", json={**body, "n": 1, "spec_decode_drafter": "ngram"},
+                       headers=AUTH).json()
+    assert set(ngram["spec_decode"]["choices"][0]["origins"]) <= {"ngram", "target"}
+    for bad in ("draft-model", "bogus", "ngram,none"):
+        err = httpx.post(url + "/v1/completions", json={**body, "spec_decode_drafter": bad}, headers=AUTH)
+        assert err.status_code == 400 and err.json()["error"]["param"] == "spec_decode_drafter", bad
+
+
 # -- fuzzing the request schema --------------------------------------------------------------------
 JSON_SCALARS = (st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats()
                 | st.text(max_size=12))
 JSON_VALUES = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=3)
                            | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-          "min_p", "seed", "stop", "n", "stream", "stream_options", "logprobs", "ignore_eos", "echo"]
+          "min_p", "seed", "stop", "n", "stream", "stream_options", "logprobs", "ignore_eos", "echo",
+          "spec_decode_detail", "spec_decode_drafter"]
 PLAUSIBLE = {
     "prompt": st.text(min_size=0, max_size=30) | st.lists(st.integers(-5, 60000), max_size=5),
     "messages": st.lists(st.fixed_dictionaries({

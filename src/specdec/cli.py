@@ -19,6 +19,7 @@ from specdec.config import SamplingParams, SpecConfig
 from specdec.errors import ModelLoadError, UsageError
 from specdec.llm import LLM
 from specdec.server.cli import add_serve_args, cmd_serve
+from specdec.terminal import DraftPainter
 
 
 def build_parser() -> Parser:
@@ -38,7 +39,10 @@ def build_parser() -> Parser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--n", type=positive_int, default=1, help="independent samples per prompt")
-    g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
+    g.add_argument("--json", action="store_true",
+                   help="one JSON object per prompt on stdout (\"origins\": per token, the drafter or \"target\")")
+    g.add_argument("--show-drafts", action="store_true",
+                   help="colour accepted drafted tokens by drafter (target tokens plain), with a legend on stderr")
     add_model_args(g)
     add_spec_args(g)
     add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
@@ -89,6 +93,8 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    if args.show_drafts and args.json:
+        raise UsageError("--show-drafts colours the text output; with --json, read \"origins\" instead")
     prompts = read_prompts(args)
     params = sampling_from_args(args)
     spec = spec_from_args(args)
@@ -104,23 +110,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for ids in inputs:
         llm.engine.check_prompt(llm.encode(ids))
     llm.warmup()
+    painter = DraftPainter([t.value for t in llm.drafts.loaded()], sys.stdout, sys.stderr) if args.show_drafts \
+        else None
     for prompt in inputs:
         if args.json:
             out = llm.generate(prompt, params)[0]
-            record = {"text": out.text, "token_ids": out.token_ids, "finish_reason": out.choices[0].finish_reason,
-                      "stats": out.stats.to_dict()}
+            record = {"text": out.text, "token_ids": out.token_ids, "origins": out.choices[0].origins,
+                      "finish_reason": out.choices[0].finish_reason, "stats": out.stats.to_dict()}
             if params.n > 1:
-                record["choices"] = [{"text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
-                                     for c in out.choices]
+                record["choices"] = [{"text": c.text, "token_ids": c.token_ids, "origins": c.origins,
+                                      "finish_reason": c.finish_reason} for c in out.choices]
             print(json.dumps(record), flush=True)
         else:
             for i in range(params.n):
                 for event in llm.stream(prompt, params.for_choice(i)):
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
+                    if painter is not None:
+                        painter.write(event.pieces)
+                    else:
+                        sys.stdout.write(event.text)
+                        sys.stdout.flush()
                     if event.finished:
                         print()
                         print(stats_line(event.stats, spec), file=sys.stderr)
+                        if painter is not None:
+                            painter.legend()
     return 0
 
 

@@ -22,6 +22,7 @@ from specdec.errors import ContextOverflowError
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator
 from specdec.stats import SpecStats
+from specdec.tree import DraftTree
 from specdec.verify import verify
 
 
@@ -75,6 +76,9 @@ class StepResult:
     pass_seconds: float  # the target pass, shared by every sequence of the step
     pass_rows: int  # tokens that pass ran, over all sequences
     finish_reason: str | None
+    # Drafted tokens past the accepted ones, which the target turned down (for a tree, the first
+    # branch below the last accepted node): what a viewer shows struck through.
+    rejected_ids: list[int] = field(default_factory=list)
 
 
 class Engine:
@@ -181,9 +185,8 @@ class Engine:
 
     def _commit(self, d: Draft, logits: torch.Tensor, pass_seconds: float, pass_rows: int) -> StepResult:
         seq, stats = d.seq, d.seq.stats
-        result = verify(
-            d.proposal.to_tree(seq.tokens[-1]), logits, seq.params, d.proposal.probs, seq.generator
-        )
+        tree = d.proposal.to_tree(seq.tokens[-1])
+        result = verify(tree, logits, seq.params, d.proposal.probs, seq.generator)
         self.runner.commit(seq.slot, d.cache_len, result.path)
         new = self._truncate(seq, result.token_ids)
         seq.tokens.extend(new)
@@ -201,7 +204,7 @@ class Engine:
         if seq.finish_reason is None and self.runner.lengths[seq.slot] + 2 >= self.runner.max_seq_len:
             seq.finish_reason = "length"
         return StepResult(new, len(d.proposal), result.num_accepted, d.drafter, d.seconds, pass_seconds, pass_rows,
-                          seq.finish_reason)
+                          seq.finish_reason, _rejected(tree, result.path[-1]))
 
     def _truncate(self, seq: Sequence, tokens: list[int]) -> list[int]:
         """Cut the step's tokens at EOS or max_new_tokens, setting the finish reason."""
@@ -249,3 +252,15 @@ class Engine:
         finally:
             seq.stats.seconds = time.perf_counter() - t0
             self.finish(seq)
+
+
+def _rejected(tree: DraftTree, node: int) -> list[int]:
+    """Token ids of the drafted branch below ``node`` (first children down): the rejected continuation.
+
+    Example: chain [r, a, b, c] with a kept (node 1) -> [b, c]; every token kept -> [].
+    """
+    out = []
+    while tree.children[node]:
+        node = tree.children[node][0]
+        out.append(tree.tokens[node])
+    return out

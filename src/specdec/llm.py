@@ -13,8 +13,9 @@ from threadpoolctl import threadpool_limits
 
 from specdec.config import SamplingParams, SpecConfig, SpecType, parse_spec_types
 from specdec.drafters.registry import DraftResources
-from specdec.engine import Engine, Sequence
+from specdec.engine import Engine, Sequence, StepResult
 from specdec.errors import ModelLoadError
+from specdec.provenance import PieceStream, TokenPiece, step_origins
 from specdec.runners.load import load_runner
 from specdec.stats import SpecStats
 from specdec.text import StopChecker, TextStream, as_prompt_list, encode_chat, encode_prompt, load_tokenizer
@@ -25,6 +26,7 @@ class Completion:
     text: str
     token_ids: list[int]
     finish_reason: str | None
+    origins: list[str] = field(default_factory=list)  # per token: the drafter that proposed it, or "target"
 
 
 @dataclass
@@ -45,11 +47,14 @@ class Output:
 
 @dataclass
 class StreamEvent:
-    text: str  # new text since the previous event
+    text: str  # new text since the previous event: "".join(p.text for p in pieces)
     token_ids: list[int]  # tokens committed by this step
     finished: bool
     finish_reason: str | None = None
     stats: SpecStats | None = None  # on the last event
+    origins: list[str] = field(default_factory=list)  # per token of token_ids: a drafter's name or "target"
+    pieces: list[TokenPiece] = field(default_factory=list)  # the tokens whose text this event shows
+    step: StepResult | None = None  # the engine step, with its drafted and rejected tokens
 
 
 class LLM:
@@ -114,22 +119,23 @@ class LLM:
         return encode_chat(self.tokenizer, messages, add_generation_prompt)
 
     # -- generation ----------------------------------------------------------------------------
-    def new_sequence(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+    def new_sequence(self, prompt_ids: list[int], params: SamplingParams,
+                     spec_types: Seq[SpecType] | None = None) -> Sequence:
+        """spec_types: draft with these of the loaded methods only (() = plain decoding); None = all."""
         stop = StopChecker(self.tokenizer, params.stop) if params.stop else None
-        return Sequence(prompt_ids, params, drafter=self.drafts.new_drafter(), should_stop=stop)
+        return Sequence(prompt_ids, params, drafter=self.drafts.new_drafter(spec_types), should_stop=stop)
 
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[StreamEvent]:
         """Generate one completion, yielding text as each step commits tokens."""
         params = params or SamplingParams()
         seq = self.new_sequence(self.encode(prompt), params)
-        text = TextStream(self.tokenizer, params.stop)
+        text = PieceStream(self.tokenizer, params.stop)
         for step in self.engine.generate(seq):
-            delta = text.push(seq.output_ids)
-            if not seq.finished:
-                yield StreamEvent(delta, step.token_ids, False)
-            else:
-                delta += text.flush(seq.output_ids)
-                yield StreamEvent(delta, step.token_ids, True, seq.finish_reason, seq.stats)
+            origins = step_origins(step)
+            pieces = text.push(step.token_ids, origins, final=seq.finished)
+            delta = "".join(p.text for p in pieces)
+            stats = seq.stats if seq.finished else None
+            yield StreamEvent(delta, step.token_ids, seq.finished, seq.finish_reason, stats, origins, pieces, step)
 
     def generate(
         self, prompts: str | list[int] | Seq[str | list[int]], params: SamplingParams | None = None
@@ -143,19 +149,20 @@ class LLM:
             out = Output(prompt, ids, [])
             t0 = time.perf_counter()
             for i in range(params.n):
-                text, tokens, reason, stats = self._run_one(ids, params.for_choice(i))
-                out.choices.append(Completion(text, tokens, reason))
+                choice, stats = self._run_one(ids, params.for_choice(i))
+                out.choices.append(choice)
                 out.stats.merge(stats)
             out.stats.seconds = time.perf_counter() - t0
             outputs.append(out)
         return outputs
 
-    def _run_one(self, ids: list[int], params: SamplingParams) -> tuple[str, list[int], str | None, SpecStats]:
+    def _run_one(self, ids: list[int], params: SamplingParams) -> tuple[Completion, SpecStats]:
         seq = self.new_sequence(ids, params)
-        for _ in self.engine.generate(seq):
-            pass
+        origins = []
+        for step in self.engine.generate(seq):
+            origins.extend(step_origins(step))
         text = TextStream(self.tokenizer, params.stop).final(seq.output_ids)
-        return text, seq.output_ids, seq.finish_reason, seq.stats
+        return Completion(text, seq.output_ids, seq.finish_reason, origins), seq.stats
 
     def warmup(self) -> None:
         """One short generation so timings exclude first-call costs (allocations, kernel picks)."""

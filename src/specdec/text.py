@@ -80,6 +80,10 @@ class TextStream:
         return cut_at_stop(decode(self.tokenizer, output_ids), self.stops)[0]
 
     def push(self, output_ids: list[int]) -> str:
+        return self._emit(*self.showable(output_ids))
+
+    def showable(self, output_ids: list[int]) -> tuple[str, int]:
+        """The output's text cut at a stop string, and how much of it may be shown now."""
         text, stopped = cut_at_stop(decode(self.tokenizer, output_ids), self.stops)
         end = len(text)
         if not stopped:
@@ -89,7 +93,7 @@ class TextStream:
                     if text[:end].endswith(s[:k]):
                         end = min(end, len(text[:end]) - k)
                         break
-        return self._emit(text, end)
+        return text, end
 
     def flush(self, output_ids: list[int]) -> str:
         text = self.final(output_ids)

@@ -63,7 +63,7 @@ class DraftProposal:
             return self
         parents = None if self.parents is None else self.parents[:n]
         probs = None if self.probs is None else self.probs[:n]
-        return DraftProposal(self.token_ids[:n], parents, probs)
+        return DraftProposal(self.token_ids[:n], parents, probs, self.drafter)
 
     def first_path(self) -> DraftProposal:
         """The chain through each node's first child (for runners that verify chains only)."""
@@ -73,7 +73,7 @@ class DraftProposal:
         path = tree.walk(lambda node: tree.children[node][0] if tree.children[node] else None)
         keep = [node - 1 for node in path[1:]]
         probs = None if self.probs is None else self.probs[keep]
-        return DraftProposal([self.token_ids[i] for i in keep], probs=probs)
+        return DraftProposal([self.token_ids[i] for i in keep], probs=probs, drafter=self.drafter)
 
     def to_tree(self, root: int) -> DraftTree:
         if self.parents is None:

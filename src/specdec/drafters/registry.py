@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from specdec.config import SpecConfig, SpecType
 from specdec.drafters.base import ChainedDrafter, Drafter
 from specdec.drafters.draft_model import DraftModelDrafter
@@ -47,13 +49,29 @@ class DraftResources:
             )
             check_same_vocab(target, self.draft_runner, tokenizer, folder)
 
-    def new_drafter(self) -> Drafter | None:
-        """A fresh drafter for one request (None when speculation is off)."""
-        if not self.spec.enabled:
+    def new_drafter(self, types: Sequence[SpecType] | None = None) -> Drafter | None:
+        """A fresh drafter for one request (None when speculation is off).
+
+        types: a request's own choice among the loaded methods, chained in the order given
+        (() = plain decoding; None = all of ``spec.types``). Raises ValueError for a method
+        this engine did not load.
+        """
+        types = self.loaded(types)
+        if not types:
             return None
         shared = dict(cache=self.suffix_cache, runner=self.draft_runner)
-        drafters = [DRAFTERS[t].from_config(self.spec, **shared) for t in self.spec.types]
+        drafters = [DRAFTERS[t].from_config(self.spec, **shared) for t in types]
         return drafters[0] if len(drafters) == 1 else ChainedDrafter(drafters)
+
+    def loaded(self, types: Sequence[SpecType] | None = None) -> tuple[SpecType, ...]:
+        """``types`` less "none" (None = all the loaded methods); ValueError if one was not loaded here."""
+        mine = tuple(t for t in self.spec.types if t is not SpecType.NONE)
+        if types is None:
+            return mine
+        if unknown := [t.value for t in types if t not in mine and t is not SpecType.NONE]:
+            raise ValueError(f"drafter {', '.join(unknown)} is not loaded on this server; "
+                             f"choose from: {', '.join(t.value for t in mine + (SpecType.NONE,))}")
+        return tuple(t for t in types if t is not SpecType.NONE)
 
     def forget(self) -> None:
         """Empty what drafters learned from earlier requests (the suffix cache): the next request starts cold."""

@@ -2,6 +2,10 @@
 
     POST /v1/completions, POST /v1/chat/completions (``stream: true`` = SSE ending with ``data: [DONE]``)
     GET  /v1/models, GET /health, GET /metrics (Prometheus)
+    GET  / (playground), GET /dashboard, GET /metrics/live (the dashboard's data): see ``web.py``
+
+Every token streamed or returned comes with its provenance (``spec_decode.tokens``
+and ``origins``: which drafter proposed it, or the target), see ``provenance.py``.
 
 Every request becomes one or more engine sequences handed to the Scheduler,
 which batches them continuously on its own thread. Errors always come back as
@@ -24,7 +28,7 @@ import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from specdec.config import SamplingParams
+from specdec.config import SamplingParams, SpecType, parse_spec_types
 from specdec.llm import LLM
 from specdec.scheduler import DraftBudget, QueueFullError, Request, Scheduler
 from specdec.server.metrics import ServerMetrics
@@ -46,7 +50,9 @@ from specdec.server.protocol import (
     UsageInfo,
     dump_chunk,
 )
-from specdec.text import TextStream, as_prompt_list
+from specdec.server.provenance import ChoiceProvenance
+from specdec.server.web import PROTECTED_PATHS, add_web_routes
+from specdec.text import as_prompt_list
 
 logger = logging.getLogger("specdec.server")
 
@@ -167,11 +173,12 @@ def create_app(
         ids = await asyncio.to_thread(encode_chat, llm, messages)
         return await serve(state, request, body, [ids], chat=True)
 
+    add_web_routes(app, state, api_key_required=bool(api_key))
     return app
 
 
 class GuardMiddleware:
-    """Plain ASGI middleware: the API key on every /v1 route, and a request size limit.
+    """Plain ASGI middleware: the API key on every /v1 route and data endpoint, and a request size limit.
 
     Written against ASGI directly (not BaseHTTPMiddleware) so streamed responses
     and client disconnects pass through untouched.
@@ -183,7 +190,7 @@ class GuardMiddleware:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-            if self.api_key and scope["path"].startswith("/v1"):
+            if self.api_key and scope["path"].startswith(PROTECTED_PATHS):
                 given = headers.get("authorization", "")
                 token = given[7:] if given[:7].lower() == "bearer " else ""
                 if not hmac.compare_digest(token.encode(), self.api_key.encode()):
@@ -289,6 +296,18 @@ def sampling_params(state: ServerState, body, prompt_len: int, chat: bool) -> Sa
         raise APIError(400, str(exc)) from None
 
 
+def drafter_types(state: ServerState, text: str | None) -> tuple[SpecType, ...] | None:
+    """A request's ``spec_decode_drafter`` -> the loaded methods to draft with (400 when not loaded)."""
+    if text is None:
+        return None
+    try:
+        types = parse_spec_types(text)
+        state.llm.drafts.loaded(types)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="spec_decode_drafter") from None
+    return types
+
+
 async def serve(state: ServerState, request, body, prompts: list[list[int]], chat: bool):
     from fastapi.responses import JSONResponse, StreamingResponse  # lazy: see the module docstring
 
@@ -297,10 +316,11 @@ async def serve(state: ServerState, request, body, prompts: list[list[int]], cha
         raise APIError(400, f"this request needs {num_seqs} sequences (prompts x n) but the server runs at most "
                        f"{state.max_num_seqs} at once (--max-batch-size)", param="n")
     seqs = []
+    spec_types = drafter_types(state, body.spec_decode_drafter)
     for ids in prompts:
         params = sampling_params(state, body, len(ids), chat)
         for j in range(body.n):
-            seqs.append(state.llm.new_sequence(ids, params.for_choice(j)))
+            seqs.append(state.llm.new_sequence(ids, params.for_choice(j), spec_types))
     prefix = "chatcmpl" if chat else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     try:
@@ -323,14 +343,19 @@ class Job:
         self.prompt_tokens = sum(len(p) for p in prompts)
         self.outputs: list[list[int]] = [[] for _ in req.seqs]
         self.reasons: list[str | None] = [None for _ in req.seqs]
-        self.texts = [TextStream(state.llm.tokenizer, body.stops) for _ in req.seqs]
+        self.choices = [ChoiceProvenance(i, state.llm.tokenizer, body.stops, body.spec_decode_detail)
+                        for i in range(len(req.seqs))]
         self.finished = False
         self.created = int(time.time())
 
-    def _apply(self, event) -> None:
+    def _apply(self, event) -> list:
+        """Take in a step's updates; per update, what to stream: (text, spec_decode extras) or None."""
+        sends = []
         for u in event.updates:
             self.outputs[u.index].extend(u.token_ids)
             self.reasons[u.index] = u.finish_reason
+            sends.append(self.choices[u.index].push(u.step, u.finish_reason is not None))
+        return sends
 
     def _usage(self):
         completion = sum(len(o) for o in self.outputs)
@@ -338,10 +363,11 @@ class Job:
                          total_tokens=self.prompt_tokens + completion)
 
     @staticmethod
-    def _spec(stats):
-        return SpecDecodeInfo(drafts=stats.drafts, drafted=stats.drafted, accepted=stats.accepted,
-                              acceptance_rate=round(stats.acceptance_rate, 4),
-                              mean_accepted_len=round(stats.mean_accepted_len, 4))
+    def _spec(stats, extras: SpecDecodeInfo | None = None):
+        """The request's stats, added to a chunk's or response's other ``spec_decode`` extras."""
+        return (extras or SpecDecodeInfo()).model_copy(update=dict(
+            drafts=stats.drafts, drafted=stats.drafted, accepted=stats.accepted,
+            acceptance_rate=round(stats.acceptance_rate, 4), mean_accepted_len=round(stats.mean_accepted_len, 4)))
 
     async def _next(self):
         event = await self.req.queue.get()
@@ -374,9 +400,10 @@ class Job:
                 return
 
     def _response(self, stats) -> dict:
-        texts = [ts.final(ids) for ts, ids in zip(self.texts, self.outputs, strict=True)]
+        texts = [c.text for c in self.choices]
+        spec = self._spec(stats, SpecDecodeInfo(choices=[c.record for c in self.choices]))
         common = dict(id=self.req.id, created=self.created, model=self.state.model_name, usage=self._usage(),
-                      spec_decode=self._spec(stats))
+                      spec_decode=spec)
         if self.chat:
             choices = [ChatChoice(index=i, message=AssistantMessage(content=t), finish_reason=r)
                        for i, (t, r) in enumerate(zip(texts, self.reasons, strict=True))]
@@ -403,7 +430,7 @@ class Job:
                     for chunk in chunks:
                         chunk.usage = self._usage()
                 if event.done and chunks:
-                    chunks[-1].spec_decode = self._spec(event.stats)
+                    chunks[-1].spec_decode = self._spec(event.stats, chunks[-1].spec_decode)
                 for chunk in chunks:
                     yield dump_chunk(chunk)
                 if event.done:
@@ -417,14 +444,11 @@ class Job:
 
     def _event_chunks(self, event) -> list:
         chunks = []
-        self._apply(event)
-        for u in event.updates:
-            ids, ts = self.outputs[u.index], self.texts[u.index]
-            delta = ts.push(ids)
-            if u.finish_reason is not None:
-                delta += ts.flush(ids)
-            if delta or u.finish_reason is not None:
-                chunks.append(self._chunk(u.index, delta, u.finish_reason))
+        for u, send in zip(event.updates, self._apply(event), strict=True):
+            if send is not None:
+                chunk = self._chunk(u.index, send[0], u.finish_reason)
+                chunk.spec_decode = send[1]
+                chunks.append(chunk)
         return chunks
 
     def _chunk(self, index: int, text: str, finish_reason: str | None, role: bool = False):

@@ -24,7 +24,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     g.add_argument("--port", type=int, default=8000)
     g.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on every /v1 route (default: $SPECDEC_API_KEY)")
+                   help="require 'Authorization: Bearer KEY' on every /v1 route and /metrics/live "
+                        "(default: $SPECDEC_API_KEY)")
     g.add_argument("--served-model-name", default=None, help="model id reported and accepted by the API")
     g.add_argument("--max-batch-size", type=positive_int, default=8,
                    help="most sequences decoded together (one KV cache slot each)")
@@ -133,7 +134,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                      max_queue=args.max_queue, budget=budget, max_body_bytes=args.max_request_bytes)
     print(f"specdec: serving {args.served_model_name or llm.model_name} on http://{args.host}:{args.port}/v1 "
           f"(batch {args.max_batch_size}, spec {','.join(t.value for t in spec.types)}, "
-          f"backend {llm.runner.backend})",
+          f"backend {llm.runner.backend}); playground http://{args.host}:{args.port}/, dashboard /dashboard",
           file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -2,7 +2,8 @@
 
 Each app owns a CollectorRegistry, so several apps in one process (tests) never
 clash on the global registry. The scheduler thread updates the metrics; the
-``/metrics`` route renders them.
+``/metrics`` route renders them. The same updates feed ``live`` (per-second
+buckets for ``/dashboard``, see ``live.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+
+from specdec.engine import StepResult
+from specdec.server.live import LiveSeries
 
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -39,6 +43,10 @@ class ServerMetrics:
         self.accepted_per_pos = Counter(
             f"{p}spec_decode_num_accepted_tokens_per_pos", "Drafts whose token at this position was kept.",
             ["position"], registry=r,
+        )
+        self.drafter_tokens = Counter(
+            f"{p}spec_decode_drafter_tokens", "Drafted tokens by drafter (a chain's member) and outcome "
+            "(accepted or rejected).", ["drafter", "outcome"], registry=r,
         )
         self.draft_seconds = Counter(f"{p}spec_decode_draft_seconds", "Seconds spent drafting.", registry=r)
         self.verify_seconds = Counter(f"{p}spec_decode_verify_seconds",
@@ -68,6 +76,7 @@ class ServerMetrics:
                              registry=r)
         info = Gauge(f"{p}model_info", "The served model.", ["model_name"], registry=r)
         info.labels(model_name).set(1)
+        self.live = LiveSeries()
 
     # -- updates from the scheduler thread -----------------------------------------------------
     def record_step(self, batch: int, budget: int, seconds: float, draft_seconds: float,
@@ -77,16 +86,21 @@ class ServerMetrics:
         self.step_seconds.observe(seconds)
         self.draft_seconds.inc(draft_seconds)
         self.verify_seconds.inc(verify_seconds)
+        self.live.record_step(batch, seconds, draft_seconds, verify_seconds)
 
-    def record_draft(self, num_drafts: int, num_drafted: int, num_accepted: int) -> None:
-        """One sequence's step: ``num_accepted`` kept tokens are a prefix of its draft."""
-        if num_drafts == 0:
+    def record_result(self, step: StepResult) -> None:
+        """One sequence's step: its ``num_accepted`` kept tokens are a prefix of its draft."""
+        self.live.record_result(step.drafter, step.num_drafted, step.num_accepted, len(step.token_ids))
+        if step.num_drafted == 0:
             return
-        self.num_drafts.inc(num_drafts)
-        self.num_draft_tokens.inc(num_drafted)
-        self.num_accepted_tokens.inc(num_accepted)
-        for pos in range(num_accepted):
+        self.num_drafts.inc()
+        self.num_draft_tokens.inc(step.num_drafted)
+        self.num_accepted_tokens.inc(step.num_accepted)
+        for pos in range(step.num_accepted):
             self.accepted_per_pos.labels(str(pos)).inc()
+        drafter = step.drafter or "unknown"
+        self.drafter_tokens.labels(drafter, "accepted").inc(step.num_accepted)
+        self.drafter_tokens.labels(drafter, "rejected").inc(step.num_drafted - step.num_accepted)
 
     def record_finish(self, reason: str, generated: int, latency: float) -> None:
         self.requests.labels(reason).inc()
@@ -97,6 +111,7 @@ class ServerMetrics:
         self.waiting.set(waiting)
         self.running.set(running)
         self.free_slots.set(free_slots)
+        self.live.record_waiting(waiting)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

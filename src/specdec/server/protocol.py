@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, model_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, model_serializer, model_validator
 
 INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1
 
@@ -39,7 +39,15 @@ class StreamOptions(_Request):
     continuous_usage_stats: bool = False  # vLLM extension: usage so far on every chunk
 
 
-class SamplingRequest(_Request):
+class SpecDecodeOptions(_Request):
+    """specdec's own request fields: how much speculation to show, and which drafter to use."""
+
+    spec_decode_detail: bool = False  # each step's rejected drafted tokens in spec_decode.steps
+    # Draft with these of the server's loaded methods only: "ngram", "suffix,ngram", "none" (None = all).
+    spec_decode_drafter: str | None = Field(None, max_length=200)
+
+
+class SamplingRequest(SpecDecodeOptions):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None
@@ -160,14 +168,47 @@ class UsageInfo(BaseModel):
     total_tokens: int
 
 
-class SpecDecodeInfo(BaseModel):
-    """Speculation over the whole request (all its choices)."""
+class StepDetail(BaseModel):
+    """One engine step that drafted, for one choice (sent with ``spec_decode_detail``)."""
 
-    drafts: int  # steps that verified a non-empty draft
-    drafted: int  # drafted tokens sent to the target
-    accepted: int  # drafted tokens kept
-    acceptance_rate: float  # accepted / drafted
-    mean_accepted_len: float  # tokens committed per decoding target pass
+    start: int  # index of the step's first committed token in the choice's output
+    drafter: str | None
+    drafted: int
+    accepted: int  # the first ``accepted`` drafted tokens were kept; token start + accepted is the target's
+    rejected_ids: list[int]  # drafted tokens after the accepted ones, which the target turned down
+    rejected: list[str]  # the same, each decoded alone
+
+
+class TokenProvenance(BaseModel):
+    """Tokens of one choice, aligned: the text each shows and who produced it."""
+
+    index: int
+    tokens: list[str]  # concatenated: the choice's text
+    origins: list[str]  # a drafter's name (its draft was accepted) or "target" (recovered or bonus token)
+    steps: list[StepDetail] | None = None
+
+
+class SpecDecodeInfo(BaseModel):
+    """specdec's extras on a response or chunk; only the fields set are sent.
+
+    The request's speculation stats (all its choices): on a response, a stream's
+    last chunk and its usage chunk. Token provenance: ``tokens``/``origins``/``steps``
+    on each streamed chunk (its choice's new tokens), ``choices`` on a response.
+    """
+
+    drafts: int | None = None  # steps that verified a non-empty draft
+    drafted: int | None = None  # drafted tokens sent to the target
+    accepted: int | None = None  # drafted tokens kept
+    acceptance_rate: float | None = None  # accepted / drafted
+    mean_accepted_len: float | None = None  # tokens committed per decoding target pass
+    tokens: list[str] | None = None
+    origins: list[str] | None = None
+    steps: list[StepDetail] | None = None
+    choices: list[TokenProvenance] | None = None
+
+    @model_serializer(mode="wrap")
+    def _only_set(self, handler) -> dict:
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class CompletionChoice(BaseModel):
