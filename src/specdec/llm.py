@@ -11,13 +11,24 @@ from dataclasses import dataclass, field
 import torch
 from threadpoolctl import threadpool_limits
 
-from specdec.config import SamplingParams, SpecConfig, SpecType, parse_spec_types
+from specdec.config import SamplingParams, SpecConfig, SpecType, StructuredKind, StructuredOutput, parse_spec_types
 from specdec.drafters.registry import DraftResources
 from specdec.engine import Engine, Sequence
 from specdec.errors import ModelLoadError
+from specdec.grammar import GrammarCompiler, GrammarError
+from specdec.logprobs import TokenLogprob
+from specdec.processors import HistoryProcessor, SequenceProcessors
 from specdec.runners.load import load_runner
 from specdec.stats import SpecStats
-from specdec.text import StopChecker, TextStream, as_prompt_list, encode_chat, encode_prompt, load_tokenizer
+from specdec.text import (
+    StopChecker,
+    TextStream,
+    as_prompt_list,
+    bad_words_ids,
+    encode_chat,
+    encode_prompt,
+    load_tokenizer,
+)
 
 
 @dataclass
@@ -25,6 +36,7 @@ class Completion:
     text: str
     token_ids: list[int]
     finish_reason: str | None
+    logprobs: list[TokenLogprob] | None = None  # one per token, when SamplingParams.logprobs is set
 
 
 @dataclass
@@ -33,6 +45,7 @@ class Output:
     prompt_token_ids: list[int]
     choices: list[Completion]
     stats: SpecStats = field(default_factory=SpecStats)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # when SamplingParams.prompt_logprobs is set
 
     @property
     def text(self) -> str:
@@ -50,6 +63,7 @@ class StreamEvent:
     finished: bool
     finish_reason: str | None = None
     stats: SpecStats | None = None  # on the last event
+    logprobs: list[TokenLogprob] | None = None  # for token_ids, when SamplingParams.logprobs is set
 
 
 class LLM:
@@ -88,6 +102,7 @@ class LLM:
                 threadpool_limits(limits=1, user_api="blas")
         self.tokenizer = load_tokenizer(self.folder)
         self.model_name = str(model) if model else "SmolLM2-135M-Instruct"
+        self.grammars = GrammarCompiler(self.tokenizer, self.runner.vocab_size, self.runner.eos_token_ids)
         self._dtype, self._device, self._max_num_seqs = dtype, device, max_num_seqs
         self.set_spec(spec or SpecConfig())
 
@@ -115,8 +130,22 @@ class LLM:
 
     # -- generation ----------------------------------------------------------------------------
     def new_sequence(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        """An engine sequence; raises ValueError (GrammarError for a bad grammar) on unusable settings."""
         stop = StopChecker(self.tokenizer, params.stop) if params.stop else None
-        return Sequence(prompt_ids, params, drafter=self.drafts.new_drafter(), should_stop=stop)
+        processors = self.processors(prompt_ids, params)
+        return Sequence(prompt_ids, params, drafter=self.drafts.new_drafter(), should_stop=stop,
+                        processors=processors)
+
+    def processors(self, prompt_ids: list[int], params: SamplingParams) -> SequenceProcessors | None:
+        """The sequence's history processors and grammar matcher; None when it has neither."""
+        if not params.has_history_processors and params.structured is None:
+            return None
+        history = None
+        if params.has_history_processors:
+            history = HistoryProcessor(params, prompt_ids, self.runner.vocab_size, self.runner.eos_token_ids,
+                                       bad_words_ids(self.tokenizer, params.bad_words))
+        grammar = None if params.structured is None else self.grammars.matcher(params.structured)
+        return SequenceProcessors(history, grammar)
 
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[StreamEvent]:
         """Generate one completion, yielding text as each step commits tokens."""
@@ -125,11 +154,12 @@ class LLM:
         text = TextStream(self.tokenizer, params.stop)
         for step in self.engine.generate(seq):
             delta = text.push(seq.output_ids)
+            logprobs = list(step.logprobs) if params.logprobs is not None else None
             if not seq.finished:
-                yield StreamEvent(delta, step.token_ids, False)
+                yield StreamEvent(delta, step.token_ids, False, logprobs=logprobs)
             else:
                 delta += text.flush(seq.output_ids)
-                yield StreamEvent(delta, step.token_ids, True, seq.finish_reason, seq.stats)
+                yield StreamEvent(delta, step.token_ids, True, seq.finish_reason, seq.stats, logprobs)
 
     def generate(
         self, prompts: str | list[int] | Seq[str | list[int]], params: SamplingParams | None = None
@@ -143,19 +173,21 @@ class LLM:
             out = Output(prompt, ids, [])
             t0 = time.perf_counter()
             for i in range(params.n):
-                text, tokens, reason, stats = self._run_one(ids, params.for_choice(i))
-                out.choices.append(Completion(text, tokens, reason))
-                out.stats.merge(stats)
+                seq = self._run_one(ids, params.for_choice(i))
+                text = TextStream(self.tokenizer, params.stop).final(seq.output_ids)
+                logprobs = seq.logprobs if params.logprobs is not None else None
+                out.choices.append(Completion(text, seq.output_ids, seq.finish_reason, logprobs))
+                out.stats.merge(seq.stats)
+                out.prompt_logprobs = seq.prompt_logprobs
             out.stats.seconds = time.perf_counter() - t0
             outputs.append(out)
         return outputs
 
-    def _run_one(self, ids: list[int], params: SamplingParams) -> tuple[str, list[int], str | None, SpecStats]:
+    def _run_one(self, ids: list[int], params: SamplingParams) -> Sequence:
         seq = self.new_sequence(ids, params)
         for _ in self.engine.generate(seq):
             pass
-        text = TextStream(self.tokenizer, params.stop).final(seq.output_ids)
-        return text, seq.output_ids, seq.finish_reason, seq.stats
+        return seq
 
     def warmup(self) -> None:
         """One short generation so timings exclude first-call costs (allocations, kernel picks)."""
@@ -163,4 +195,4 @@ class LLM:
 
 
 __all__ = ["LLM", "Output", "Completion", "StreamEvent", "SamplingParams", "SpecConfig", "SpecType",
-           "ModelLoadError"]
+           "ModelLoadError", "GrammarError", "StructuredOutput", "StructuredKind", "TokenLogprob"]

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 from specdec.config import SamplingParams
 from specdec.drafters.base import EMPTY, Drafter, DraftProposal
-from specdec.engine import Engine, Sequence
+from specdec.engine import Engine, Sequence, StepResult
+from specdec.logprobs import TokenLogprob
 from specdec.stats import SpecStats
 
 logger = logging.getLogger("specdec.scheduler")
@@ -82,6 +83,7 @@ class SeqUpdate:
     index: int  # the sequence's position in its request (the choice index)
     token_ids: list[int]  # tokens committed by this step
     finish_reason: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # for token_ids, when the request asked
 
 
 @dataclass
@@ -314,7 +316,7 @@ class Scheduler:
             return
         seconds = time.perf_counter() - t0
         self.num_steps += 1
-        new_by_seq = {id(s): r.token_ids for s, r in zip(seqs, results, strict=True)}
+        new_by_seq = {id(s): r for s, r in zip(seqs, results, strict=True)}
         if self.metrics is not None:
             for r in results:
                 self.metrics.record_draft(int(r.num_drafted > 0), r.num_drafted, r.num_accepted)
@@ -323,16 +325,16 @@ class Scheduler:
         for req in list(self._running):
             self._deliver_step(req, new_by_seq)
 
-    def _deliver_step(self, req: Request, new_by_seq: dict[int, list[int]]) -> None:
+    def _deliver_step(self, req: Request, new_by_seq: dict[int, StepResult]) -> None:
         if req.error is not None:
             self._fail(req, req.error)
             return
         updates = []
         for i, seq in enumerate(req.seqs):
-            new = new_by_seq.get(id(seq))
-            if new is None:
+            result = new_by_seq.get(id(seq))
+            if result is None:
                 continue
-            updates.append(SeqUpdate(i, list(new), seq.finish_reason))
+            updates.append(SeqUpdate(i, list(result.token_ids), seq.finish_reason, list(result.logprobs)))
             if seq.finished:
                 self._end_seq(req, i)
         if not updates:

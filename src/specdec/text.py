@@ -44,6 +44,17 @@ def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
+def bad_words_ids(tokenizer, words: Sequence[str]) -> list[tuple[int, ...]]:
+    """Token ids of each bad word, alone and after a space (as vLLM: mid-text words start with one)."""
+    out: list[tuple[int, ...]] = []
+    for word in words:
+        for text in (word, " " + word.lstrip()):
+            ids = tuple(tokenizer(text, add_special_tokens=False).input_ids)
+            if ids and ids not in out:
+                out.append(ids)
+    return out
+
+
 def decode(tokenizer, token_ids: list[int]) -> str:
     return tokenizer.decode(token_ids, skip_special_tokens=True)
 
