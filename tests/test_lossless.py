@@ -196,6 +196,18 @@ def test_greedy_identity_on_default_model(smol, smol_plain, kind, tiny_llama):
         assert accepted > 0, "the repetitive prompts should exercise acceptance"
 
 
+def test_logprobs_and_penalties_on_default_model(smol, smol_plain):
+    """The quantized default model too: logprobs and penalised greedy output equal plain decoding's."""
+    prompt, _ = smol_plain["repetitive"]
+    params = SamplingParams(max_new_tokens=32, logprobs=2, frequency_penalty=0.3, repetition_penalty=1.1)
+    engine = Engine(smol.runner, draft_n_max=8)
+    plain = run_processed(smol, engine, prompt, params, None)
+    for kind in (SpecType.SUFFIX, SpecType.NGRAM):
+        seq = run_processed(smol, engine, prompt, params, drafter_for(smol, kind, 8))
+        assert seq.output_ids == plain.output_ids and seq.logprobs == plain.logprobs
+        assert seq.stats.accepted > 0
+
+
 @pytest.mark.slow  # a second copy of the model and transformers' eager generate: 8 s to 70 s on 2 busy cores
 def test_plain_greedy_equals_transformers_generate(smol):
     from transformers import AutoModelForCausalLM

@@ -102,9 +102,15 @@ class GrammarCompiler:
         return GrammarMatcher(matcher, self.vocab_size)
 
 
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Set logits [N, V] to -inf where bitmask [N, ceil(V / 32)] (int32) has a 0 bit."""
-    llg_torch.apply_token_bitmask_inplace(logits, bitmask)
+    """Set logits [N, V] to -inf where bitmask [N, ceil(V / 32)] (int32, bit j of word w = token 32w + j)
+    has a 0 bit. (llguidance's own kernel goes through torch.compile: seconds of compiling per process.)"""
+    n, vocab = logits.shape
+    allowed = ((bitmask[:, :, None] >> _BITS) & 1).bool().reshape(n, -1)[:, :vocab]  # [N, V]
+    logits.masked_fill_(~allowed, float("-inf"))
 
 
 class GrammarMatcher:
