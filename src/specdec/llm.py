@@ -124,9 +124,10 @@ class LLM:
     def encode(self, prompt: str | list[int]) -> list[int]:
         return encode_prompt(self.tokenizer, prompt)
 
-    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of ``messages`` under the model's chat template."""
-        return encode_chat(self.tokenizer, messages, add_generation_prompt)
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
+        """Token ids of ``messages`` (and ``tools``, where the template renders them) under the chat template."""
+        return encode_chat(self.tokenizer, messages, add_generation_prompt, tools)
 
     # -- generation ----------------------------------------------------------------------------
     def new_sequence(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
