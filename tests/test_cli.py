@@ -61,6 +61,23 @@ def test_greedy_speculative_cli_equals_plain(tiny_llama):
     assert fast["token_ids"] == plain["token_ids"]
 
 
+def test_logprobs_penalties_and_grammar_flags(tiny_llama, tmp_path):
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},'
+                      ' "required": ["a"], "additionalProperties": false}')
+    base = ["generate", "a b c a b c a b", "--model", str(tiny_llama), "--max-new-tokens", "16", "--json",
+            "--logprobs", "2", "--frequency-penalty", "0.5", "--logit-bias", "300=2.5", "--json-schema", str(schema)]
+    plain = json.loads(specdec(*base).stdout)
+    fast = json.loads(specdec(*base, "--spec-type", "ngram").stdout)
+    assert fast["token_ids"] == plain["token_ids"] and fast["logprobs"] == plain["logprobs"]
+    assert json.loads(plain["text"])["a"] in range(10)
+    assert len(plain["logprobs"]) == len(plain["token_ids"])
+    assert all(len(t["top_logprobs"]) == 2 and t["token_id"] == i
+               for t, i in zip(plain["logprobs"], plain["token_ids"], strict=True))
+    out = specdec("generate", "x", "--model", str(tiny_llama), "--regex", "a((")
+    assert out.returncode == 2 and "invalid regex" in out.stderr and "Traceback" not in out.stderr
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -76,6 +93,10 @@ def test_greedy_speculative_cli_equals_plain(tiny_llama):
         (["generate", "hi", "--n", "0"], "must be >= 1"),
         (["generate", "hi", "--temperature", "abc"], "invalid float value"),
         (["generate", "hi", "--spec-type", "draft-model"], "needs --draft-model"),
+        (["generate", "hi", "--logit-bias", "x"], "--logit-bias wants TOKEN=BIAS"),
+        (["generate", "hi", "--logprobs", "2"], "--logprobs needs --json"),
+        (["generate", "hi", "--regex", "a", "--choice", "b"], "not allowed with argument"),
+        (["generate", "hi", "--json-schema", "/nonexistent.json"], "cannot read /nonexistent.json"),
         (["generate"], "give exactly one of"),
         (["generate", "--prompts-file", "/nonexistent.jsonl"], "cannot read /nonexistent.jsonl"),
         (["frobnicate"], "invalid choice"),

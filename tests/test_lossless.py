@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 import specdec.verify as verify_mod
-from specdec.config import SamplingParams, SpecConfig, SpecType
+from specdec.config import SamplingParams, SpecConfig, SpecType, StructuredKind, StructuredOutput
 from specdec.drafters.base import Drafter, DraftProposal
 from specdec.drafters.ngram_map import chains_to_proposal
 from specdec.drafters.registry import DraftResources
@@ -26,6 +26,7 @@ from specdec.engine import Engine, Sequence
 from specdec.llm import LLM
 from specdec.runners.base import SeqInput
 from specdec.sampling import probs_from_logits
+from specdec.tree import DraftTree
 
 TOKEN_DRAFTERS = [t for t in SpecType if t not in (SpecType.NONE, SpecType.DRAFT_MODEL)]
 
@@ -199,6 +200,19 @@ def test_greedy_identity_on_default_model(smol, smol_plain, kind, tiny_llama):
         assert accepted > 0, "the repetitive prompts should exercise acceptance"
 
 
+def test_logprobs_and_penalties_on_default_model(smol, smol_plain):
+    """The quantized default model too: logprobs and penalised greedy output equal plain decoding's."""
+    prompt, _ = smol_plain["repetitive"]
+    params = SamplingParams(max_new_tokens=32, logprobs=2, frequency_penalty=0.3, repetition_penalty=1.1)
+    # Not adaptive: on a busy machine the pass-cost model may decide drafting does not pay.
+    engine = Engine(smol.runner, draft_n_max=8, adaptive=False)
+    plain = run_processed(smol, engine, prompt, params, None)
+    for kind in (SpecType.SUFFIX, SpecType.NGRAM):
+        seq = run_processed(smol, engine, prompt, params, drafter_for(smol, kind, 8))
+        assert seq.output_ids == plain.output_ids and seq.logprobs == plain.logprobs
+        assert seq.stats.accepted > 0
+
+
 @pytest.mark.slow  # a second copy of the model and transformers' eager generate: 8 s to 70 s on 2 busy cores
 def test_plain_greedy_equals_transformers_generate():
     from transformers import AutoModelForCausalLM
@@ -362,3 +376,110 @@ def test_exact_distribution_sums_to_one(peaked):
     assert abs(sum(dist.values()) - 1.0) < 1e-4
     assert len(dist) <= TOP_K**SEQ_LEN
     assert all(len(k) == SEQ_LEN for k in itertools.islice(dist, 5))
+
+
+# -- history processors and grammars: applied per verify row, so still lossless -------------------
+# Each case also asks for logprobs, which must equal plain decoding's bit for bit (raw target rows).
+
+PROCESSED_CASES = {
+    # The bias makes four tokens win, the penalties choose among them by their counts so far,
+    # including the drafted tokens before each row: output cycles, so look-up drafts get accepted.
+    "penalties": dict(logit_bias={10: 20.0, 11: 20.0, 12: 20.0, 13: 20.0}, frequency_penalty=0.9,
+                      presence_penalty=0.5, repetition_penalty=1.2),
+    # EOS (id 2) pushed to the top, held back for 12 tokens.
+    "bias-min-bad": dict(logit_bias={2: 40.0, 301: -3.0}, min_tokens=12, bad_words=("the", "ing")),
+    "regex": dict(structured=StructuredOutput(StructuredKind.REGEX, r"[a-z]{2,6}( [a-z]{2,6}){3,12}\.")),
+    "json": dict(structured=StructuredOutput(
+        StructuredKind.JSON_SCHEMA,
+        '{"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": '
+        '{"type": "string", "maxLength": 6}, "maxItems": 4}}, "required": ["a", "b"]}')),
+}
+
+
+def processed(n: int, case: str, **kw) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, logprobs=4, **PROCESSED_CASES[case], **kw)
+
+
+def run_processed(llm: LLM, engine: Engine, prompt: list[int], params: SamplingParams,
+                  drafter: Drafter | None) -> Sequence:
+    seq = Sequence(prompt, params, drafter=drafter, processors=llm.processors(prompt, params))
+    for _ in engine.generate(seq):
+        pass
+    return seq
+
+
+@pytest.fixture(scope="module")
+def bigram(tiny_model_factory) -> LLM:
+    """Greedy output of a bigram model falls into cycles: drafts from repetition get accepted,
+    and the penalties bite exactly on the tokens a draft repeats."""
+    return LLM(str(tiny_model_factory("llama", seed=2, bigram=True)), max_model_len=512)
+
+
+@pytest.mark.parametrize("case", PROCESSED_CASES)
+@pytest.mark.parametrize("kind", [*TOKEN_DRAFTERS, SpecType.DRAFT_MODEL])
+def test_greedy_identity_and_logprobs_with_processors_every_drafter(bigram, tiny_model_factory, kind, case):
+    engine = Engine(bigram.runner, draft_n_max=6, adaptive=False)
+    prompt = [5, 6, 7, 8, 9] * 4
+    plain = run_processed(bigram, engine, prompt, processed(32, case), None)
+    # draft-model drafts with the target itself, unpenalised: accepted until the processors make a difference.
+    draft = str(tiny_model_factory("llama", seed=2, bigram=True)) if kind is SpecType.DRAFT_MODEL else None
+    seq = run_processed(bigram, engine, prompt, processed(32, case), drafter_for(bigram, kind, 6, draft))
+    assert seq.output_ids == plain.output_ids
+    assert seq.logprobs == plain.logprobs  # floats compared exactly
+    assert len(seq.logprobs) == len(seq.output_ids)
+    if case == "penalties" and kind is not SpecType.DRAFT_MODEL:  # the unbiased draft model is always wrong
+        assert seq.stats.accepted > 0
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompt=prompts, k=st.integers(1, 10), wrong_at=st.integers(0, 10), tree=st.booleans(),
+       case=st.sampled_from(list(PROCESSED_CASES)))
+def test_processors_over_long_accepts_and_rejections(bigram, prompt, k, wrong_at, tree, case):
+    engine = Engine(bigram.runner, draft_n_max=k, adaptive=False)
+    plain = run_processed(bigram, engine, prompt, processed(24, case), None)
+    drafter = ReplayDrafter(plain.output_ids, len(prompt), wrong_at, tree)
+    seq = run_processed(bigram, engine, prompt, processed(24, case), drafter)
+    assert seq.output_ids == plain.output_ids and seq.logprobs == plain.logprobs
+    assert seq.stats.accepted > 0 or wrong_at == 0 or k == 1 or len(plain.output_ids) < 3
+
+
+def exact_processed_distribution(llm: LLM, prompt: list[int], params: SamplingParams) -> dict[tuple, float]:
+    """exact_distribution with the sequence's processors applied after each enumerated prefix."""
+    slot = llm.runner.allocate()
+    dist: dict[tuple, float] = {(): 1.0}
+    for _ in range(SEQ_LEN):
+        nxt = {}
+        for prefix, mass in dist.items():
+            llm.runner.truncate(slot, 0)
+            logits = llm.runner.run([SeqInput(slot, [*prompt, *prefix], all_logits=False)]).logits[0]
+            procs = llm.processors(prompt, params)
+            procs.advance(list(prefix))
+            tokens = [*prompt, *prefix]
+            p = probs_from_logits(procs.apply(logits, DraftTree.chain(tokens[-1], []), tokens), params)[0]
+            for tok in torch.nonzero(p).flatten().tolist():
+                nxt[(*prefix, tok)] = mass * float(p[tok])
+        dist = nxt
+    llm.runner.free(slot)
+    return dist
+
+
+def test_sampling_distribution_with_penalties(peaked, tiny_model_factory):
+    """The draft model's q knows nothing of the penalties, so p differs from what it drafted for and
+    the residual max(0, p - q) does real work. (Deterministic drafters share the verifier code; the
+    greedy tests above cover their per-row histories.) ~2 min on 2 busy cores."""
+    prompt, base, _ = sampling_case(peaked)
+    # A repetition penalty on the prompt's tokens, which the drafts continue.
+    params = SamplingParams(**{**base.__dict__, "repetition_penalty": 1.3, "frequency_penalty": 0.7,
+                               "presence_penalty": 0.3})
+    dist = exact_processed_distribution(peaked, prompt, params)
+    assert dist != exact_distribution(peaked, prompt, base)  # the penalties change the target
+    draft = flat_draft(tiny_model_factory)
+    engine = Engine(peaked.runner, draft_n_max=4, adaptive=False)
+    counts, accepted = Counter(), 0
+    for i in range(N_SAMPLES):
+        p = SamplingParams(**{**params.__dict__, "seed": 20_000 + i})
+        seq = run_processed(peaked, engine, prompt, p, drafter_for(peaked, SpecType.DRAFT_MODEL, 4, draft))
+        counts[tuple(seq.output_ids)] += 1
+        accepted += seq.stats.accepted
+    assert chi2_pvalue(counts, dist) > 1e-3
+    assert accepted > 0

@@ -143,6 +143,136 @@ def test_chat_matches_offline(tiny, client):
     assert chunks[-1].model_extra["spec_decode"]["drafted"] >= 0
 
 
+# -- the sampling API under speculation: logprobs, echo, penalties, structured output, tools ---------
+def test_completion_logprobs_equal_offline_streamed_and_not(tiny, client):
+    url, llm, offline = tiny
+    prompt = "one two three one two three one two"
+    want = offline.generate(prompt, SamplingParams(max_new_tokens=12, logprobs=3))[0].choices[0]
+    r = client.completions.create(model=llm.model_name, prompt=prompt, max_tokens=12, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert lp.token_logprobs == [t.logprob for t in want.logprobs]  # exact: speculation changes no bit
+    assert len(lp.tokens) == len(want.token_ids) and all(len(top) >= 3 for top in lp.top_logprobs)
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    chunks = list(client.completions.create(model=llm.model_name, prompt=prompt, max_tokens=12, temperature=0,
+                                            logprobs=3, stream=True))
+    streamed = [x for c in chunks if c.choices and c.choices[0].logprobs for x in c.choices[0].logprobs.token_logprobs]
+    assert streamed == lp.token_logprobs
+
+
+def test_echo_returns_prompt_with_its_logprobs(tiny, client):
+    url, llm, offline = tiny
+    prompt = "alpha beta gamma"
+    ids = llm.encode(prompt)
+    r = client.completions.create(model=llm.model_name, prompt=prompt, max_tokens=4, temperature=0, echo=True,
+                                  logprobs=1)
+    choice = r.choices[0]
+    assert choice.text.startswith(offline.tokenizer.decode(ids, skip_special_tokens=True))
+    assert len(choice.logprobs.tokens) == len(ids) + r.usage.completion_tokens
+    assert choice.logprobs.token_logprobs[0] is None and choice.logprobs.top_logprobs[0] is None
+    want = offline.generate(ids, SamplingParams(max_new_tokens=4, prompt_logprobs=1))[0].prompt_logprobs
+    assert choice.logprobs.token_logprobs[1 : len(ids)] == [t.logprob for t in want[1:]]
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=llm.model_name, prompt=prompt, max_tokens=4, temperature=0, echo=True, stream=True) if c.choices)
+    assert streamed == choice.text
+
+
+def test_chat_logprobs_and_penalties_equal_offline(tiny, client):
+    url, llm, offline = tiny
+    messages = [{"role": "user", "content": "Count: 1 2 3 1 2 3 1 2 3"}]
+    params = SamplingParams(max_new_tokens=10, logprobs=2, presence_penalty=0.5, frequency_penalty=0.5,
+                            logit_bias={300: 5.0})
+    want = offline.generate(llm.chat_prompt(messages), params)[0].choices[0]
+    kw = dict(model=llm.model_name, messages=messages, max_tokens=10, temperature=0, logprobs=True, top_logprobs=2,
+              presence_penalty=0.5, frequency_penalty=0.5, logit_bias={"300": 5.0})
+    r = client.chat.completions.create(**kw)
+    content = r.choices[0].logprobs.content
+    assert r.choices[0].message.content == want.text
+    assert [c.logprob for c in content] == [t.logprob for t in want.logprobs]
+    assert all(len(c.top_logprobs) == 2 and c.bytes == list(c.token.encode()) for c in content)
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    assert [c.logprob for ch in chunks if ch.choices and ch.choices[0].logprobs
+            for c in ch.choices[0].logprobs.content] == [c.logprob for c in content]
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                           "rank": {"type": "integer", "minimum": 0, "maximum": 99}},
+          "required": ["city", "rank"], "additionalProperties": False}
+
+
+def test_response_format_json_schema_parses_and_equals_offline(tiny, client):
+    import jsonschema
+
+    from specdec.config import StructuredKind, StructuredOutput
+
+    url, llm, offline = tiny
+    messages = [{"role": "user", "content": "A city and its rank as JSON."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA, "strict": True}}
+    r = client.chat.completions.create(model=llm.model_name, messages=messages, max_tokens=60, temperature=0,
+                                       response_format=fmt)
+    jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+    structured = StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps(SCHEMA))
+    want = offline.generate(llm.chat_prompt(messages), SamplingParams(max_new_tokens=60, structured=structured))[0]
+    assert r.choices[0].message.content == want.text
+    obj = client.chat.completions.create(model=llm.model_name, messages=messages, max_tokens=60, temperature=0.8,
+                                         seed=1, response_format={"type": "json_object"})
+    assert obj.choices[0].message.content.startswith("{")  # any object: the random model may run past 60 tokens
+    if obj.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(obj.choices[0].message.content), dict)
+    r = client.completions.create(model=llm.model_name, prompt="Pick:", max_tokens=8, temperature=0,
+                                  extra_body={"guided_choice": ["left", "right"]})
+    assert r.choices[0].text in ("left", "right")
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+                                                "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {"name": "get_time"}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_tool_calls(tiny, client, stream):
+    url, llm, _ = tiny
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    for choice, name in (("required", None), ({"type": "function", "function": {"name": "get_weather"}},
+                                               "get_weather")):
+        r = client.chat.completions.create(model=llm.model_name, messages=messages, max_tokens=60, temperature=0,
+                                           tools=[WEATHER, CLOCK], tool_choice=choice, stream=stream)
+        if stream:
+            chunks = [c for c in r if c.choices]
+            assert chunks[-1].choices[0].finish_reason == "tool_calls"
+            calls = chunks[-1].choices[0].delta.tool_calls
+        else:
+            assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
+            calls = r.choices[0].message.tool_calls
+        assert len(calls) == 1 and calls[0].id.startswith("call_")
+        assert calls[0].function.name in ({name} if name else {"get_weather", "get_time"})
+        args = json.loads(calls[0].function.arguments)
+        if calls[0].function.name == "get_weather":
+            assert isinstance(args["city"], str)
+    # The call goes back into the conversation with its result.
+    follow = client.chat.completions.create(model=llm.model_name, max_tokens=4, temperature=0, tools=[WEATHER],
+                                            messages=[*messages, {"role": "assistant", "tool_calls": [
+                                                {"id": "call_1", "type": "function", "function": {
+                                                    "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                                                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}])
+    assert follow.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
+def test_parse_tool_calls_formats():
+    from specdec.server.protocol import Tool
+    from specdec.server.tools import parse_tool_calls
+
+    tools = [Tool.model_validate(WEATHER)]
+    assert parse_tool_calls('{"name": "get_weather", "arguments": {"city": "Oslo"}}', tools)[0].function.name \
+        == "get_weather"
+    wrapped = parse_tool_calls('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
+                               tools)
+    assert json.loads(wrapped[0].function.arguments) == {"city": "Oslo"}
+    assert parse_tool_calls("It is sunny.", tools) == []
+    assert parse_tool_calls('{"name": "other", "arguments": {}}', tools) == []
+
+
 def test_raw_sse_ends_with_done(tiny):
     url, llm, _ = tiny
     body = {"model": llm.model_name, "prompt": "Hello", "max_tokens": 4, "stream": True}
@@ -306,7 +436,16 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "hi", "temperature": -1}, AUTH, 400, "invalid_value"),
     ("/v1/completions", {"prompt": "hi", "top_p": 0}, AUTH, 400, "invalid_value"),
     ("/v1/completions", {"prompt": "hi", "n": 17, "max_tokens": 1}, AUTH, 400, None),
-    ("/v1/completions", {"prompt": "hi", "logprobs": 2}, AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 21}, AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"x": 1}}, AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 101}}, AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"99999999": 1}}, AUTH, 400, None),
+    ("/v1/completions", {"prompt": "hi", "presence_penalty": 3}, AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "guided_regex": "a(("}, AUTH, 400, "invalid_grammar"),
+    ("/v1/completions", {"prompt": "hi", "guided_grammar": "start: nothing_defined"}, AUTH, 400, "invalid_grammar"),
+    ("/v1/completions", {"prompt": "hi", "guided_choice": []}, AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "guided_regex": "a", "guided_choice": ["b"]}, AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "suffix": "x"}, AUTH, 400, "invalid_value"),
     ("/v1/completions", {"prompt": "hi", "model": "gpt-9"}, AUTH, 404, "model_not_found"),
     ("/v1/completions", {"prompt": ""}, AUTH, 400, "empty_prompt"),
     ("/v1/completions", {"prompt": []}, AUTH, 400, "empty_prompt"),
@@ -319,8 +458,25 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"messages": []}, AUTH, 400, "invalid_value"),
     ("/v1/chat/completions", {"messages": "hello"}, AUTH, 400, "invalid_value"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, AUTH, 400, "invalid_value"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, AUTH, 400,
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, AUTH, 400,
      "invalid_value"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 30,
+                              "logprobs": True}, AUTH, 400, "invalid_value"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                                  "type": "object", "properties": 3}}}}, AUTH, 400, "invalid_grammar"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, AUTH, 400,
+     "invalid_value"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "xml"}},
+     AUTH, 400, "invalid_value"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, AUTH, 400,
+     "invalid_value"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function",
+     "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}, AUTH, 400,
+     "invalid_value"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "text": "x"}]}]},
+     AUTH, 400, "invalid_value"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": "NaN"}, AUTH, 400,
      "invalid_value"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "model": 3}, AUTH, 400,
@@ -349,9 +505,10 @@ def test_bad_input_gets_openai_error(tiny, path, body, headers, status, code):
 def test_openai_client_raises_typed_errors(tiny, client):
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-model", prompt="hi", max_tokens=2)
-    with pytest.raises(openai.BadRequestError, match="not supported"):
+    with pytest.raises(openai.BadRequestError, match="invalid json"):
         client.chat.completions.create(model=tiny[1].model_name, messages=[{"role": "user", "content": "hi"}],
-                                       logprobs=True, max_tokens=2)
+                                       max_tokens=2, response_format={"type": "json_schema", "json_schema": {
+                                           "name": "bad", "schema": {"type": "object", "required": "a"}}})
     bad_key = openai.OpenAI(base_url=tiny[0] + "/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad_key.models.list()
@@ -458,7 +615,9 @@ JSON_VALUES = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=
                            | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "min_p", "seed", "stop", "n", "stream", "stream_options", "logprobs", "ignore_eos", "echo",
-          "spec_decode_detail", "spec_decode_drafter"]
+          "spec_decode_detail", "spec_decode_drafter",
+          "top_logprobs", "presence_penalty", "logit_bias", "response_format", "guided_regex", "guided_choice",
+          "tools", "tool_choice", "bad_words", "min_tokens"]
 PLAUSIBLE = {
     "prompt": st.text(min_size=0, max_size=30) | st.lists(st.integers(-5, 60000), max_size=5),
     "messages": st.lists(st.fixed_dictionaries({

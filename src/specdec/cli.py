@@ -15,9 +15,10 @@ from pathlib import Path
 
 from specdec.bench.cli import add_bench_args, cmd_bench
 from specdec.cli_args import Parser, add_model_args, add_spec_args, positive_int, spec_from_args
-from specdec.config import SamplingParams, SpecConfig
+from specdec.config import SamplingParams, SpecConfig, StructuredKind, StructuredOutput
 from specdec.errors import ModelLoadError, UsageError
 from specdec.llm import LLM
+from specdec.logprobs import TokenLogprob
 from specdec.server.cli import add_serve_args, cmd_serve
 from specdec.terminal import DraftPainter
 
@@ -43,11 +44,58 @@ def build_parser() -> Parser:
                    help="one JSON object per prompt on stdout (\"origins\": per token, the drafter or \"target\")")
     g.add_argument("--show-drafts", action="store_true",
                    help="colour accepted drafted tokens by drafter (target tokens plain), with a legend on stderr")
+    add_processor_args(g)
     add_model_args(g)
     add_spec_args(g)
     add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
     add_bench_args(sub.add_parser("bench", help="benchmark methods and peers side by side"))
     return parser
+
+
+def add_processor_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("logprobs, penalties and structured output (all exact under speculation)")
+    g.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="with --json: each token's logprob and the N most likely tokens' (raw target distribution)")
+    g.add_argument("--presence-penalty", type=float, default=0.0)
+    g.add_argument("--frequency-penalty", type=float, default=0.0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--logit-bias", action="append", default=[], metavar="TOKEN=BIAS",
+                   help="add BIAS to token id TOKEN's logit (repeatable)")
+    g.add_argument("--min-tokens", type=int, default=0, help="no EOS before this many tokens")
+    g.add_argument("--bad-word", action="append", default=[], help="a word never to produce (repeatable)")
+    s = g.add_mutually_exclusive_group()
+    s.add_argument("--json-schema", metavar="FILE", help="output follows this JSON schema")
+    s.add_argument("--json-object", action="store_true", help="output is a JSON object")
+    s.add_argument("--regex", metavar="R", help="output matches this regular expression")
+    s.add_argument("--grammar", metavar="FILE", help="output follows this Lark or GBNF grammar")
+    s.add_argument("--choice", action="append", metavar="TEXT", help="output is one of these (repeatable)")
+
+
+def structured_from_args(args: argparse.Namespace) -> StructuredOutput | None:
+    if args.json_schema:
+        return StructuredOutput(StructuredKind.JSON_SCHEMA, _read_text(args.json_schema))
+    if args.json_object:
+        return StructuredOutput(StructuredKind.JSON_OBJECT)
+    if args.regex:
+        return StructuredOutput(StructuredKind.REGEX, args.regex)
+    if args.grammar:
+        return StructuredOutput(StructuredKind.GRAMMAR, _read_text(args.grammar))
+    if args.choice:
+        return StructuredOutput(StructuredKind.CHOICE, json.dumps(args.choice))
+    return None
+
+
+def parse_logit_bias(items: list[str]) -> dict[int, float]:
+    bias = {}
+    for item in items:
+        token, sep, value = item.partition("=")
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise UsageError(f"--logit-bias wants TOKEN=BIAS, got {item!r}") from None
+        if not sep:
+            raise UsageError(f"--logit-bias wants TOKEN=BIAS, got {item!r}")
+    return bias
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
@@ -87,6 +135,10 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
         return SamplingParams(
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
             top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop), n=args.n,
+            logprobs=args.logprobs, presence_penalty=args.presence_penalty,
+            frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty,
+            logit_bias=parse_logit_bias(args.logit_bias), min_tokens=args.min_tokens,
+            bad_words=tuple(args.bad_word), structured=structured_from_args(args),
         )
     except ValueError as exc:
         raise UsageError(str(exc).replace("max_new_tokens", "--max-new-tokens")) from None
@@ -97,6 +149,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError("--show-drafts colours the text output; with --json, read \"origins\" instead")
     prompts = read_prompts(args)
     params = sampling_from_args(args)
+    if params.logprobs is not None and not args.json:
+        raise UsageError("--logprobs needs --json")
     spec = spec_from_args(args)
     llm = LLM(args.model, dtype=args.dtype, spec=spec, max_model_len=args.max_model_len, device=args.device,
               backend=args.backend, quantization=args.quantization)
@@ -109,6 +163,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             inputs.append(p)
     for ids in inputs:
         llm.engine.check_prompt(llm.encode(ids))
+        llm.processors(llm.encode(ids), params)  # a bad grammar or logit_bias fails here, before warm-up
     llm.warmup()
     painter = DraftPainter([t.value for t in llm.drafts.loaded()], sys.stdout, sys.stderr) if args.show_drafts \
         else None
@@ -117,9 +172,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
             out = llm.generate(prompt, params)[0]
             record = {"text": out.text, "token_ids": out.token_ids, "origins": out.choices[0].origins,
                       "finish_reason": out.choices[0].finish_reason, "stats": out.stats.to_dict()}
+            if params.logprobs is not None:
+                record["logprobs"] = logprobs_record(llm, out.choices[0].logprobs)
             if params.n > 1:
                 record["choices"] = [{"text": c.text, "token_ids": c.token_ids, "origins": c.origins,
                                       "finish_reason": c.finish_reason} for c in out.choices]
+                if params.logprobs is not None:
+                    for rec, c in zip(record["choices"], out.choices, strict=True):
+                        rec["logprobs"] = logprobs_record(llm, c.logprobs)
             print(json.dumps(record), flush=True)
         else:
             for i in range(params.n):
@@ -135,6 +195,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
                         if painter is not None:
                             painter.legend()
     return 0
+
+
+def logprobs_record(llm: LLM, entries: list[TokenLogprob]) -> list[dict]:
+    """One object per token: its id, text, logprob, rank and the top tokens."""
+    def text(token_id: int) -> str:
+        return llm.tokenizer.decode([token_id])
+
+    return [{"token_id": e.token_id, "token": text(e.token_id), "logprob": e.logprob, "rank": e.rank,
+             "top_logprobs": [{"token_id": t, "token": text(t), "logprob": lp} for t, lp in e.top]}
+            for e in entries]
 
 
 def stats_line(stats, spec: SpecConfig) -> str:

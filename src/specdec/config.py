@@ -42,9 +42,35 @@ class ModelConfig:
         return self.sliding_window is not None and layer in self.sliding_layers
 
 
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs; OpenAI allows 20 top_logprobs
+
+
+class StructuredKind(str, enum.Enum):
+    """What a ``StructuredOutput`` constrains the text to (vLLM's ``structured_outputs`` keys)."""
+
+    JSON_SCHEMA = "json"  # a JSON schema, as JSON text
+    JSON_OBJECT = "json_object"  # any JSON object (``spec`` unused)
+    REGEX = "regex"
+    CHOICE = "choice"  # ``spec`` is a JSON list of strings
+    GRAMMAR = "grammar"  # Lark, or GBNF/EBNF (llama.cpp's grammar format)
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A grammar the output must follow; compiled per request by ``specdec.grammar``."""
+
+    kind: StructuredKind
+    spec: str = ""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the next token is chosen. temperature == 0 means greedy."""
+    """How the next token is chosen. temperature == 0 means greedy.
+
+    The history-dependent processors (penalties, logit_bias, min_tokens, bad_words)
+    and ``structured`` act on the target's logits at every verified position, with
+    the draft tokens before that position counted as history: see ``processors.py``.
+    """
 
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -55,8 +81,22 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     n: int = 1
+    # Logprobs of the target's raw distribution (vLLM's default "raw_logprobs" mode): None = off,
+    # N = the chosen token's logprob and the N most likely tokens' at each output position.
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None  # the same for the prompt's tokens (the first has none)
+    presence_penalty: float = 0.0  # OpenAI: minus this once a token is in the output
+    frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count in the output
+    repetition_penalty: float = 1.0  # CTRL/vLLM: divide (or multiply, when < 0) logits of prompt+output tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); a dict is accepted and sorted
+    min_tokens: int = 0  # EOS is banned until this many tokens are out
+    bad_words: tuple[str, ...] = ()  # never produce these words (as tokens, with and without a leading space)
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.logit_bias, dict):
+            pairs = tuple(sorted((int(k), float(v)) for k, v in self.logit_bias.items()))
+            object.__setattr__(self, "logit_bias", pairs)
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:
@@ -69,10 +109,30 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
+        if not -2.0 <= self.presence_penalty <= 2.0 or not -2.0 <= self.frequency_penalty <= 2.0:
+            raise ValueError("presence_penalty and frequency_penalty must be in [-2, 2]")
+        if not 0 < self.repetition_penalty <= 10:
+            raise ValueError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        if any(not -100 <= bias <= 100 for _, bias in self.logit_bias):
+            raise ValueError("logit_bias values must be in [-100, 100]")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if any(not w for w in self.bad_words):
+            raise ValueError("bad_words holds an empty word")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_history_processors(self) -> bool:
+        """Whether any processor reads the tokens before a position (see ``processors.py``)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_tokens or self.bad_words)
 
     def for_choice(self, i: int) -> SamplingParams:
         """Settings of the i-th of n samples: one sequence, seed + i (kept below 2**63)."""

@@ -19,6 +19,8 @@ from specdec.adaptive import DraftLengthPolicy, PassCost
 from specdec.config import SamplingParams
 from specdec.drafters.base import Drafter, DraftProposal
 from specdec.errors import ContextOverflowError
+from specdec.logprobs import TokenLogprob, token_logprobs
+from specdec.processors import SequenceProcessors
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator
 from specdec.stats import SpecStats
@@ -38,6 +40,9 @@ class Sequence:
     stats: SpecStats = field(default_factory=SpecStats)
     policy: DraftLengthPolicy = field(default_factory=DraftLengthPolicy)
     finish_reason: str | None = None  # "stop" or "length"
+    processors: SequenceProcessors | None = None  # penalties, logit_bias, grammar, ... (None: none asked)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, when params.logprobs is set
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (the first None), when asked
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt_ids)
@@ -79,6 +84,7 @@ class StepResult:
     # Drafted tokens past the accepted ones, which the target turned down (for a tree, the first
     # branch below the last accepted node): what a viewer shows struck through.
     rejected_ids: list[int] = field(default_factory=list)
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token of token_ids, when params.logprobs is set
 
 
 class Engine:
@@ -115,14 +121,20 @@ class Engine:
                 seq.generator = make_generator(seq.params.seed, self.runner.device)
             if seq.drafter is not None:
                 seq.drafter.begin(seq.prompt_ids, seq.params)
+            if seq.params.prompt_logprobs is not None:
+                seq.prompt_logprobs = [None]
         todo = [s for s in seqs if len(s.prompt_ids) > 1]
         if not todo:
             return 0.0
-        out = self.runner.run([SeqInput(s.slot, s.prompt_ids[:-1], all_logits=False) for s in todo])
-        for s in todo:
+        out = self.runner.run([
+            SeqInput(s.slot, s.prompt_ids[:-1], all_logits=s.params.prompt_logprobs is not None) for s in todo
+        ])
+        for s, logits in zip(todo, out.logits, strict=True):
             s.stats.target_forwards += 1
             s.stats.prefill_seconds += out.seconds
             s.stats.target_seconds += out.seconds
+            if s.prompt_logprobs is not None:  # row i predicts prompt token i + 1
+                s.prompt_logprobs.extend(token_logprobs(logits, s.prompt_ids[1:], s.params.prompt_logprobs))
         return out.seconds
 
     def finish(self, seq: Sequence) -> None:
@@ -174,6 +186,8 @@ class Engine:
                 raise RuntimeError(f"drafter {seq.drafter.name} proposed {len(proposal)} > {room} tokens")
             if not self.runner.supports_trees:
                 proposal = proposal.first_path()
+            if seq.processors is not None:
+                proposal = seq.processors.cut(proposal)
             if len(proposal) < self.draft_n_min:
                 proposal = DraftProposal([])
         drafter = (proposal.drafter or seq.drafter.name) if len(proposal) and seq.drafter is not None else None
@@ -186,9 +200,20 @@ class Engine:
     def _commit(self, d: Draft, logits: torch.Tensor, pass_seconds: float, pass_rows: int) -> StepResult:
         seq, stats = d.seq, d.seq.stats
         tree = d.proposal.to_tree(seq.tokens[-1])
-        result = verify(tree, logits, seq.params, d.proposal.probs, seq.generator)
+        # Penalties and grammar masks act on each row with the drafted path before it as history.
+        target = logits if seq.processors is None else seq.processors.apply(logits, tree, seq.tokens)
+        result = verify(tree, target, seq.params, d.proposal.probs, seq.generator)
         self.runner.commit(seq.slot, d.cache_len, result.path)
         new = self._truncate(seq, result.token_ids)
+        if seq.processors is not None:
+            # A complete grammar ends the output at once, in a plain step or mid-draft alike.
+            new = new[: seq.processors.advance(new)]
+            if seq.processors.finished:
+                seq.finish_reason = "stop"
+        logprobs: tuple[TokenLogprob, ...] = ()
+        if seq.params.logprobs is not None:  # row path[i] predicted token_ids[i]; raw logits (logprobs.py)
+            logprobs = tuple(token_logprobs(logits[result.path[: len(new)]], new, seq.params.logprobs))
+            seq.logprobs.extend(logprobs)
         seq.tokens.extend(new)
         if seq.drafter is not None:
             seq.drafter.accept(seq.tokens, result.num_accepted)
@@ -204,7 +229,7 @@ class Engine:
         if seq.finish_reason is None and self.runner.lengths[seq.slot] + 2 >= self.runner.max_seq_len:
             seq.finish_reason = "length"
         return StepResult(new, len(d.proposal), result.num_accepted, d.drafter, d.seconds, pass_seconds, pass_rows,
-                          seq.finish_reason, _rejected(tree, result.path[-1]))
+                          seq.finish_reason, _rejected(tree, result.path[-1]), logprobs)
 
     def _truncate(self, seq: Sequence, tokens: list[int]) -> list[int]:
         """Cut the step's tokens at EOS or max_new_tokens, setting the finish reason."""

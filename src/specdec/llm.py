@@ -11,14 +11,25 @@ from dataclasses import dataclass, field
 import torch
 from threadpoolctl import threadpool_limits
 
-from specdec.config import SamplingParams, SpecConfig, SpecType, parse_spec_types
+from specdec.config import SamplingParams, SpecConfig, SpecType, StructuredKind, StructuredOutput, parse_spec_types
 from specdec.drafters.registry import DraftResources
 from specdec.engine import Engine, Sequence, StepResult
 from specdec.errors import ModelLoadError
+from specdec.grammar import GrammarCompiler, GrammarError
+from specdec.logprobs import TokenLogprob
+from specdec.processors import HistoryProcessor, SequenceProcessors
 from specdec.provenance import PieceStream, TokenPiece, step_origins
 from specdec.runners.load import load_runner
 from specdec.stats import SpecStats
-from specdec.text import StopChecker, TextStream, as_prompt_list, encode_chat, encode_prompt, load_tokenizer
+from specdec.text import (
+    StopChecker,
+    TextStream,
+    as_prompt_list,
+    bad_words_ids,
+    encode_chat,
+    encode_prompt,
+    load_tokenizer,
+)
 
 
 @dataclass
@@ -27,6 +38,7 @@ class Completion:
     token_ids: list[int]
     finish_reason: str | None
     origins: list[str] = field(default_factory=list)  # per token: the drafter that proposed it, or "target"
+    logprobs: list[TokenLogprob] | None = None  # one per token, when SamplingParams.logprobs is set
 
 
 @dataclass
@@ -35,6 +47,7 @@ class Output:
     prompt_token_ids: list[int]
     choices: list[Completion]
     stats: SpecStats = field(default_factory=SpecStats)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # when SamplingParams.prompt_logprobs is set
 
     @property
     def text(self) -> str:
@@ -55,6 +68,7 @@ class StreamEvent:
     origins: list[str] = field(default_factory=list)  # per token of token_ids: a drafter's name or "target"
     pieces: list[TokenPiece] = field(default_factory=list)  # the tokens whose text this event shows
     step: StepResult | None = None  # the engine step, with its drafted and rejected tokens
+    logprobs: list[TokenLogprob] | None = None  # for token_ids, when SamplingParams.logprobs is set
 
 
 class LLM:
@@ -93,6 +107,7 @@ class LLM:
                 threadpool_limits(limits=1, user_api="blas")
         self.tokenizer = load_tokenizer(self.folder)
         self.model_name = str(model) if model else "SmolLM2-135M-Instruct"
+        self.grammars = GrammarCompiler(self.tokenizer, self.runner.vocab_size, self.runner.eos_token_ids)
         self._dtype, self._device, self._max_num_seqs = dtype, device, max_num_seqs
         self.set_spec(spec or SpecConfig())
 
@@ -114,16 +129,32 @@ class LLM:
     def encode(self, prompt: str | list[int]) -> list[int]:
         return encode_prompt(self.tokenizer, prompt)
 
-    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of ``messages`` under the model's chat template."""
-        return encode_chat(self.tokenizer, messages, add_generation_prompt)
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
+        """Token ids of ``messages`` (and ``tools``, where the template renders them) under the chat template."""
+        return encode_chat(self.tokenizer, messages, add_generation_prompt, tools)
 
     # -- generation ----------------------------------------------------------------------------
     def new_sequence(self, prompt_ids: list[int], params: SamplingParams,
                      spec_types: Seq[SpecType] | None = None) -> Sequence:
-        """spec_types: draft with these of the loaded methods only (() = plain decoding); None = all."""
+        """An engine sequence; raises ValueError (GrammarError for a bad grammar) on unusable settings.
+
+        spec_types: draft with these of the loaded methods only (() = plain decoding); None = all."""
         stop = StopChecker(self.tokenizer, params.stop) if params.stop else None
-        return Sequence(prompt_ids, params, drafter=self.drafts.new_drafter(spec_types), should_stop=stop)
+        processors = self.processors(prompt_ids, params)
+        return Sequence(prompt_ids, params, drafter=self.drafts.new_drafter(spec_types), should_stop=stop,
+                        processors=processors)
+
+    def processors(self, prompt_ids: list[int], params: SamplingParams) -> SequenceProcessors | None:
+        """The sequence's history processors and grammar matcher; None when it has neither."""
+        if not params.has_history_processors and params.structured is None:
+            return None
+        history = None
+        if params.has_history_processors:
+            history = HistoryProcessor(params, prompt_ids, self.runner.vocab_size, self.runner.eos_token_ids,
+                                       bad_words_ids(self.tokenizer, params.bad_words))
+        grammar = None if params.structured is None else self.grammars.matcher(params.structured)
+        return SequenceProcessors(history, grammar)
 
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[StreamEvent]:
         """Generate one completion, yielding text as each step commits tokens."""
@@ -135,7 +166,9 @@ class LLM:
             pieces = text.push(step.token_ids, origins, final=seq.finished)
             delta = "".join(p.text for p in pieces)
             stats = seq.stats if seq.finished else None
-            yield StreamEvent(delta, step.token_ids, seq.finished, seq.finish_reason, stats, origins, pieces, step)
+            logprobs = list(step.logprobs) if params.logprobs is not None else None
+            yield StreamEvent(delta, step.token_ids, seq.finished, seq.finish_reason, stats, origins, pieces, step,
+                              logprobs)
 
     def generate(
         self, prompts: str | list[int] | Seq[str | list[int]], params: SamplingParams | None = None
@@ -149,20 +182,22 @@ class LLM:
             out = Output(prompt, ids, [])
             t0 = time.perf_counter()
             for i in range(params.n):
-                choice, stats = self._run_one(ids, params.for_choice(i))
+                choice, seq = self._run_one(ids, params.for_choice(i))
                 out.choices.append(choice)
-                out.stats.merge(stats)
+                out.stats.merge(seq.stats)
+                out.prompt_logprobs = seq.prompt_logprobs
             out.stats.seconds = time.perf_counter() - t0
             outputs.append(out)
         return outputs
 
-    def _run_one(self, ids: list[int], params: SamplingParams) -> tuple[Completion, SpecStats]:
+    def _run_one(self, ids: list[int], params: SamplingParams) -> tuple[Completion, Sequence]:
         seq = self.new_sequence(ids, params)
         origins = []
         for step in self.engine.generate(seq):
             origins.extend(step_origins(step))
         text = TextStream(self.tokenizer, params.stop).final(seq.output_ids)
-        return Completion(text, seq.output_ids, seq.finish_reason, origins), seq.stats
+        logprobs = seq.logprobs if params.logprobs is not None else None
+        return Completion(text, seq.output_ids, seq.finish_reason, origins, logprobs), seq
 
     def warmup(self) -> None:
         """One short generation so timings exclude first-call costs (allocations, kernel picks)."""
@@ -170,4 +205,4 @@ class LLM:
 
 
 __all__ = ["LLM", "Output", "Completion", "StreamEvent", "SamplingParams", "SpecConfig", "SpecType",
-           "ModelLoadError"]
+           "ModelLoadError", "GrammarError", "StructuredOutput", "StructuredKind", "TokenLogprob"]

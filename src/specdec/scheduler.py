@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from specdec.config import SamplingParams
 from specdec.drafters.base import EMPTY, Drafter, DraftProposal
 from specdec.engine import Engine, Sequence, StepResult
+from specdec.logprobs import TokenLogprob
 from specdec.stats import SpecStats
 
 logger = logging.getLogger("specdec.scheduler")
@@ -83,6 +84,7 @@ class SeqUpdate:
     token_ids: list[int]  # tokens committed by this step
     finish_reason: str | None = None
     step: StepResult | None = None  # the engine's account of the step (drafter, accepted, rejected)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # for token_ids, when the request asked
 
 
 @dataclass
@@ -333,7 +335,7 @@ class Scheduler:
             step = new_by_seq.get(id(seq))
             if step is None:
                 continue
-            updates.append(SeqUpdate(i, list(step.token_ids), seq.finish_reason, step))
+            updates.append(SeqUpdate(i, list(step.token_ids), seq.finish_reason, step, list(step.logprobs)))
             if seq.finished:
                 self._end_seq(req, i)
         if not updates:

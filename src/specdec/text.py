@@ -34,14 +34,28 @@ def encode_prompt(tokenizer, prompt: str | list[int]) -> list[int]:
     return tokenizer(prompt).input_ids
 
 
-def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of ``messages`` under the model's chat template (which writes its own special tokens)."""
+def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
+                tools: list[dict] | None = None) -> list[int]:
+    """Token ids of ``messages`` under the model's chat template (which writes its own special tokens);
+    ``tools`` (OpenAI function definitions) go to templates that render them."""
     if not messages:
         raise ValueError("messages is empty")
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model has no chat template")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         tools=tools)
     return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def bad_words_ids(tokenizer, words: Sequence[str]) -> list[tuple[int, ...]]:
+    """Token ids of each bad word, alone and after a space (as vLLM: mid-text words start with one)."""
+    out: list[tuple[int, ...]] = []
+    for word in words:
+        for text in (word, " " + word.lstrip()):
+            ids = tuple(tokenizer(text, add_special_tokens=False).input_ids)
+            if ids and ids not in out:
+                out.append(ids)
+    return out
 
 
 def decode(tokenizer, token_ids: list[int]) -> str:

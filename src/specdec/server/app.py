@@ -29,8 +29,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from specdec.config import SamplingParams, SpecType, parse_spec_types
+from specdec.grammar import GrammarError
 from specdec.llm import LLM
 from specdec.scheduler import DraftBudget, QueueFullError, Request, Scheduler
+from specdec.server.logprob_format import TokenTexts, chat_logprobs, completion_logprobs
 from specdec.server.metrics import ServerMetrics
 from specdec.server.protocol import (
     AssistantMessage,
@@ -44,6 +46,7 @@ from specdec.server.protocol import (
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
+    DeltaToolCall,
     ModelCard,
     ModelList,
     SpecDecodeInfo,
@@ -51,8 +54,9 @@ from specdec.server.protocol import (
     dump_chunk,
 )
 from specdec.server.provenance import ChoiceProvenance
+from specdec.server.tools import forced_call, parse_tool_calls
 from specdec.server.web import PROTECTED_PATHS, add_web_routes
-from specdec.text import as_prompt_list
+from specdec.text import as_prompt_list, decode
 
 logger = logging.getLogger("specdec.server")
 
@@ -170,7 +174,7 @@ def create_app(
     async def chat_completions(body: ChatCompletionRequest, request: HTTPRequest):
         check_model(state, body.model)
         messages = [m.as_template_dict() for m in body.messages]
-        ids = await asyncio.to_thread(encode_chat, llm, messages)
+        ids = await asyncio.to_thread(encode_chat, llm, messages, body.template_tools)
         return await serve(state, request, body, [ids], chat=True)
 
     add_web_routes(app, state, api_key_required=bool(api_key))
@@ -261,9 +265,9 @@ def encode_prompts(llm, prompt) -> list[list[int]]:
     return out
 
 
-def encode_chat(llm, messages: list[dict]) -> list[int]:
+def encode_chat(llm, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
     try:
-        ids = llm.chat_prompt(messages)
+        ids = llm.chat_prompt(messages, tools=tools)
     except Exception as exc:  # noqa: BLE001 - template errors (role order, ...) are the caller's input
         raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from None
     if not ids:
@@ -287,10 +291,22 @@ def sampling_params(state: ServerState, body, prompt_len: int, chat: bool) -> Sa
     else:
         max_tokens = asked
     seed = None if body.seed is None else body.seed % 2**63
+    bias = body.logit_bias_ids
+    if any(not 0 <= t < state.llm.runner.vocab_size for t in bias):
+        raise APIError(400, f"logit_bias token ids must be in [0, {state.llm.runner.vocab_size})", param="logit_bias")
+    if chat:
+        logprobs, prompt_logprobs = ((body.top_logprobs or 0) if body.logprobs else None), None
+        structured = forced_call(body.forced_tools) if body.forced_tools else body.structured
+    else:
+        logprobs, structured = body.logprobs, body.structured
+        prompt_logprobs = body.logprobs if body.echo else None
     try:
         return SamplingParams(
             max_new_tokens=max_tokens, temperature=body.temperature, top_k=max(body.top_k, 0), top_p=body.top_p,
-            min_p=body.min_p, seed=seed, stop=body.stops, ignore_eos=body.ignore_eos,
+            min_p=body.min_p, seed=seed, stop=body.stops, ignore_eos=body.ignore_eos, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs, presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty, logit_bias=bias,
+            min_tokens=body.min_tokens, bad_words=tuple(body.bad_words or ()), structured=structured,
         )
     except ValueError as exc:
         raise APIError(400, str(exc)) from None
@@ -308,6 +324,17 @@ def drafter_types(state: ServerState, text: str | None) -> tuple[SpecType, ...] 
     return types
 
 
+def new_sequence(state: ServerState, ids: list[int], params: SamplingParams, chat: bool,
+                 spec_types: tuple[SpecType, ...] | None = None):
+    """An engine sequence; a schema, regex or grammar that does not compile is the caller's 400."""
+    try:
+        return state.llm.new_sequence(ids, params, spec_types)
+    except GrammarError as exc:
+        raise APIError(400, str(exc), code="invalid_grammar", param="response_format" if chat else None) from None
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from None
+
+
 async def serve(state: ServerState, request, body, prompts: list[list[int]], chat: bool):
     from fastapi.responses import JSONResponse, StreamingResponse  # lazy: see the module docstring
 
@@ -320,7 +347,7 @@ async def serve(state: ServerState, request, body, prompts: list[list[int]], cha
     for ids in prompts:
         params = sampling_params(state, body, len(ids), chat)
         for j in range(body.n):
-            seqs.append(state.llm.new_sequence(ids, params.for_choice(j), spec_types))
+            seqs.append(new_sequence(state, ids, params.for_choice(j), chat, spec_types))
     prefix = "chatcmpl" if chat else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     try:
@@ -336,15 +363,27 @@ async def serve(state: ServerState, request, body, prompts: list[list[int]], cha
 
 
 class Job:
-    """One submitted request on the event-loop side: turns scheduler events into API responses."""
+    """One submitted request on the event-loop side: turns scheduler events into API responses.
+
+    Choice i answers prompt i // n. With tools in a chat request the reply may be a call, which
+    is known only once it is complete: such a choice streams as one chunk at its end.
+    """
 
     def __init__(self, state: ServerState, req: Request, body, prompts: list[list[int]], chat: bool) -> None:
         self.state, self.req, self.body, self.chat = state, req, body, chat
         self.prompt_tokens = sum(len(p) for p in prompts)
+        self.prompts = [p for p in prompts for _ in range(body.n)]
         self.outputs: list[list[int]] = [[] for _ in req.seqs]
+        self.logprobs: list[list] = [[] for _ in req.seqs]
         self.reasons: list[str | None] = [None for _ in req.seqs]
         self.choices = [ChoiceProvenance(i, state.llm.tokenizer, body.stops, body.spec_decode_detail)
                         for i in range(len(req.seqs))]
+        self.token_texts = TokenTexts(state.llm.tokenizer)
+        self.offsets = [0 for _ in req.seqs]  # completions logprobs: characters streamed so far
+        self.echo = not chat and body.echo
+        self.echoed = [False for _ in req.seqs]
+        self.tools = list(body.tools or []) if chat and body.template_tools else []
+        self.wants_logprobs = (body.logprobs if chat else body.logprobs is not None) or False
         self.finished = False
         self.created = int(time.time())
 
@@ -353,6 +392,7 @@ class Job:
         sends = []
         for u in event.updates:
             self.outputs[u.index].extend(u.token_ids)
+            self.logprobs[u.index].extend(u.logprobs)
             self.reasons[u.index] = u.finish_reason
             sends.append(self.choices[u.index].push(u.step, u.finish_reason is not None))
         return sends
@@ -405,12 +445,34 @@ class Job:
         common = dict(id=self.req.id, created=self.created, model=self.state.model_name, usage=self._usage(),
                       spec_decode=spec)
         if self.chat:
-            choices = [ChatChoice(index=i, message=AssistantMessage(content=t), finish_reason=r)
-                       for i, (t, r) in enumerate(zip(texts, self.reasons, strict=True))]
+            choices = [self._chat_choice(i, t) for i, t in enumerate(texts)]
             return ChatCompletionResponse(choices=choices, **common).model_dump()
-        choices = [CompletionChoice(index=i, text=t, finish_reason=r)
-                   for i, (t, r) in enumerate(zip(texts, self.reasons, strict=True))]
+        choices = []
+        for i, text in enumerate(texts):
+            prefix, ids, entries = self._echo(i)
+            logprobs = None
+            if self.wants_logprobs:
+                logprobs = completion_logprobs(self.token_texts, [*ids, *self.outputs[i]],
+                                               [*entries, *self.logprobs[i]])
+            choices.append(CompletionChoice(index=i, text=prefix + text, logprobs=logprobs,
+                                            finish_reason=self.reasons[i]))
         return CompletionResponse(choices=choices, **common).model_dump()
+
+    def _chat_choice(self, i: int, text: str) -> ChatChoice:
+        calls = parse_tool_calls(text, self.tools) if self.tools else []
+        message = AssistantMessage(content=None, tool_calls=calls) if calls else AssistantMessage(content=text)
+        logprobs = chat_logprobs(self.token_texts, self.logprobs[i]) if self.wants_logprobs else None
+        return ChatChoice(index=i, message=message, logprobs=logprobs,
+                          finish_reason="tool_calls" if calls else self.reasons[i])
+
+    def _echo(self, i: int) -> tuple[str, list[int], list]:
+        """Choice i's echoed prompt: (its text, its token ids, their logprobs) once; empty afterwards."""
+        if not self.echo or self.echoed[i]:
+            return "", [], []
+        self.echoed[i] = True
+        ids = self.prompts[i]
+        entries = self.req.seqs[i].prompt_logprobs or [None] * len(ids)
+        return decode(self.state.llm.tokenizer, ids), ids, entries
 
     # -- streaming ----------------------------------------------------------------------------
     async def stream(self):
@@ -445,23 +507,48 @@ class Job:
     def _event_chunks(self, event) -> list:
         chunks = []
         for u, send in zip(event.updates, self._apply(event), strict=True):
-            if send is not None:
-                chunk = self._chunk(u.index, send[0], u.finish_reason)
-                chunk.spec_decode = send[1]
+            if self.tools:  # a possible tool call: answered whole, at the end
+                if u.finish_reason is not None:
+                    chunks.append(self._final_tool_chunk(u.index))
+                continue
+            delta, extras = send if send is not None else ("", None)
+            prefix, echo_ids, echo_entries = self._echo(u.index)
+            logprobs = None
+            if self.wants_logprobs and (u.token_ids or echo_ids):
+                logprobs = self._chunk_logprobs(u.index, [*echo_ids, *u.token_ids], [*echo_entries, *u.logprobs])
+            if send is not None or prefix or logprobs is not None or u.finish_reason is not None:
+                chunk = self._chunk(u.index, prefix + delta, u.finish_reason, logprobs=logprobs)
+                chunk.spec_decode = extras
                 chunks.append(chunk)
         return chunks
 
-    def _chunk(self, index: int, text: str, finish_reason: str | None, role: bool = False):
+    def _chunk_logprobs(self, index: int, ids: list[int], entries: list):
+        if self.chat:
+            return chat_logprobs(self.token_texts, entries)
+        out = completion_logprobs(self.token_texts, ids, entries, self.offsets[index])
+        self.offsets[index] += sum(len(t) for t in out.tokens)
+        return out
+
+    def _final_tool_chunk(self, index: int):
+        choice = self._chat_choice(index, self.choices[index].text)
+        calls = [DeltaToolCall(index=j, id=c.id, type="function", function=c.function)
+                 for j, c in enumerate(choice.message.tool_calls)]
+        delta = DeltaMessage(content=choice.message.content, tool_calls=calls or None)
+        stream_choice = ChatStreamChoice(index=index, delta=delta, logprobs=choice.logprobs,
+                                         finish_reason=choice.finish_reason)
+        return ChatCompletionChunk(choices=[stream_choice], id=self.req.id, created=self.created,
+                                   model=self.state.model_name)
+
+    def _chunk(self, index: int, text: str, finish_reason: str | None, role: bool = False, logprobs=None):
         common = dict(id=self.req.id, created=self.created, model=self.state.model_name)
         if self.chat:
             delta = DeltaMessage(role="assistant", content="") if role else DeltaMessage(content=text)
-            choice = ChatStreamChoice(index=index, delta=delta, finish_reason=finish_reason)
+            choice = ChatStreamChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
             return ChatCompletionChunk(choices=[choice], **common)
-        return CompletionChunk(choices=[CompletionChoice(index=index, text=text, finish_reason=finish_reason)],
-                               **common)
+        choice = CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish_reason)
+        return CompletionChunk(choices=[choice], **common)
 
     def _usage_chunk(self, stats):
         cls = ChatCompletionChunk if self.chat else CompletionChunk
         return cls(id=self.req.id, created=self.created, model=self.state.model_name, choices=[],
                    usage=self._usage(), spec_decode=self._spec(stats))
-

@@ -1,9 +1,9 @@
 """OpenAI request and response schemas (the subset the server implements).
 
 Requests ignore unknown fields, as OpenAI clients send extras; fields we cannot
-honour (logprobs, penalties, tools, ...) are refused with a 400 that says so
-rather than silently ignored. A ValueError raised by a validator becomes a 400
-with an OpenAI error body (see ``app.py``).
+honour (``suffix``, ``best_of != n``, non-text content) are refused with a 400 that
+says so rather than silently ignored. A ValueError raised by a validator becomes a
+400 with an OpenAI error body (see ``app.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, model_serializer, model_validator
+
+from specdec.config import MAX_LOGPROBS, StructuredKind, StructuredOutput
 
 INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1
 
@@ -63,24 +65,55 @@ class SamplingRequest(SpecDecodeOptions):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM extension: generate exactly max_tokens tokens
-    presence_penalty: FiniteFloat = 0.0
-    frequency_penalty: FiniteFloat = 0.0
-    repetition_penalty: FiniteFloat = 1.0
-    logit_bias: dict[str, Any] | None = None
+    presence_penalty: FiniteFloat = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: FiniteFloat = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: FiniteFloat = Field(1.0, gt=0.0, le=10.0)  # vLLM extension
+    logit_bias: dict[str, FiniteFloat] | None = None  # token id (as a string) -> bias in [-100, 100]
+    min_tokens: int = Field(0, ge=0, le=UINT64_MAX)  # vLLM extension
+    bad_words: list[str] | None = None  # vLLM extension
     user: str | None = None
+    # Structured output: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @model_validator(mode="after")
-    def _check_unsupported(self) -> SamplingRequest:
-        if self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0:
-            raise ValueError("presence, frequency and repetition penalties are not supported")
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported")
+    def _check_sampling(self) -> SamplingRequest:
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.strip().isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError("logit_bias values must be in [-100, 100]")
+        if self.bad_words is not None and any(not w for w in self.bad_words):
+            raise ValueError("bad_words holds an empty string")
+        self.structured  # noqa: B018 - raises on a bad or ambiguous structured-output request
         if isinstance(self.stop, list) and len(self.stop) > 16:
             raise ValueError("stop holds at most 16 strings")
         if self.max_tokens is not None and self.max_completion_tokens is not None \
                 and self.max_tokens != self.max_completion_tokens:
             raise ValueError("max_tokens and max_completion_tokens disagree; give one")
         return self
+
+    @property
+    def structured(self) -> StructuredOutput | None:
+        """The one structured-output constraint the request asks for (ValueError if several or malformed)."""
+        found = [c for c in (_from_response_format(self.response_format),
+                             _from_structured_outputs(self.structured_outputs), self._from_guided()) if c]
+        if len(found) > 1:
+            raise ValueError("give one of response_format, structured_outputs and guided_*")
+        return found[0] if found else None
+
+    def _from_guided(self) -> StructuredOutput | None:
+        given = {k: v for k, v in (("json", self.guided_json), ("regex", self.guided_regex),
+                                   ("choice", self.guided_choice), ("grammar", self.guided_grammar)) if v is not None}
+        return _from_structured_outputs(given) if given else None
+
+    @property
+    def logit_bias_ids(self) -> dict[int, float]:
+        return {int(k): v for k, v in (self.logit_bias or {}).items()}
 
     @property
     def stops(self) -> tuple[str, ...]:
@@ -97,19 +130,61 @@ class SamplingRequest(SpecDecodeOptions):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+def _from_response_format(fmt: dict[str, Any] | None) -> StructuredOutput | None:
+    """OpenAI's response_format: text, json_object, or json_schema {"json_schema": {"schema": ...}}."""
+    if not fmt:
+        return None
+    kind = fmt.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutput(StructuredKind.JSON_OBJECT)
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise ValueError("response_format json_schema needs json_schema.schema, a JSON object")
+        return StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps(schema))
+    raise ValueError(f"response_format type {kind!r} is not supported (text, json_object, json_schema)")
+
+
+def _from_structured_outputs(spec: dict[str, Any] | None) -> StructuredOutput | None:
+    """vLLM's structured_outputs: exactly one of json, regex, choice, grammar, json_object."""
+    if not spec:
+        return None
+    keys = [k for k in ("json", "regex", "choice", "grammar", "json_object") if spec.get(k) not in (None, False)]
+    if len(keys) != 1:
+        raise ValueError("structured_outputs needs exactly one of json, regex, choice, grammar, json_object")
+    value = spec[keys[0]]
+    if keys[0] == "json_object":
+        return StructuredOutput(StructuredKind.JSON_OBJECT)
+    if keys[0] == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                raise ValueError("the JSON schema is not valid JSON") from None
+        if not isinstance(value, dict):
+            raise ValueError("a JSON schema must be a JSON object")
+        return StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps(value))
+    if keys[0] == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise ValueError("choice must be a non-empty list of non-empty strings")
+        return StructuredOutput(StructuredKind.CHOICE, json.dumps(value))
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{keys[0]} must be a non-empty string")
+    return StructuredOutput(StructuredKind.REGEX if keys[0] == "regex" else StructuredKind.GRAMMAR, value)
+
+
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    echo: bool = False
-    logprobs: int | None = None
+    echo: bool = False  # the prompt before the completion (with its logprobs when logprobs is set)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     best_of: int | None = None
     suffix: str | None = None
 
     @model_validator(mode="after")
     def _check_completion(self) -> CompletionRequest:
-        if self.logprobs is not None:
-            raise ValueError("logprobs is not supported")
-        if self.echo:
-            raise ValueError("echo is not supported")
         if self.suffix:
             raise ValueError("suffix is not supported")
         if self.best_of is not None and self.best_of != self.n:
@@ -128,37 +203,99 @@ class ContentPart(_Request):
         return self
 
 
+class FunctionCall(_Request):
+    name: str
+    arguments: str = "{}"  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Request):
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message answers this call
 
     def as_template_dict(self) -> dict:
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text or "" for part in content)
-        return {"role": self.role, "content": content or ""}
+        out: dict[str, Any] = {"role": self.role, "content": content or ""}
+        if self.tool_calls:  # arguments as objects: what chat templates expect
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": _json_or_text(c.function.arguments)}} for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+class FunctionDef(_Request):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; None = no arguments
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: FunctionDef
 
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage]
     logprobs: bool = False
-    top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
         if not self.messages:
             raise ValueError("messages is empty")
-        if self.logprobs or self.top_logprobs:
-            raise ValueError("logprobs is not supported")
-        if self.tools:
-            raise ValueError("tools are not supported")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise ValueError("response_format other than text is not supported")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tools have duplicate function names")
+        if isinstance(self.tool_choice, dict):
+            name = (self.tool_choice.get("function") or {}).get("name")
+            if self.tool_choice.get("type") != "function" or name not in names:
+                raise ValueError("tool_choice must name a function given in tools")
+        elif self.tool_choice == "required" and not names:
+            raise ValueError('tool_choice "required" needs tools')
+        if self.forced_tools and self.structured is not None:
+            raise ValueError("a forced tool call and response_format/structured outputs cannot be combined")
         return self
+
+    @property
+    def forced_tools(self) -> list[Tool]:
+        """The tools the reply must call one of: all for "required", the named one, none otherwise."""
+        if not self.tools or self.tool_choice in (None, "none", "auto"):
+            return []
+        if self.tool_choice == "required":
+            return list(self.tools)
+        name = self.tool_choice["function"]["name"]
+        return [t for t in self.tools if t.function.name == name]
+
+    @property
+    def template_tools(self) -> list[dict] | None:
+        """Tools for the chat template (none with tool_choice "none")."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
 
 
 # -- responses -------------------------------------------------------------------------------------
@@ -211,11 +348,35 @@ class SpecDecodeInfo(BaseModel):
         return {k: v for k, v in handler(self).items() if v is not None}
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy completions shape: parallel lists, one entry per token."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None = None
+    refusal: list[ChatTokenLogprob] | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -230,13 +391,14 @@ class CompletionResponse(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -250,15 +412,23 @@ class ChatCompletionResponse(BaseModel):
     spec_decode: SpecDecodeInfo | None = None
 
 
+class DeltaToolCall(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCall | None = None
+
+
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(BaseModel):
     index: int
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
