@@ -202,15 +202,19 @@ def test_greedy_identity_on_default_model(smol, smol_plain, kind, tiny_llama):
 
 def test_logprobs_and_penalties_on_default_model(smol, smol_plain):
     """The quantized default model too: logprobs and penalised greedy output equal plain decoding's."""
-    prompt, _ = smol_plain["repetitive"]
     params = SamplingParams(max_new_tokens=32, logprobs=2, frequency_penalty=0.3, repetition_penalty=1.1)
     # Not adaptive: on a busy machine the pass-cost model may decide drafting does not pay.
     engine = Engine(smol.runner, draft_n_max=8, adaptive=False)
-    plain = run_processed(smol, engine, prompt, params, None)
-    for kind in (SpecType.SUFFIX, SpecType.NGRAM):
-        seq = run_processed(smol, engine, prompt, params, drafter_for(smol, kind, 8))
-        assert seq.output_ids == plain.output_ids and seq.logprobs == plain.logprobs
-        assert seq.stats.accepted > 0
+    accepted = 0
+    for name in ("repetitive", "code-edit"):  # which one a penalty leaves repetitive depends on the kernels
+        prompt, _ = smol_plain[name]
+        plain = run_processed(smol, engine, prompt, params, None)
+        for kind in (SpecType.SUFFIX, SpecType.NGRAM):
+            seq = run_processed(smol, engine, prompt, params, drafter_for(smol, kind, 8))
+            assert seq.output_ids == plain.output_ids and seq.logprobs == plain.logprobs
+            accepted += seq.stats.accepted
+    # penalties discourage repeats: suffix (prompt + history) still gets drafts accepted here, ngram may not
+    assert accepted > 0, "the prompts should exercise acceptance"
 
 
 @pytest.mark.slow  # a second copy of the model and transformers' eager generate: 8 s to 70 s on 2 busy cores
