@@ -47,6 +47,6 @@ class AffinityRouter(RequestRouter):
         self.table.forget_replicas([replica_id.unique_id])
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
-        before = {r.unique_id for r in self._replica_id_set}
+        before = {r.unique_id for r in self.curr_replicas}
         super().update_replicas(replicas)
-        self.table.forget_replicas(before - {r.unique_id for r in self._replica_id_set})
+        self.table.forget_replicas(before - {r.unique_id for r in self.curr_replicas})

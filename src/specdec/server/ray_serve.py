@@ -34,6 +34,7 @@ from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.config import RequestRouterConfig
 from ray.serve.exceptions import BackPressureError, ReplicaUnavailableError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.llm import LLM
 from specdec.server.affinity import affinity_key
@@ -106,7 +107,7 @@ class Ingress:
         self.engine = engine  # DeploymentHandle of the engine replicas
         self.api_key, self.max_request_bytes, self.model_name = api_key, max_request_bytes, model_name
         self.retries = 0  # requests re-sent after their replica died before answering
-        self.failed = 0  # requests whose replica died after the client got the first byte
+        self.failed = 0  # requests whose replica failed after the client got the first byte
         self.reports: dict[str, tuple[float, dict, str]] = {}  # replica -> (when, health, metrics page)
 
     async def report(self, replica: str, health: dict, metrics: str) -> None:
@@ -123,6 +124,11 @@ class Ingress:
         app = FastAPI(title="specdec-ray", docs_url=None, redoc_url=None, openapi_url=None)
         app.add_middleware(GuardMiddleware, api_key=self.api_key, max_body_bytes=self.max_request_bytes)
 
+        @app.exception_handler(StarletteHTTPException)
+        async def _http_error(_req, exc: StarletteHTTPException):  # e.g. 405 for a method no route takes
+            return JSONResponse(error_body(str(exc.detail), "invalid_request_error", exc.status_code),
+                                exc.status_code)
+
         @app.exception_handler(Exception)
         async def _internal_error(_req, exc: Exception):
             logger.exception("unhandled error in the ingress")
@@ -132,7 +138,7 @@ class Ingress:
         async def health():
             replicas = [h for h, _ in self.live_reports().values()]
             if not replicas:
-                return JSONResponse(error_body("no replica answered", "server_error", 503), 503)
+                return JSONResponse(error_body("no replica is ready yet", "server_error", 503), 503)
             totals = {k: sum(r[k] for r in replicas) for k in replicas[0] if k != "replica"}
             return {"status": "ok", "model": self.model_name, "replicas": len(replicas), **totals,
                     "per_replica": replicas}
@@ -193,11 +199,12 @@ def _response(first: ResponsePart, stream, ingress: Ingress) -> Response:
             yield first.body
             async for part in stream:
                 yield part.body
-        except RETRYABLE as exc:  # too late to retry: the client has part of the answer
+        except Exception as exc:  # noqa: BLE001 - too late to retry: the client has part of the answer
             ingress.failed += 1
             logger.warning("replica failed mid-stream: %s", exc)
             if sse:
-                body = error_body(f"generation failed: the replica died ({type(exc).__name__})", "server_error", 500)
+                why = "the replica died" if isinstance(exc, RETRYABLE) else "the replica failed"
+                body = error_body(f"generation failed: {why} ({type(exc).__name__})", "server_error", 500)
                 yield f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
         finally:
             stream.cancel()  # no-op once finished; stops the replica's generation if the client left
