@@ -181,9 +181,7 @@ def bench_method(args, method: str, prompts_by_level: dict[int, list[str]]) -> d
                            texts=[r.text for r in results])
             print(f"[bench] {label:>6} c={c:<3} {tokens} tokens in {wall:.1f} s = {tokens / wall:.1f} tok/s",
                   file=sys.stderr, flush=True)
-        spec = httpx.get(url + "/metrics").text
-        rows["metrics"] = {line.split()[0]: float(line.split()[1]) for line in spec.splitlines()
-                           if line.startswith("specdec:spec_decode_num_") and "{" not in line}
+        rows["metrics"] = spec_counters(httpx.get(url + "/metrics").text)
         return rows
     finally:
         proc.terminate()
@@ -191,6 +189,18 @@ def bench_method(args, method: str, prompts_by_level: dict[int, list[str]]) -> d
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def spec_counters(page: str) -> dict[str, float]:
+    """Unlabelled spec-decode counters; a Ray endpoint's per-replica series (``{replica="..."}``) summed."""
+    out: dict[str, float] = {}
+    for line in page.splitlines():
+        if not line.startswith("specdec:spec_decode_num_"):
+            continue
+        name, _, labels = line.split()[0].partition("{")
+        if not labels or labels.startswith('replica="') and "," not in labels:
+            out[name] = out.get(name, 0.0) + float(line.split()[-1])
+    return out
 
 
 def table(results: dict[str, dict], baseline: str) -> str:

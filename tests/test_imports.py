@@ -199,6 +199,14 @@ def test_no_import_cycles():
     assert not cycles, "import cycles in specdec:\n" + "\n".join(describe(graph, c) for c in cycles)
 
 
+OPTIONAL = {  # module -> the optional extra it needs (skipped when absent)
+    "specdec.server.ray_serve": "ray.serve", "specdec.server.ray_router": "ray.serve",
+    "specdec.server.ray_app": "ray.serve",
+}
+
+
 @pytest.mark.parametrize("module", sorted(module_files()))
 def test_every_module_imports(module):
+    if module in OPTIONAL:
+        pytest.importorskip(OPTIONAL[module], reason=f"{module} needs pip install 'specdec[ray]'")
     importlib.import_module(module)

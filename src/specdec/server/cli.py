@@ -15,6 +15,7 @@ from specdec.errors import UsageError
 from specdec.llm import LLM
 from specdec.scheduler import DraftBudget
 from specdec.server.app import DEFAULT_MAX_BODY_BYTES, create_app
+from specdec.server.ray_options import check_ray_args, deployment_from_args
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -43,6 +44,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "(default: --spec-draft-n-max, so full K at batch 1 and none beyond K sequences)")
     s.add_argument("--spec-disable-batch-size", type=int, default=None,
                    help="no drafting when more sequences than this run (vLLM's disable_by_batch_size)")
+    r = p.add_argument_group("scale out on Ray Serve (pip install 'specdec[ray]'; docs/server.md)")
+    r.add_argument("--ray", action="store_true",
+                   help="serve replicas of this engine on Ray Serve behind one endpoint, with conversation affinity")
+    r.add_argument("--replicas", type=positive_int, default=None, help="with --ray: this many replicas (default 1)")
+    r.add_argument("--autoscale", default=None, metavar="MIN,MAX",
+                   help="with --ray: autoscale between MIN and MAX replicas on load")
+    r.add_argument("--ray-address", default=None, metavar="auto|HOST:PORT",
+                   help="with --ray: join this Ray cluster (default: start a local one)")
 
 
 def spec_from_vllm_config(text: str) -> tuple[SpecConfig, int | None]:
@@ -124,9 +133,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
     if args.max_queue < 0:
         raise UsageError("--max-queue must be >= 0")
+    check_ray_args(args)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"specdec: warning: serving on {args.host} without --api-key: anyone who can reach it can use it",
               file=sys.stderr)
+    if args.ray:
+        from specdec.server import ray_serve  # Ray is an optional extra: import it only when asked for
+
+        return ray_serve.run(deployment_from_args(args, spec, budget), args.host, args.port, args.ray_address)
     llm = LLM(args.model, dtype=args.dtype, spec=spec, max_model_len=args.max_model_len, device=args.device,
               max_num_seqs=args.max_batch_size, backend=args.backend, quantization=args.quantization)
     llm.warmup()
