@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from specdec.engine import StepResult
 from specdec.server.metrics import ServerMetrics
 from specdec.server.metrics_merge import merge_expositions
 
@@ -12,7 +13,7 @@ def test_every_series_keeps_its_value_under_its_replica():
     a, b = ServerMetrics("m"), ServerMetrics("m")
     a.record_finish("stop", 5, 0.3)
     b.record_finish("length", 7, 1.2)
-    a.record_draft(1, 4, 2)
+    a.record_result(StepResult([5, 6, 7], 4, 2, "ngram", 0.0, 0.0, 5, None))  # 2 of 4 drafted kept
     page = merge_expositions({"r1": a.render().decode(), "r2": b.render().decode()}).decode()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families(page) for s in f.samples}
