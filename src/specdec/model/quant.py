@@ -115,7 +115,8 @@ def _q4_0(data, rows, k):
 
 def _q4_1(data, rows, k):
     b = _blocks(data, rows, 20)
-    return b[:, :, 4:].reshape(rows, -1), _f16(b[:, :, 0:2]).reshape(rows, -1), _f16(b[:, :, 2:4]).reshape(rows, -1), U4M
+    scales, mins = _f16(b[:, :, 0:2]).reshape(rows, -1), _f16(b[:, :, 2:4]).reshape(rows, -1)
+    return b[:, :, 4:].reshape(rows, -1), scales, mins, U4M
 
 
 def _five_bit(qs: np.ndarray, qh: np.ndarray) -> np.ndarray:

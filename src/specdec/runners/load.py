@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
-
-import sys
 
 from specdec.errors import ModelLoadError
 from specdec.model.backend import Backend, make_backend
