@@ -114,7 +114,10 @@ class Engine:
         todo = [s for s in seqs if len(s.prompt_ids) > 1]
         if not todo:
             return 0.0
-        out = self.runner.run([SeqInput(s.slot, s.prompt_ids[:-1], all_logits=False) for s in todo])
+        layers = hidden_layers(todo)
+        out = self.runner.run([SeqInput(s.slot, s.prompt_ids[:-1], all_logits=False) for s in todo], layers)
+        for i, s in enumerate(todo):
+            _observe(s, layers, out.hidden[i] if layers else [], None)
         for s in todo:
             s.stats.target_forwards += 1
             s.stats.prefill_seconds += out.seconds
@@ -146,10 +149,13 @@ class Engine:
             SeqInput(d.seq.slot, [d.seq.tokens[-1], *d.proposal.token_ids], self._parents(d.proposal))
             for d in drafts
         ]
-        out = self.runner.run(inputs)
+        layers = hidden_layers(seqs)
+        out = self.runner.run(inputs, layers)
         rows = sum(len(i.token_ids) for i in inputs)
         self.pass_cost.observe(rows, out.seconds)
-        return [self._commit(d, logits, out.seconds, rows) for d, logits in zip(drafts, out.logits, strict=True)]
+        hidden = out.hidden if layers else [[] for _ in drafts]
+        return [self._commit(d, logits, h, layers, out.seconds, rows)
+                for d, logits, h in zip(drafts, out.logits, hidden, strict=True)]
 
     def _draft(self, seq: Sequence, k: int, others: int) -> Draft:
         cache_len = self.runner.lengths[seq.slot]
@@ -179,12 +185,14 @@ class Engine:
     def _parents(proposal: DraftProposal) -> list[int] | None:
         return None if proposal.is_chain else [-1, *proposal.parents]
 
-    def _commit(self, d: Draft, logits: torch.Tensor, pass_seconds: float, pass_rows: int) -> StepResult:
+    def _commit(self, d: Draft, logits: torch.Tensor, hidden: list[torch.Tensor], layers: tuple[int, ...],
+                pass_seconds: float, pass_rows: int) -> StepResult:
         seq, stats = d.seq, d.seq.stats
         result = verify(
             d.proposal.to_tree(seq.tokens[-1]), logits, seq.params, d.proposal.probs, seq.generator
         )
         self.runner.commit(seq.slot, d.cache_len, result.path)
+        _observe(seq, layers, hidden, result.path)
         new = self._truncate(seq, result.token_ids)
         seq.tokens.extend(new)
         if seq.drafter is not None:
@@ -249,3 +257,17 @@ class Engine:
         finally:
             seq.stats.seconds = time.perf_counter() - t0
             self.finish(seq)
+
+
+def hidden_layers(seqs: list[Sequence]) -> tuple[int, ...]:
+    """Target layers any of these sequences' drafters reads (sorted, the final state last: the
+    order ``ModelRunner.run`` returns them in)."""
+    wanted = {i for s in seqs if s.drafter is not None for i in s.drafter.hidden_layers}
+    return tuple(sorted(wanted - {-1})) + ((-1,) if -1 in wanted else ())
+
+
+def _observe(seq: Sequence, layers: tuple[int, ...], hidden: list[torch.Tensor], rows: list[int] | None) -> None:
+    """Hand a drafter that reads hidden states the ones of the tokens the target just cached."""
+    if seq.drafter is None or not seq.drafter.hidden_layers or not hidden:
+        return
+    seq.drafter.observe({i: (h if rows is None else h[rows]) for i, h in zip(layers, hidden, strict=True)})

@@ -68,6 +68,12 @@ class NativeRunner(ModelRunner):
             self.lengths[s.slot] += len(s.token_ids)
         return PassOutput(out_logits, out_hidden, time.perf_counter() - t0)
 
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_rows(token_ids.cpu().long()).float().to(self.device)
+
+    def output_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.head_rows(token_ids.cpu().long()).float().to(self.device)
+
     def commit(self, slot: int, start: int, keep: list[int]) -> None:
         self.cache.compact(slot, start, keep)
         self.truncate(slot, start + len(keep))
