@@ -93,7 +93,8 @@ class EagleDrafter(Drafter):
         visible = torch.ones(m, start + m, dtype=torch.bool, device=self.device)
         visible[:, start:] = torch.ones(m, m, dtype=torch.bool, device=self.device).tril()
         rows = torch.arange(start, start + m, device=self.device)
-        out = self.head.step(self.head.fc(features.float()), self._embed(ids), positions, self.cache, rows, visible)
+        out = self.head.step(self.head.project(features.float()), self._embed(ids), positions, self.cache, rows,
+                             visible)
         self.root_out = out[-1]
         self.num_real += m
         self.pending, self.num_pending = [], 0

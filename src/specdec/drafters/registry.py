@@ -93,4 +93,6 @@ def load_eagle_head(folder: str | None, target: ModelRunner, tokenizer) -> Eagle
             raise ModelLoadError(f"{exc}; the shipped head fits the default model only: pass --spec-model DIR") \
                 from None
         raise
+    if head.d2t.device.type == "cpu":
+        head.quantize_for_cpu()
     return head

@@ -24,12 +24,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specdec.config import ModelConfig
+from specdec.errors import ModelLoadError
+from specdec.model import kernels
+from specdec.model.quant import I8, QuantMatrix
 from specdec.model.transformer import rope_table
+
+FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}  # one product each
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,7 @@ def default_feature_layers(num_layers: int) -> tuple[int, ...]:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return F.rms_norm(x, (x.shape[-1],), weight.to(x.dtype), eps)  # (bfloat16 under training's autocast)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -133,8 +139,62 @@ class EagleHead(nn.Module):
         angles = torch.cat([table.angle(), table.angle()], dim=-1)  # rotate-half layout: [L, D]
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
+        self.fast: dict[str, QuantMatrix] = {}  # int8 copies for drafting on a CPU (quantize_for_cpu)
 
     # -- pieces ------------------------------------------------------------------------------
+    def quantize_for_cpu(self) -> bool:
+        """Draft with int8 copies of the matrices on the integer-dot kernels (where they load).
+
+        A draft step reads every weight of the head once: in float32 the 8k-row LM head alone is
+        19 MB, as slow as a tenth of the default target's pass; int8 blocks (Q8_0's layout) read
+        a quarter of that and stay in L3 across the steps of a draft. Drafts only need to be good
+        guesses, so the rounding costs no losslessness. Returns False (float products kept) where
+        the kernels do not load.
+        """
+        from specdec.model.clib import load_qkernels
+
+        try:
+            load_qkernels()
+        except ModelLoadError:
+            return False
+        weight = lambda name: getattr(self, name).weight.detach()  # noqa: E731
+        try:
+            fast = {name: quantize_q8(weight(name)) for name in ("fc", "o_proj", "down_proj", "lm_head")}
+            fast |= {fused: quantize_q8(torch.cat([weight(n) for n in parts])) for fused, parts in FUSED.items()}
+        except ValueError:  # a width the blocks do not divide
+            return False
+        self.fast = fast
+        return True
+
+    def _fast(self, name: str, x: torch.Tensor) -> torch.Tensor | None:
+        """x @ W.T on the int8 copy ``name``, or None where the float module must run (training, GPU)."""
+        fast = self.fast.get(name)
+        if fast is None or torch.is_grad_enabled() or x.device.type != "cpu":
+            return None
+        rows = x.reshape(-1, x.shape[-1]).float().contiguous().numpy()
+        out = np.empty((rows.shape[0], fast.shape[0]), dtype=np.float32)
+        kernels.qmatmul(*fast.arrays(), rows, out)
+        return torch.from_numpy(out).view(*x.shape[:-1], fast.shape[0])
+
+    def _linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        y = self._fast(name, x)
+        if y is None:
+            return getattr(self, name)(x)
+        bias = getattr(self, name).bias
+        return y if bias is None else y + bias
+
+    def _fused(self, name: str, x: torch.Tensor) -> list[torch.Tensor]:
+        """The products of FUSED[name] on x (one int8 product when quantized)."""
+        y = self._fast(name, x)
+        if y is None:
+            return [getattr(self, part)(x) for part in FUSED[name]]
+        sizes = [getattr(self, part).weight.shape[0] for part in FUSED[name]]
+        return list(y.split(sizes, dim=-1))
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features [..., 3H_t] -> [..., H] (``fc``)."""
+        return self._linear("fc", features)
+
     def set_vocab(self, draft_to_target: torch.Tensor) -> None:
         """Draft vocabulary = these target ids (ascending), stored as EAGLE-3's d2t offsets and t2d mask."""
         ids = draft_to_target.to(self.d2t.device, torch.long)
@@ -152,21 +212,23 @@ class EagleHead(nn.Module):
         residual = h if c.norm_before_residual else hidden
         x = torch.cat([rms_norm(embeds, self.input_layernorm, c.rms_norm_eps), h], dim=-1)
         shape = x.shape[:-1]
-        q = self.q_proj(x).view(*shape, c.num_heads, c.head_dim)
-        k = self.k_proj(x).view(*shape, c.num_kv_heads, c.head_dim)
-        v = self.v_proj(x).view(*shape, c.num_kv_heads, c.head_dim)
+        q, k, v = self._fused("qkv", x)
+        q = q.reshape(*shape, c.num_heads, c.head_dim)
+        k = k.reshape(*shape, c.num_kv_heads, c.head_dim)
+        v = v.reshape(*shape, c.num_kv_heads, c.head_dim)
         cos, sin = self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2)
         return residual, rotate(q, cos, sin), rotate(k, cos, sin), v
 
     def finish(self, residual: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Attention output [..., Hq * D] -> the layer's output hidden state [..., H]."""
-        h = residual + self.o_proj(attn)
+        h = residual + self._linear("o_proj", attn)
         x = rms_norm(h, self.post_attention_layernorm, self.config.rms_norm_eps)
-        return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self._fused("gate_up", x)
+        return h + self._linear("down_proj", F.silu(gate) * up)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Layer output [..., H] -> draft-vocabulary logits [..., draft_vocab]."""
-        return self.lm_head(rms_norm(hidden, self.norm, self.config.rms_norm_eps))
+        return self._linear("lm_head", rms_norm(hidden, self.norm, self.config.rms_norm_eps))
 
     # -- drafting: one cached step ---------------------------------------------------------------
     def step(
@@ -195,6 +257,20 @@ class EagleHead(nn.Module):
             enable_gqa=True,
         )  # [1, Hq, n, D]
         return self.finish(residual, attn[0].transpose(0, 1).reshape(len(rows), -1))
+
+
+def quantize_q8(weight: torch.Tensor) -> QuantMatrix:
+    """[rows, k] float -> int8 blocks of 32 with a float32 scale each (Q8_0's values, kernel layout)."""
+    w = weight.float().cpu().numpy()
+    rows, k = w.shape
+    if k % 32:
+        raise ValueError(f"int8 blocks need a multiple of 32 columns, got {k}")
+    blocks = w.reshape(rows, k // 32, 32)
+    scale = np.abs(blocks).max(axis=-1) / 127.0
+    scale[scale == 0] = 1.0
+    q = np.clip(np.rint(blocks / scale[..., None]), -127, 127).astype(np.int8).reshape(rows, k)
+    return QuantMatrix(q.view(np.uint8), scale.astype(np.float32), np.zeros((rows, 1), np.float32),
+                       np.full(rows, I8, dtype=np.int8), k, ("Q8_0",))
 
 
 class HeadCache:

@@ -53,6 +53,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--batch-size", type=positive_int, default=12, help="sequences decoded together")
     e.add_argument("--greedy-fraction", type=float, default=0.75, help="share of greedy (vs sampled) responses")
     e.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all)")
+    e.add_argument("--precision", default="bf16", choices=["bf16", "fp32"],
+                   help="training matrix products (bf16 autocast; fp32 where a CPU lacks fast bfloat16)")
+    e.add_argument("--train-lm-head", action="store_true",
+                   help="train the head's LM head too (default: frozen at the target's rows)")
     e.add_argument("--seed", type=int, default=0)
 
 
@@ -85,7 +89,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                     target_rows=runner.output_rows(head.draft_to_target(torch.arange(head.config.draft_vocab_size,
                                                                                      device=device)).cpu()).to(device))
     config = TrainConfig(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens, ttt_steps=args.ttt_steps,
-                         eval_every=args.eval_every, seed=args.seed)
+                         eval_every=args.eval_every, seed=args.seed, bf16=args.precision == "bf16",
+                         train_lm_head=args.train_lm_head)
     trainer = Trainer(head, tables, out / "data", out, config, device)
     if args.resume:
         trainer.load_state()

@@ -303,6 +303,8 @@ def collect(
     """
     writer = ShardWriter(folder, layers, meta or {})
     start = writer.manifest["prompts_done"]
+    if start >= len(prompts):
+        return writer.manifest  # nothing to add (and nothing written: a collector may be running beside)
     for lo in range(start, len(prompts), chunk):
         hi = min(lo + chunk, len(prompts))
         texts = list(prompts[lo:hi])
@@ -319,5 +321,4 @@ def collect(
         writer.flush(hi)
         if progress is not None:
             progress(hi, writer.manifest["num_tokens"])
-    writer.flush(max(start, len(prompts)))
     return writer.manifest

@@ -97,7 +97,7 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
 
 def unroll(head: EagleHead, batch: TTTBatch, embed_table: torch.Tensor, steps: int) -> list[torch.Tensor]:
     """Draft-vocabulary logits [B, T, Vd] of each step 0..steps-1."""
-    hidden = head.fc(batch.features)
+    hidden = head.project(batch.features)
     ids, positions = batch.ids, batch.positions
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
@@ -130,8 +130,8 @@ def ttt_loss(
     """Soft cross-entropy against the target's distribution over the draft vocabulary, step k
     weighted decay**k; target_rows [Vd, H] are the target's LM-head rows of the draft vocabulary.
     Metrics count a step as right when its argmax is the token that followed (exact on greedy data)."""
-    with torch.no_grad():
-        target_probs = torch.softmax(batch.target_final @ target_rows.T, dim=-1)  # [B, T, Vd]
+    with torch.no_grad(), torch.autocast(batch.ids.device.type, enabled=False):
+        target_probs = torch.softmax(batch.target_final @ target_rows.T, dim=-1)  # [B, T, Vd] float32
     logits = unroll(head, batch, embed_table, steps)
     T = batch.ids.shape[1]
     total_loss = torch.zeros((), device=batch.ids.device)
