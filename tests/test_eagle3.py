@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.config import SpecConfig, SpecType
+from specdec.config import SamplingParams, SpecConfig, SpecType
 from specdec.drafters.dynamic_tree import build_tree, greedy_children, sampled_children
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.registry import DraftResources
@@ -422,3 +422,31 @@ def test_train_cli_refuses_empty_data_and_unfinished_runs(tiny_llama, tmp_path):
     assert r.returncode == 2 and "no examples" in r.stderr
     r = specdec("train", "eagle3", "--target", str(tiny_llama), "--out", str(tmp_path / "o2"), "--resume")
     assert r.returncode == 2 and "no training state" in r.stderr
+
+
+# -- the Python API and the server, alone and chained after suffix ---------------------------------------
+
+
+def test_api_and_server_with_suffix_chain(tiny_llama, tiny, tmp_path):
+    import httpx
+
+    from specdec.server.app import create_app
+    from specdec.server.cli import spec_from_vllm_config
+    from tests.test_server import running_server
+
+    folder = save_head(tiny_head(tiny), tmp_path / "head")
+    prompt = "Repeat: one two three four. Repeat: one two three four. Repeat:"
+    want = tiny.generate(prompt, SamplingParams(max_new_tokens=20))[0].token_ids
+    chained = SpecConfig(types=(SpecType.SUFFIX, SpecType.EAGLE3), spec_model=str(folder), eagle_topk=2,
+                         num_steps=3, num_draft_tokens=6)
+    served = LLM(str(tiny_llama), spec=chained, max_model_len=512, max_num_seqs=2)
+    assert served.generate(prompt, SamplingParams(max_new_tokens=20))[0].token_ids == want
+    with running_server(create_app(served)) as url:
+        r = httpx.post(url + "/v1/completions", json={"model": served.model_name, "prompt": prompt,
+                                                      "max_tokens": 20, "temperature": 0}, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == tiny.generate(prompt, SamplingParams(max_new_tokens=20))[0].text
+    spec, _ = spec_from_vllm_config(json.dumps({"method": "eagle3", "model": str(folder),
+                                                "num_speculative_tokens": 3}))
+    assert spec.types == (SpecType.EAGLE3,) and spec.spec_model == str(folder)
+    assert (spec.eagle_topk, spec.num_steps, spec.num_draft_tokens) == (1, 3, 3)

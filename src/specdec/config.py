@@ -126,7 +126,9 @@ class SpecConfig:
     spec_model: str | None = None  # --spec-model: head folder; None = the head shipped for the default model
     eagle_topk: int = 4  # --spec-eagle-topk: children expanded per node (1 = a chain)
     num_steps: int = 4  # --spec-num-steps: tree depth (head passes per draft)
-    num_draft_tokens: int = 8  # --spec-num-draft-tokens: nodes sent to the verifier (capped by draft_n_max)
+    # --spec-num-draft-tokens: nodes sent to the verifier (capped by draft_n_max); 7 + the root is one
+    # 8-row verify pass, the width where the CPU kernels' 4-row blocks end (docs/performance.md)
+    num_draft_tokens: int = 7
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -32,7 +32,7 @@ class EagleDrafter(Drafter):
     name = "eagle3"
 
     def __init__(self, head: EagleHead, target: ModelRunner, topk: int = 4, num_steps: int = 4,
-                 num_draft_tokens: int = 8) -> None:
+                 num_draft_tokens: int = 7) -> None:
         if min(topk, num_steps, num_draft_tokens) < 1:
             raise ValueError("eagle3 needs topk, num_steps and num_draft_tokens >= 1")
         self.head, self.target = head, target
