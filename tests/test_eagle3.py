@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -394,34 +392,40 @@ def test_shipped_head_is_small_and_refuses_other_targets(tiny):
         DraftResources(SpecConfig(types=(SpecType.EAGLE3,)), tiny.runner, tiny.tokenizer)
 
 
-# -- command line ------------------------------------------------------------------------------------------
+# -- command line (in-process: the subprocess contract is pinned by tests/test_cli.py) ----------------------
 
 
-def specdec(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True, timeout=600)
+def specdec(capsys, *args: str) -> tuple[int, str, str]:
+    from specdec.cli import main
+
+    capsys.readouterr()
+    rc = main(list(args))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
 
 
-def test_cli_eagle3_and_chain_equal_plain(tiny_llama, tiny, tmp_path):
+def test_cli_eagle3_and_chain_equal_plain(tiny_llama, tiny, tmp_path, capsys):
     folder = save_head(tiny_head(tiny), tmp_path / "head")
     common = ["generate", "Count: 1 2 3 4 5 6 7 8", "--model", str(tiny_llama), "--max-new-tokens", "16", "--json"]
-    plain = json.loads(specdec(*common).stdout)
+    plain = json.loads(specdec(capsys, *common)[1])
     for kind in ("eagle3", "suffix,eagle3"):
-        r = specdec(*common, "--spec-type", kind, "--spec-model", str(folder), "--spec-eagle-topk", "2",
-                    "--spec-num-steps", "3", "--spec-num-draft-tokens", "6")
-        assert r.returncode == 0, r.stderr
-        assert json.loads(r.stdout)["token_ids"] == plain["token_ids"]
-    bad = specdec(*common, "--spec-type", "eagle3", "--spec-model", str(tmp_path / "missing"))
-    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "not found" in bad.stderr
+        rc, out, err = specdec(capsys, *common, "--spec-type", kind, "--spec-model", str(folder),
+                               "--spec-eagle-topk", "2", "--spec-num-steps", "3", "--spec-num-draft-tokens", "6")
+        assert rc == 0, err
+        assert json.loads(out)["token_ids"] == plain["token_ids"]
+    rc, _, err = specdec(capsys, *common, "--spec-type", "eagle3", "--spec-model", str(tmp_path / "missing"))
+    assert rc == 2 and err.strip().count("\n") == 0 and "not found" in err
 
 
-def test_train_cli_refuses_empty_data_and_unfinished_runs(tiny_llama, tmp_path):
+def test_train_cli_refuses_empty_data_and_unfinished_runs(tiny_llama, tmp_path, capsys):
     empty = tmp_path / "prompts.jsonl"
     empty.write_text("\n")
-    r = specdec("train", "eagle3", "--target", str(tiny_llama), "--out", str(tmp_path / "o"), "--data", str(empty),
-                "--steps", "1", "--threads", "1")
-    assert r.returncode == 2 and "no examples" in r.stderr
-    r = specdec("train", "eagle3", "--target", str(tiny_llama), "--out", str(tmp_path / "o2"), "--resume")
-    assert r.returncode == 2 and "no training state" in r.stderr
+    rc, _, err = specdec(capsys, "train", "eagle3", "--target", str(tiny_llama), "--out", str(tmp_path / "o"),
+                         "--data", str(empty), "--steps", "1", "--threads", "1")
+    assert rc == 2 and "no examples" in err
+    rc, _, err = specdec(capsys, "train", "eagle3", "--target", str(tiny_llama), "--out", str(tmp_path / "o2"),
+                         "--resume")
+    assert rc == 2 and "no training state" in err
 
 
 # -- the Python API and the server, alone and chained after suffix ---------------------------------------

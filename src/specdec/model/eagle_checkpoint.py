@@ -125,6 +125,7 @@ def save_head(head: EagleHead, folder: str | Path, dtype: torch.dtype = torch.bf
             tensors[theirs] = t.to(dtype) if t.is_floating_point() else t
     tmp = folder / (WEIGHTS + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.chmod(0o644)
     tmp.replace(folder / WEIGHTS)  # a reader never sees half a file
     name = str(dtype).removeprefix("torch.")
     (folder / "config.json").write_text(json.dumps(config_to_json(head.config, name), indent=2) + "\n")

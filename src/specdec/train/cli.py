@@ -61,13 +61,13 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     out = Path(args.out)
     if args.resume and not (out / "state" / "progress.json").is_file():
         raise UsageError(f"--resume: {out} holds no training state")
     if not args.resume and args.steps > 0 and (out / "state").exists():
         raise UsageError(f"{out} already holds a training run: pass --resume to continue it, or choose another --out")
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     runner, folder = load_runner(args.target, device=str(device), max_seq_len=1024, num_slots=args.batch_size)
     target = getattr(runner, "config", None)
     if target is None:
