@@ -57,6 +57,11 @@ def test_hidden_states_match_transformers(tiny_model_factory, backend):
     assert torch.allclose(first, ref[1][0], atol=1e-4)
     assert torch.allclose(final, ref[-1][0], atol=1e-4)  # transformers' last entry is normed
     assert second.shape == (len(ids), model.config.hidden_size)
+    # the tables trained heads borrow: input embeddings, and LM-head rows whose product with the
+    # final state gives the logits
+    table = torch.arange(model.config.vocab_size)
+    assert torch.allclose(runner.embed(torch.tensor(ids)), model.get_input_embeddings().weight[ids], atol=1e-6)
+    assert torch.allclose(final @ runner.output_rows(table).T, out.logits[0], atol=1e-3)
 
 
 

@@ -1,4 +1,4 @@
-"""`specdec` command line: generate, serve, bench. A thin layer over the Python API.
+"""`specdec` command line: generate, serve, bench, train. A thin layer over the Python API.
 
 Bad input never shows a traceback: it ends with one `specdec: error: ...` line
 on stderr and exit status 2.
@@ -21,6 +21,7 @@ from specdec.llm import LLM
 from specdec.logprobs import TokenLogprob
 from specdec.server.cli import add_serve_args, cmd_serve
 from specdec.terminal import DraftPainter
+from specdec.train.cli import add_train_args, cmd_train
 
 
 def build_parser() -> Parser:
@@ -49,6 +50,7 @@ def build_parser() -> Parser:
     add_spec_args(g)
     add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
     add_bench_args(sub.add_parser("bench", help="benchmark methods and peers side by side"))
+    add_train_args(sub.add_parser("train", help="train a drafter head (eagle3) for a target model"))
     return parser
 
 
@@ -229,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_generate(args)
         if args.command == "serve":
             return cmd_serve(args)
+        if args.command == "train":
+            return cmd_train(args)
         return cmd_bench(args)
     except (UsageError, ModelLoadError, ValueError) as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)

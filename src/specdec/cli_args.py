@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdec.config import SpecConfig, parse_spec_types
+from specdec.config import SpecConfig, SpecType, parse_spec_types
 from specdec.errors import UsageError
 
 
@@ -43,7 +43,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (llama-server flag names)")
     g.add_argument("--spec-type", default="none",
-                   help="none, ngram, ngram-map-k, ngram-map-k4v, suffix, draft-self, draft-model; "
+                   help="none, ngram, ngram-map-k, ngram-map-k4v, suffix, draft-self, draft-model, eagle3; "
                         "a comma list chains them (the first that proposes wins)")
     g.add_argument("--spec-draft-n-max", type=positive_int, default=None, help="most drafted tokens per step")
     g.add_argument("--spec-draft-n-min", type=int, default=0, help="drop drafts shorter than this")
@@ -52,17 +52,30 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-ngram-size-m", type=positive_int, default=48, help="most tokens an n-gram proposes")
     g.add_argument("--spec-ngram-min-hits", type=positive_int, default=1)
     g.add_argument("--draft-model", default=None, help="draft model for --spec-type draft-model")
+    g.add_argument("--spec-model", default=None,
+                   help="EAGLE-3 head folder for --spec-type eagle3 (default: the head shipped for the default model)")
+    g.add_argument("--spec-eagle-topk", type=positive_int, default=SpecConfig.eagle_topk,
+                   help="eagle3: children expanded per tree node (1 = a chain)")
+    g.add_argument("--spec-num-steps", type=positive_int, default=SpecConfig.num_steps,
+                   help="eagle3: draft tree depth (head passes per draft)")
+    g.add_argument("--spec-num-draft-tokens", type=positive_int, default=None,
+                   help=f"eagle3: tree nodes verified per step (default {SpecConfig.num_draft_tokens}; "
+                        "raises --spec-draft-n-max to match unless that is given)")
 
 
 def spec_from_args(args: argparse.Namespace) -> SpecConfig:
     try:
         types = parse_spec_types(args.spec_type)
-        n_max = args.spec_draft_n_max or SpecConfig.draft_n_max
+        num_draft = args.spec_num_draft_tokens or SpecConfig.num_draft_tokens
+        n_max = args.spec_draft_n_max or (
+            max(num_draft, SpecConfig.draft_n_max) if SpecType.EAGLE3 in types else SpecConfig.draft_n_max
+        )
         return SpecConfig(
             types=types, draft_n_max=n_max, draft_n_min=args.spec_draft_n_min,
             draft_p_min=args.spec_draft_p_min, ngram_size_n=args.spec_ngram_size_n,
             ngram_size_m=args.spec_ngram_size_m, ngram_min_hits=args.spec_ngram_min_hits,
-            draft_model=args.draft_model,
+            draft_model=args.draft_model, spec_model=args.spec_model, eagle_topk=args.spec_eagle_topk,
+            num_steps=args.spec_num_steps, num_draft_tokens=num_draft,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

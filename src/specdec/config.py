@@ -150,6 +150,7 @@ class SpecType(str, enum.Enum):
     SUFFIX = "suffix"
     DRAFT_SELF = "draft-self"
     DRAFT_MODEL = "draft-model"
+    EAGLE3 = "eagle3"
 
 
 def parse_spec_types(text: str) -> tuple[SpecType, ...]:
@@ -181,6 +182,13 @@ class SpecConfig:
     ngram_size_m: int = 48  # --spec-ngram-size-m: most tokens proposed by n-gram lookup
     ngram_min_hits: int = 1  # --spec-ngram-min-hits
     draft_model: str | None = None  # --draft-model
+    # eagle3 (SGLang's names): the head, and the dynamic tree it drafts
+    spec_model: str | None = None  # --spec-model: head folder; None = the head shipped for the default model
+    eagle_topk: int = 4  # --spec-eagle-topk: children expanded per node (1 = a chain)
+    num_steps: int = 4  # --spec-num-steps: tree depth (head passes per draft)
+    # --spec-num-draft-tokens: nodes sent to the verifier (capped by draft_n_max); 7 + the root is one
+    # 8-row verify pass, the width where the CPU kernels' 4-row blocks end (docs/performance.md)
+    num_draft_tokens: int = 7
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -192,6 +200,8 @@ class SpecConfig:
             raise ValueError("ngram sizes must be >= 1")
         if SpecType.DRAFT_MODEL in self.types and not self.draft_model:
             raise ValueError("--spec-type draft-model needs --draft-model")
+        if min(self.eagle_topk, self.num_steps, self.num_draft_tokens) < 1:
+            raise ValueError("--spec-eagle-topk, --spec-num-steps and --spec-num-draft-tokens must be >= 1")
 
     @property
     def enabled(self) -> bool:

@@ -126,9 +126,12 @@ class Engine:
         todo = [s for s in seqs if len(s.prompt_ids) > 1]
         if not todo:
             return 0.0
+        layers = hidden_layers(todo)
         out = self.runner.run([
             SeqInput(s.slot, s.prompt_ids[:-1], all_logits=s.params.prompt_logprobs is not None) for s in todo
-        ])
+        ], layers)
+        for i, s in enumerate(todo):
+            _observe(s, layers, out.hidden[i] if layers else [], None)
         for s, logits in zip(todo, out.logits, strict=True):
             s.stats.target_forwards += 1
             s.stats.prefill_seconds += out.seconds
@@ -162,10 +165,13 @@ class Engine:
             SeqInput(d.seq.slot, [d.seq.tokens[-1], *d.proposal.token_ids], self._parents(d.proposal))
             for d in drafts
         ]
-        out = self.runner.run(inputs)
+        layers = hidden_layers(seqs)
+        out = self.runner.run(inputs, layers)
         rows = sum(len(i.token_ids) for i in inputs)
         self.pass_cost.observe(rows, out.seconds)
-        return [self._commit(d, logits, out.seconds, rows) for d, logits in zip(drafts, out.logits, strict=True)]
+        hidden = out.hidden if layers else [[] for _ in drafts]
+        return [self._commit(d, logits, h, layers, out.seconds, rows)
+                for d, logits, h in zip(drafts, out.logits, hidden, strict=True)]
 
     def _draft(self, seq: Sequence, k: int, others: int) -> Draft:
         cache_len = self.runner.lengths[seq.slot]
@@ -197,13 +203,15 @@ class Engine:
     def _parents(proposal: DraftProposal) -> list[int] | None:
         return None if proposal.is_chain else [-1, *proposal.parents]
 
-    def _commit(self, d: Draft, logits: torch.Tensor, pass_seconds: float, pass_rows: int) -> StepResult:
+    def _commit(self, d: Draft, logits: torch.Tensor, hidden: list[torch.Tensor], layers: tuple[int, ...],
+                pass_seconds: float, pass_rows: int) -> StepResult:
         seq, stats = d.seq, d.seq.stats
         tree = d.proposal.to_tree(seq.tokens[-1])
         # Penalties and grammar masks act on each row with the drafted path before it as history.
         target = logits if seq.processors is None else seq.processors.apply(logits, tree, seq.tokens)
         result = verify(tree, target, seq.params, d.proposal.probs, seq.generator)
         self.runner.commit(seq.slot, d.cache_len, result.path)
+        _observe(seq, layers, hidden, result.path)
         new = self._truncate(seq, result.token_ids)
         if seq.processors is not None:
             # A complete grammar ends the output at once, in a plain step or mid-draft alike.
@@ -289,3 +297,15 @@ def _rejected(tree: DraftTree, node: int) -> list[int]:
         node = tree.children[node][0]
         out.append(tree.tokens[node])
     return out
+def hidden_layers(seqs: list[Sequence]) -> tuple[int, ...]:
+    """Target layers any of these sequences' drafters reads (sorted, the final state last: the
+    order ``ModelRunner.run`` returns them in)."""
+    wanted = {i for s in seqs if s.drafter is not None for i in s.drafter.hidden_layers}
+    return tuple(sorted(wanted - {-1})) + ((-1,) if -1 in wanted else ())
+
+
+def _observe(seq: Sequence, layers: tuple[int, ...], hidden: list[torch.Tensor], rows: list[int] | None) -> None:
+    """Hand a drafter that reads hidden states the ones of the tokens the target just cached."""
+    if seq.drafter is None or not seq.drafter.hidden_layers or not hidden:
+        return
+    seq.drafter.observe({i: (h if rows is None else h[rows]) for i, h in zip(layers, hidden, strict=True)})

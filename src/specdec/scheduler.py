@@ -123,6 +123,7 @@ class GuardedDrafter(Drafter):
     def __init__(self, inner: Drafter, request: Request) -> None:
         self.inner, self.request = inner, request
         self.name = inner.name
+        self.hidden_layers = inner.hidden_layers
 
     def _call(self, fn: Callable, *args):
         if self.request.error is not None:
@@ -136,6 +137,9 @@ class GuardedDrafter(Drafter):
 
     def begin(self, prompt_ids: Seq[int], sampling: SamplingParams) -> None:
         self._call(self.inner.begin, prompt_ids, sampling)
+
+    def observe(self, target_hidden) -> None:
+        self._call(self.inner.observe, target_hidden)
 
     def propose(self, context: Seq[int], max_tokens: int) -> DraftProposal:
         return self._call(self.inner.propose, context, max_tokens) or EMPTY

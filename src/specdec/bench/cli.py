@@ -22,7 +22,7 @@ import torch
 
 from specdec.bench import harness, metrics, report
 from specdec.bench.accuracy import add_accuracy_args, cmd_accuracy
-from specdec.bench.config import DEFAULT_METHODS, PEER_NAMES, BenchConfig, parse_methods
+from specdec.bench.config import DEFAULT_METHODS, HEAD_METHODS, PEER_NAMES, BenchConfig, parse_methods
 from specdec.bench.passes import add_passes_args, cmd_passes
 from specdec.bench.workloads import WORKLOAD_NAMES, load_workload, load_workload_file
 from specdec.cli_args import add_model_args, positive_int
@@ -63,9 +63,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     add_passes_args(sub.add_parser("passes", help="ms per target pass by width, against the weight-read floor"))
     add_accuracy_args(sub.add_parser("accuracy", help="a quantized format vs the dequantised float32 model"))
     add_model_args(p)
-    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+    p.add_argument("--methods", default=None,
                    help="comma list of spec types; '+' chains (e.g. suffix+draft-model); 'none' is always run "
-                        f"(default: {','.join(DEFAULT_METHODS)}, plus draft-model with --draft-model)")
+                        f"(default: {','.join(DEFAULT_METHODS)}, plus {','.join(HEAD_METHODS)} on the default model "
+                        "or with --spec-model, plus draft-model with --draft-model)")
     p.add_argument("--workloads", type=_names, default=None,
                    help=f"comma list from {','.join(WORKLOAD_NAMES)} (default: all)")
     p.add_argument("--workload-file", default=None,
@@ -88,6 +89,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                                                        "transformers assistant_model peer")
     p.add_argument("--spec-draft-n-max", type=positive_int, default=SpecConfig.draft_n_max,
                    help="most drafted tokens per step, every method")
+    p.add_argument("--spec-model", default=None, help="EAGLE-3 head for the eagle3 methods (default: the shipped one)")
+    p.add_argument("--spec-eagle-topk", type=positive_int, default=SpecConfig.eagle_topk)
+    p.add_argument("--spec-num-steps", type=positive_int, default=SpecConfig.num_steps)
+    p.add_argument("--spec-num-draft-tokens", type=positive_int, default=SpecConfig.num_draft_tokens)
     p.add_argument("--seed", type=int, default=0, help="base seed of sampled runs")
     p.add_argument("--no-oracle", action="store_true", help="skip the oracle replay")
 
@@ -96,8 +101,12 @@ def config_from_args(args: argparse.Namespace, argv: list[str] | None = None) ->
     preset = QUICK if args.quick else FULL
     pick = lambda name: preset[name] if getattr(args, name) is None else getattr(args, name)
     try:
-        base = SpecConfig(draft_n_max=args.spec_draft_n_max, draft_model=args.draft_model)
-        text = args.methods + (",draft-model" if args.draft_model and "draft-model" not in args.methods else "")
+        base = SpecConfig(draft_n_max=args.spec_draft_n_max, draft_model=args.draft_model,
+                          spec_model=args.spec_model, eagle_topk=args.spec_eagle_topk,
+                          num_steps=args.spec_num_steps, num_draft_tokens=args.spec_num_draft_tokens)
+        defaults = DEFAULT_METHODS + (HEAD_METHODS if args.model is None or args.spec_model else ())
+        text = args.methods or ",".join(defaults)
+        text += ",draft-model" if args.draft_model and "draft-model" not in text else ""
         methods = parse_methods(text, base)
         if args.workloads is None and args.workload_file:
             names = []

@@ -3,9 +3,11 @@
 Life of a drafter within one request (one sequence)::
 
     drafter.begin(prompt_ids, sampling)
+    drafter.observe(target_hidden)                         # only drafters with hidden_layers: the prompt's
     loop:
         proposal = drafter.propose(context, max_tokens)   # context: every committed token
         ... target verifies ...
+        drafter.observe(target_hidden)                     # ... and the kept path's target states
         drafter.accept(context, num_accepted)             # context now holds the new tokens
     drafter.end(context)                                   # request finished
 
@@ -19,7 +21,7 @@ only cost speed, never change the output.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -88,6 +90,9 @@ class Drafter(ABC):
     """Proposes tokens for one sequence; holds that sequence's drafting state."""
 
     name: str = "drafter"
+    # Target layers whose hidden states the drafter reads (``ModelRunner.run`` indexing); the
+    # engine then asks the runner for them and calls ``observe``. Empty: the drafter reads tokens only.
+    hidden_layers: tuple[int, ...] = ()
 
     @classmethod
     def from_config(cls, spec: SpecConfig, **shared: object) -> Drafter:
@@ -101,6 +106,14 @@ class Drafter(ABC):
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         """Start a request whose committed tokens so far are ``prompt_ids``."""
+
+    def observe(self, target_hidden: Mapping[int, torch.Tensor]) -> None:
+        """The target's hidden states of the next tokens it cached, in order: layer -> [n, H].
+
+        Called after the prefill (every prompt token but the last) and after each verify (the
+        root and the accepted tokens), before ``accept``: together they cover every committed
+        token but the newest. Only called when ``hidden_layers`` is not empty.
+        """
 
     @abstractmethod
     def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
@@ -149,11 +162,17 @@ class ChainedDrafter(Drafter):
             raise ValueError("ChainedDrafter needs at least one drafter")
         self.drafters = list(drafters)
         self.name = ",".join(d.name for d in self.drafters)
+        self.hidden_layers = tuple(sorted({i for d in self.drafters for i in d.hidden_layers}))
         self.last_used: int | None = None
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         for d in self.drafters:
             d.begin(prompt_ids, sampling)
+
+    def observe(self, target_hidden: Mapping[int, torch.Tensor]) -> None:
+        for d in self.drafters:  # every member: one that did not propose still follows the context
+            if d.hidden_layers:
+                d.observe(target_hidden)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
         for i, d in enumerate(self.drafters):

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from specdec.config import SpecConfig, SpecType
 from specdec.drafters.base import ChainedDrafter, Drafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_self import DraftSelfDrafter
+from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.ngram_map import NgramMapDrafter, NgramMapK4VDrafter
 from specdec.drafters.suffix import SuffixCache, SuffixDrafter
 from specdec.errors import ModelLoadError
+from specdec.model.eagle_checkpoint import check_target, load_head
+from specdec.model.eagle_head import EagleHead
 from specdec.runners.base import ModelRunner
 from specdec.runners.load import load_runner
 from specdec.text import load_tokenizer
+
+SHIPPED_HEAD = Path(__file__).resolve().parent.parent / "heads" / "SmolLM2-135M-Instruct"
 
 # One class per spec type; each builds itself with ``Drafter.from_config``.
 DRAFTERS: dict[SpecType, type[Drafter]] = {
@@ -24,11 +30,12 @@ DRAFTERS: dict[SpecType, type[Drafter]] = {
     SpecType.SUFFIX: SuffixDrafter,
     SpecType.DRAFT_SELF: DraftSelfDrafter,
     SpecType.DRAFT_MODEL: DraftModelDrafter,
+    SpecType.EAGLE3: EagleDrafter,
 }
 
 
 class DraftResources:
-    """Shared by all requests of one engine: the suffix cache and the draft model."""
+    """Shared by all requests of one engine: the suffix cache, the draft model, the EAGLE head."""
 
     def __init__(
         self,
@@ -48,6 +55,8 @@ class DraftResources:
                 max_seq_len=target.max_seq_len, num_slots=max_num_seqs,
             )
             check_same_vocab(target, self.draft_runner, tokenizer, folder)
+        self.target = target
+        self.eagle_head = load_eagle_head(spec.spec_model, target, tokenizer) if SpecType.EAGLE3 in spec.types else None
 
     def new_drafter(self, types: Sequence[SpecType] | None = None) -> Drafter | None:
         """A fresh drafter for one request (None when speculation is off).
@@ -59,7 +68,7 @@ class DraftResources:
         types = self.loaded(types)
         if not types:
             return None
-        shared = dict(cache=self.suffix_cache, runner=self.draft_runner)
+        shared = dict(cache=self.suffix_cache, runner=self.draft_runner, head=self.eagle_head, target=self.target)
         drafters = [DRAFTERS[t].from_config(self.spec, **shared) for t in types]
         return drafters[0] if len(drafters) == 1 else ChainedDrafter(drafters)
 
@@ -87,3 +96,20 @@ def check_same_vocab(target: ModelRunner, draft: ModelRunner, tokenizer, draft_f
             f"the draft model's vocabulary ({draft.vocab_size} tokens) differs from the target's "
             f"({target.vocab_size}); a draft model needs the same tokenizer"
         )
+
+
+def load_eagle_head(folder: str | None, target: ModelRunner, tokenizer) -> EagleHead:
+    """The head in ``folder`` (None: the one shipped for the default model), checked against the target."""
+    path = Path(folder).expanduser() if folder else SHIPPED_HEAD
+    head = load_head(path, target.device)
+    config = getattr(target, "config", None)
+    try:
+        check_target(head, config, target.vocab_size, tokenizer, where=str(path))
+    except ModelLoadError as exc:
+        if folder is None:
+            raise ModelLoadError(f"{exc}; the shipped head fits the default model only: pass --spec-model DIR") \
+                from None
+        raise
+    if head.d2t.device.type == "cpu":
+        head.quantize_for_cpu()
+    return head

@@ -252,12 +252,20 @@ class Transformer(nn.Module):
 
         return f"gguf {'+'.join(self.block_types)} blocks ({isa()} kernels)"
 
-    def _embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        embed = self.quantized.get("embed")
-        if embed is None:
-            return F.embedding(ids, self.embed).float()
-        out = np.empty((ids.shape[0], embed.k), dtype=np.float32)
-        kernels.dequantize_rows(*embed.arrays(), embed.k, ids.numpy().astype(np.int64), out)
+    def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """[n] ids -> [n, H] rows of the input embedding (float32 where stored as blocks)."""
+        return self._rows("embed", self.embed, ids)
+
+    def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """[n] ids -> [n, H] rows of the LM head."""
+        return self._rows("lm_head", self.lm_head, ids)
+
+    def _rows(self, name: str, dense: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
+        blocks = self.quantized.get(name)
+        if blocks is None:
+            return F.embedding(ids.to(dense.device), dense).float()
+        out = np.empty((ids.shape[0], blocks.k), dtype=np.float32)
+        kernels.dequantize_rows(*blocks.arrays(), blocks.k, ids.numpy().astype(np.int64), out)
         return torch.from_numpy(out)
 
     def forward_rows(
@@ -268,7 +276,7 @@ class Transformer(nn.Module):
         Hidden states as in ``forward``, per row: [N, H] float32 each.
         """
         c, f = self.config, self._fused
-        x = self._embed_rows(rows.input_ids)  # [N, H]
+        x = self.embed_rows(rows.input_ids)  # [N, H]
         if c.embed_scale:
             dtype = self.embed.dtype if self.embed is not None else torch.float32
             x = x * torch.tensor(c.hidden_size**0.5, dtype=dtype).float()

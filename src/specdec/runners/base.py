@@ -16,7 +16,10 @@ The runner alone owns the slots' lengths (``lengths[slot]``).
 Hidden states: ``run(seqs, hidden_layers=(i, ...))`` also returns, per sequence,
 the hidden state after each decoder layer ``i`` for every new token ([T, H];
 ``-1`` is the final normed state). Trained drafters (EAGLE-style heads) read
-them; ``tests/test_runner.py`` pins them against transformers.
+them; ``tests/test_runner.py`` pins them against transformers. Such heads also look
+tokens up in the target's own tables: ``embed(ids)`` (input embeddings) and
+``output_rows(ids)`` (rows of the LM head, whose product with the final normed
+state gives those tokens' logits).
 """
 
 from __future__ import annotations
@@ -88,6 +91,14 @@ class ModelRunner(ABC):
     @abstractmethod
     def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = ()) -> PassOutput:
         """Run every sequence's new tokens in one pass; their K/V are appended to the cache."""
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """[n] token ids -> [n, H] float32 rows of the target's input embedding table."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its embeddings")
+
+    def output_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """[n] token ids -> [n, H] float32 rows of the target's LM head."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its LM head")
 
     def truncate(self, slot: int, length: int) -> None:
         """Roll ``slot`` back to its first ``length`` tokens."""

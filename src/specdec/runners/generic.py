@@ -69,6 +69,12 @@ class GenericRunner(ModelRunner):
             self.lengths[s.slot] += len(s.token_ids)
         return PassOutput(logits, hidden, time.perf_counter() - t0)
 
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight[token_ids.to(self.device)].detach().float()
+
+    def output_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight[token_ids.to(self.device)].detach().float()
+
     def truncate(self, slot: int, length: int) -> None:
         remove = self.lengths[slot] - length
         super().truncate(slot, length)

@@ -85,6 +85,10 @@ def spec_from_vllm_config(text: str) -> tuple[SpecConfig, int | None]:
         if not isinstance(model, str) or not model:
             raise ValueError('--speculative-config with method "draft_model" needs "model"')
         changes["draft_model"] = model
+    if kind is SpecType.EAGLE3:  # vLLM drafts a chain of num_speculative_tokens with the head in "model"
+        changes["spec_model"] = model if isinstance(model, str) and model else None
+        k = changes.get("draft_n_max", SpecConfig.num_draft_tokens)
+        changes.update(eagle_topk=1, num_steps=k, num_draft_tokens=k, draft_n_max=k)
     known = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
              "disable_by_batch_size"}
     ignored = sorted(set(cfg) - known)

@@ -1,0 +1,291 @@
+"""The EAGLE-3 draft head: one decoder layer over the target's own hidden states.
+
+Per position t of the target's sequence, the head reads the target's hidden
+states of token t from a low, a middle and a high layer (concatenated, 3H),
+projects them to H with ``fc``, and combines them with the embedding of token
+t + 1 (the target's own embedding table): the layer's attention takes
+[norm(embed), norm(hidden)] (2H) and the head predicts token t + 2 over a
+reduced draft vocabulary. Drafting further, the layer's output replaces the
+projected features: step k reads its own step k - 1 output and the token it
+predicted there.
+
+    features [n, 3H_t] --fc--> h [n, H]      e = embed(next tokens) [n, H]
+    x = [input_norm(e), hidden_norm(h)]      [n, 2H]
+    h' = h + attn(x) ; h' = h' + mlp(post_norm(h'))
+    logits = lm_head(norm(h'))               [n, draft_vocab]; target id = d + d2t[d]
+
+Weights use the names of the ``speculators`` project (``layers.0.self_attn.q_proj``,
+``fc``, ``norm``, ``lm_head``, ``d2t``, ``t2d``); the original EAGLE-3 release's
+``midlayer.*`` names load too (``model.eagle_checkpoint`` reads and writes both
+configs). Rope uses Hugging Face's rotate-half layout, as those checkpoints do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.config import ModelConfig
+from specdec.errors import ModelLoadError
+from specdec.model import kernels
+from specdec.model.quant import I8, QuantMatrix
+from specdec.model.transformer import rope_table
+
+FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}  # one product each
+
+
+@dataclass(frozen=True)
+class EagleHeadConfig:
+    """Shapes of a head and how it attaches to its target.
+
+    feature_layers: target layers read, in ``ModelRunner.run`` indexing (the state after
+    layer i). Checkpoints store vLLM's ``eagle_aux_hidden_state_layer_ids`` (the input of
+    layer i + 1, the same tensor), so a stored id is ours + 1.
+    """
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    target_vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    feature_layers: tuple[int, ...]
+    target_num_layers: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 8192
+    norm_before_residual: bool = False
+    fc_bias: bool = False
+    verifier: dict = field(default_factory=dict)  # the target it was trained for (name, sizes)
+
+    @classmethod
+    def for_target(
+        cls, target: ModelConfig, draft_vocab_size: int, feature_layers: tuple[int, ...] | None = None,
+        verifier_name: str = "",
+    ) -> EagleHeadConfig:
+        """A head shaped like one layer of ``target``, reading EAGLE-3's default layers."""
+        layers = feature_layers or default_feature_layers(target.num_layers)
+        return cls(
+            hidden_size=target.hidden_size, num_heads=target.num_heads, num_kv_heads=target.num_kv_heads,
+            head_dim=target.head_dim, intermediate_size=target.intermediate_size,
+            target_vocab_size=target.vocab_size, draft_vocab_size=min(draft_vocab_size, target.vocab_size),
+            target_hidden_size=target.hidden_size, feature_layers=tuple(layers),
+            target_num_layers=target.num_layers, rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta,
+            rope_scaling=target.rope_scaling, max_position_embeddings=target.max_position_embeddings,
+            verifier=dict(name_or_path=verifier_name, architectures=[f"{target.arch}"],
+                          hidden_size=target.hidden_size, vocab_size=target.vocab_size,
+                          num_hidden_layers=target.num_layers),
+        )
+
+    def layer_config(self) -> ModelConfig:
+        """The head's layer as a ModelConfig (for the shared rope table)."""
+        return ModelConfig(
+            arch="llama", vocab_size=self.target_vocab_size, hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size, num_layers=1, num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            max_position_embeddings=self.max_position_embeddings, rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta, rope_scaling=self.rope_scaling,
+        )
+
+
+def default_feature_layers(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low / middle / high choice (vLLM ids 2, L // 2, L - 3) in our indexing, kept
+    inside the model for tiny ones: 30 layers -> (1, 14, 26); 2 layers -> (1, 0, 0)."""
+    return tuple(min(max(i, 0), num_layers - 1) for i in (1, num_layers // 2 - 1, num_layers - 4))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), weight.to(x.dtype), eps)  # (bfloat16 under training's autocast)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's rotate-half rope: x [..., D] with cos/sin broadcastable to it."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class EagleHead(nn.Module):
+    """Parameters of the head and its two uses: a cached decode step (drafting) and the
+    unrolled training-time-test pass (``train.ttt``)."""
+
+    def __init__(self, config: EagleHeadConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        H, D = c.hidden_size, c.head_dim
+        self.fc = nn.Linear(len(c.feature_layers) * c.target_hidden_size, H, bias=c.fc_bias)
+        self.input_layernorm = nn.Parameter(torch.ones(H))
+        self.hidden_norm = nn.Parameter(torch.ones(H))
+        self.post_attention_layernorm = nn.Parameter(torch.ones(H))
+        self.q_proj = nn.Linear(2 * H, c.num_heads * D, bias=False)
+        self.k_proj = nn.Linear(2 * H, c.num_kv_heads * D, bias=False)
+        self.v_proj = nn.Linear(2 * H, c.num_kv_heads * D, bias=False)
+        self.o_proj = nn.Linear(c.num_heads * D, H, bias=False)
+        self.gate_proj = nn.Linear(H, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(H, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, H, bias=False)
+        self.norm = nn.Parameter(torch.ones(H))
+        self.lm_head = nn.Linear(H, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))  # target = d + d2t[d]
+        self.register_buffer("t2d", torch.zeros(c.target_vocab_size, dtype=torch.bool))  # in the draft vocab
+        table = rope_table(c.layer_config(), c.rope_theta, c.max_position_embeddings)  # [L, D/2] complex
+        angles = torch.cat([table.angle(), table.angle()], dim=-1)  # rotate-half layout: [L, D]
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.fast: dict[str, QuantMatrix] = {}  # int8 copies for drafting on a CPU (quantize_for_cpu)
+
+    # -- pieces ------------------------------------------------------------------------------
+    def quantize_for_cpu(self) -> bool:
+        """Draft with int8 copies of the matrices on the integer-dot kernels (where they load).
+
+        A draft step reads every weight of the head once: in float32 the 8k-row LM head alone is
+        19 MB, as slow as a tenth of the default target's pass; int8 blocks (Q8_0's layout) read
+        a quarter of that and stay in L3 across the steps of a draft. Drafts only need to be good
+        guesses, so the rounding costs no losslessness. Returns False (float products kept) where
+        the kernels do not load.
+        """
+        from specdec.model.clib import load_qkernels
+
+        try:
+            load_qkernels()
+        except ModelLoadError:
+            return False
+        weight = lambda name: getattr(self, name).weight.detach()  # noqa: E731
+        try:
+            fast = {name: quantize_q8(weight(name)) for name in ("fc", "o_proj", "down_proj", "lm_head")}
+            fast |= {fused: quantize_q8(torch.cat([weight(n) for n in parts])) for fused, parts in FUSED.items()}
+        except ValueError:  # a width the blocks do not divide
+            return False
+        self.fast = fast
+        return True
+
+    def _fast(self, name: str, x: torch.Tensor) -> torch.Tensor | None:
+        """x @ W.T on the int8 copy ``name``, or None where the float module must run (training, GPU)."""
+        fast = self.fast.get(name)
+        if fast is None or torch.is_grad_enabled() or x.device.type != "cpu":
+            return None
+        rows = x.reshape(-1, x.shape[-1]).float().contiguous().numpy()
+        out = np.empty((rows.shape[0], fast.shape[0]), dtype=np.float32)
+        kernels.qmatmul(*fast.arrays(), rows, out)
+        return torch.from_numpy(out).view(*x.shape[:-1], fast.shape[0])
+
+    def _linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        y = self._fast(name, x)
+        if y is None:
+            return getattr(self, name)(x)
+        bias = getattr(self, name).bias
+        return y if bias is None else y + bias
+
+    def _fused(self, name: str, x: torch.Tensor) -> list[torch.Tensor]:
+        """The products of FUSED[name] on x (one int8 product when quantized)."""
+        y = self._fast(name, x)
+        if y is None:
+            return [getattr(self, part)(x) for part in FUSED[name]]
+        sizes = [getattr(self, part).weight.shape[0] for part in FUSED[name]]
+        return list(y.split(sizes, dim=-1))
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features [..., 3H_t] -> [..., H] (``fc``)."""
+        return self._linear("fc", features)
+
+    def set_vocab(self, draft_to_target: torch.Tensor) -> None:
+        """Draft vocabulary = these target ids (ascending), stored as EAGLE-3's d2t offsets and t2d mask."""
+        ids = draft_to_target.to(self.d2t.device, torch.long)
+        self.d2t.copy_(ids - torch.arange(len(ids), device=ids.device))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def qkv(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor):
+        """Layer input -> (residual, q [..., n, Hq, D], k, v [..., n, Hkv, D]) with rope applied."""
+        c = self.config
+        h = rms_norm(hidden, self.hidden_norm, c.rms_norm_eps)
+        residual = h if c.norm_before_residual else hidden
+        x = torch.cat([rms_norm(embeds, self.input_layernorm, c.rms_norm_eps), h], dim=-1)
+        shape = x.shape[:-1]
+        q, k, v = self._fused("qkv", x)
+        q = q.reshape(*shape, c.num_heads, c.head_dim)
+        k = k.reshape(*shape, c.num_kv_heads, c.head_dim)
+        v = v.reshape(*shape, c.num_kv_heads, c.head_dim)
+        cos, sin = self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2)
+        return residual, rotate(q, cos, sin), rotate(k, cos, sin), v
+
+    def finish(self, residual: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Attention output [..., Hq * D] -> the layer's output hidden state [..., H]."""
+        h = residual + self._linear("o_proj", attn)
+        x = rms_norm(h, self.post_attention_layernorm, self.config.rms_norm_eps)
+        gate, up = self._fused("gate_up", x)
+        return h + self._linear("down_proj", F.silu(gate) * up)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Layer output [..., H] -> draft-vocabulary logits [..., draft_vocab]."""
+        return self._linear("lm_head", rms_norm(hidden, self.norm, self.config.rms_norm_eps))
+
+    # -- drafting: one cached step ---------------------------------------------------------------
+    def step(
+        self,
+        hidden: torch.Tensor,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        cache: HeadCache,
+        rows: torch.Tensor,
+        visible: torch.Tensor,
+    ) -> torch.Tensor:
+        """Run n entries; write their K/V at cache ``rows``; return the layer output [n, H].
+
+        hidden: [n, H] projected features (``fc``) or a previous step's output; embeds [n, H];
+        positions [n] rope positions; visible [n, L] which cache rows each entry attends to
+        (itself included; L covers every row written so far).
+        """
+        residual, q, k, v = self.qkv(hidden, embeds, positions)
+        cache.k[rows] = k
+        cache.v[rows] = v
+        L = visible.shape[1]
+        keys = cache.k[:L].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+        values = cache.v[:L].transpose(0, 1).unsqueeze(0)
+        attn = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=visible.unsqueeze(0).unsqueeze(0),
+            enable_gqa=True,
+        )  # [1, Hq, n, D]
+        return self.finish(residual, attn[0].transpose(0, 1).reshape(len(rows), -1))
+
+
+def quantize_q8(weight: torch.Tensor) -> QuantMatrix:
+    """[rows, k] float -> int8 blocks of 32 with a float32 scale each (Q8_0's values, kernel layout)."""
+    w = weight.float().cpu().numpy()
+    rows, k = w.shape
+    if k % 32:
+        raise ValueError(f"int8 blocks need a multiple of 32 columns, got {k}")
+    blocks = w.reshape(rows, k // 32, 32)
+    scale = np.abs(blocks).max(axis=-1) / 127.0
+    scale[scale == 0] = 1.0
+    q = np.clip(np.rint(blocks / scale[..., None]), -127, 127).astype(np.int8).reshape(rows, k)
+    return QuantMatrix(q.view(np.uint8), scale.astype(np.float32), np.zeros((rows, 1), np.float32),
+                       np.full(rows, I8, dtype=np.int8), k, ("Q8_0",))
+
+
+class HeadCache:
+    """The head's own K/V for one sequence: rows in the order entries were run, grown on demand."""
+
+    def __init__(self, config: EagleHeadConfig, device: torch.device | str = "cpu", capacity: int = 256) -> None:
+        self.shape = (config.num_kv_heads, config.head_dim)
+        self.k = torch.zeros(capacity, *self.shape, device=device)
+        self.v = torch.zeros(capacity, *self.shape, device=device)
+
+    def reserve(self, rows: int) -> None:
+        if rows > self.k.shape[0]:
+            size = max(rows, 2 * self.k.shape[0])
+            for name in ("k", "v"):
+                old = getattr(self, name)
+                new = old.new_zeros(size, *self.shape)
+                new[: old.shape[0]] = old
+                setattr(self, name, new)

@@ -1,0 +1,1 @@
+"""Training drafter heads: self-distillation data, the training loop, `specdec train`."""

@@ -1,0 +1,167 @@
+"""`specdec train eagle3`: self-distil data from the target, then train and save a head.
+
+    specdec train eagle3 --target M --out DIR [--data FILE] [--samples N] [--steps N]
+                         [--draft-vocab N] [--device cpu|cuda] [--resume]
+
+Both phases resume: data already cached in DIR/data is kept and extended up to
+``--samples`` prompts; ``--resume`` continues training from DIR/state. ``--steps 0``
+only collects data (run it beside a training process to feed it more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specdec.cli_args import positive_int
+from specdec.errors import UsageError
+from specdec.model.eagle_checkpoint import load_head, tokenizer_hash
+from specdec.model.eagle_head import EagleHead, EagleHeadConfig, default_feature_layers
+from specdec.runners.load import load_runner
+from specdec.text import load_tokenizer
+from specdec.train import data as train_data
+from specdec.train.prompts import build_prompts, read_prompt_file, self_instruct_requests
+from specdec.train.trainer import Tables, TrainConfig, Trainer, split
+from specdec.train.vocab import choose_vocab, coverage
+
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="method", required=True, parser_class=type(p))
+    e = sub.add_parser("eagle3", help="train an EAGLE-3 head for a target model")
+    e.add_argument("--target", default=None, help="target model (default: SmolLM2-135M-Instruct)")
+    e.add_argument("--out", required=True, help="folder for the head, its data and its training state")
+    e.add_argument("--data", default=None, help="prompts (JSONL with a \"prompt\" per line, or text lines) "
+                                                "instead of the built-in offline sources")
+    e.add_argument("--samples", type=int, default=4000, help="prompts to self-distil (cached; extended on reruns)")
+    e.add_argument("--steps", type=int, default=2000, help="optimizer steps (0 = only collect data)")
+    e.add_argument("--draft-vocab", type=positive_int, default=8192, help="reduced draft vocabulary size")
+    e.add_argument("--layers", default=None, help="target layers read, comma list (default: EAGLE-3's low,mid,high)")
+    e.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda when present")
+    e.add_argument("--resume", action="store_true", help="continue the training state in --out")
+    e.add_argument("--lr", type=float, default=TrainConfig.lr)
+    e.add_argument("--batch-tokens", type=positive_int, default=TrainConfig.batch_tokens)
+    e.add_argument("--ttt-steps", type=positive_int, default=TrainConfig.ttt_steps,
+                   help="training-time test depth: steps the head is unrolled on its own predictions")
+    e.add_argument("--eval-every", type=positive_int, default=TrainConfig.eval_every)
+    e.add_argument("--max-new-tokens", type=positive_int, default=256, help="longest self-distilled response")
+    e.add_argument("--batch-size", type=positive_int, default=12, help="sequences decoded together")
+    e.add_argument("--greedy-fraction", type=float, default=0.75, help="share of greedy (vs sampled) responses")
+    e.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all)")
+    e.add_argument("--precision", default="bf16", choices=["bf16", "fp32"],
+                   help="training matrix products (bf16 autocast; fp32 where a CPU lacks fast bfloat16)")
+    e.add_argument("--train-lm-head", action="store_true",
+                   help="train the head's LM head too (default: frozen at the target's rows)")
+    e.add_argument("--seed", type=int, default=0)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if args.resume and not (out / "state" / "progress.json").is_file():
+        raise UsageError(f"--resume: {out} holds no training state")
+    if not args.resume and args.steps > 0 and (out / "state").exists():
+        raise UsageError(f"{out} already holds a training run: pass --resume to continue it, or choose another --out")
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    runner, folder = load_runner(args.target, device=str(device), max_seq_len=1024, num_slots=args.batch_size)
+    target = getattr(runner, "config", None)
+    if target is None:
+        raise UsageError("training a head needs a target the native runner supports (Llama, Qwen, Mistral, Gemma3)")
+    tokenizer = load_tokenizer(folder)
+    layers = _layers(args.layers, target.num_layers)
+    manifest = _collect(args, runner, tokenizer, out, layers)
+    if not manifest["shards"]:
+        raise UsageError("the training data yields no examples (no prompt produced a response)")
+    if args.steps == 0:
+        return 0
+    store = train_data.SampleStore(out / "data")
+    if tuple(store.layers) != layers:
+        raise UsageError(f"{out}/data holds target layers {list(store.layers)}, not {list(layers)}")
+    head = _new_head(args, target, tokenizer, runner, store, layers) if not args.resume else load_head(out / "state")
+    head = head.to(device)
+    V = target.vocab_size
+    tables = Tables(embed=runner.embed(torch.arange(V)).to(device),
+                    target_rows=runner.output_rows(head.draft_to_target(torch.arange(head.config.draft_vocab_size,
+                                                                                     device=device)).cpu()).to(device))
+    config = TrainConfig(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens, ttt_steps=args.ttt_steps,
+                         eval_every=args.eval_every, seed=args.seed, bf16=args.precision == "bf16",
+                         train_lm_head=args.train_lm_head)
+    trainer = Trainer(head, tables, out / "data", out, config, device)
+    if args.resume:
+        trainer.load_state()
+    last = trainer.train(log=lambda line: tqdm.write(line, file=sys.stderr))
+    print(f"specdec: head saved to {out} (best validation tau {trainer.best_tau:.2f}; last {last.get('tau', 0):.2f})",
+          file=sys.stderr)
+    return 0
+
+
+def _layers(text: str | None, num_layers: int) -> tuple[int, ...]:
+    if not text:
+        return default_feature_layers(num_layers)
+    try:
+        layers = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"--layers: expected a comma list of layer numbers, got {text!r}") from None
+    if not layers or any(not 0 <= i < num_layers for i in layers):
+        raise UsageError(f"--layers: layers must be in 0..{num_layers - 1}")
+    return layers
+
+
+def _collect(args, runner, tokenizer, out: Path, layers: tuple[int, ...]) -> dict:
+    if args.data:
+        try:
+            prompts = list(read_prompt_file(args.data))[: args.samples]
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--data {args.data}: {exc}") from None
+        own: list[str] = []
+    else:
+        prompts = build_prompts(args.samples, args.seed)
+        own = self_instruct_requests(args.samples, args.seed)
+    done = (train_data.read_manifest(out / "data") or {}).get("prompts_done", 0)
+    bar = tqdm(total=len(prompts), initial=min(done, len(prompts)), desc="self-distil", unit="prompt",
+               dynamic_ncols=True)
+
+    def progress(n: int, tokens: int) -> None:
+        bar.update(n - bar.n)
+        bar.set_postfix(tokens=tokens)
+
+    meta = {"target": args.target or "default", "seed": args.seed}
+    manifest = train_data.collect(
+        runner, tokenizer, out / "data", prompts, layers, seed=args.seed, greedy_fraction=args.greedy_fraction,
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, meta=meta, progress=progress,
+        self_instruct=own,
+    )
+    bar.close()
+    return manifest
+
+
+def _new_head(args, target, tokenizer, runner, store, layers) -> EagleHead:
+    config = EagleHeadConfig.for_target(target, args.draft_vocab, layers, verifier_name=args.target or "default")
+    config = replace(config, verifier={**config.verifier, "tokenizer_hash": tokenizer_hash(tokenizer)})
+    head = EagleHead(config)
+    train_ids, _ = split(store)
+    counts = store.token_counts(target.vocab_size, train_ids)
+    vocab = choose_vocab(counts, config.draft_vocab_size, always=target.eos_token_ids)
+    head.set_vocab(vocab)
+    print(f"specdec: draft vocabulary {len(vocab)} of {target.vocab_size} tokens covers "
+          f"{coverage(counts, vocab):.1%} of the training tokens", file=sys.stderr)
+    init_from_target(head, runner)
+    return head
+
+
+def init_from_target(head: EagleHead, runner) -> None:
+    """Start the LM head from the target's rows of the draft vocabulary (and its final norm), so the
+    head's first task is only to reproduce the target's last hidden state; the rest small and random."""
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=0.02)
+        head.lm_head.weight.copy_(runner.output_rows(head.draft_to_target(torch.arange(head.config.draft_vocab_size))))
+        norm = getattr(getattr(runner, "model", None), "norm", None)
+        if isinstance(norm, torch.Tensor) and norm.shape == head.norm.shape:
+            head.norm.copy_(norm.float())
