@@ -101,6 +101,9 @@ def check_same_vocab(target: ModelRunner, draft: ModelRunner, tokenizer, draft_f
 def load_eagle_head(folder: str | None, target: ModelRunner, tokenizer) -> EagleHead:
     """The head in ``folder`` (None: the one shipped for the default model), checked against the target."""
     path = Path(folder).expanduser() if folder else SHIPPED_HEAD
+    if folder is None and not path.is_dir():
+        raise ModelLoadError("no EAGLE-3 head ships with this build yet: train one with `specdec train eagle3 "
+                             "--out DIR` (docs/eagle3.md) and pass --spec-model DIR")
     head = load_head(path, target.device)
     config = getattr(target, "config", None)
     try:
