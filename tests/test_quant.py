@@ -20,6 +20,7 @@ from specdec.model.weights import load_state_dict, read_model_config
 from specdec.runners.base import SeqInput
 from specdec.runners.load import load_runner
 from specdec.runners.native import NativeRunner
+from tests.test_runner import assert_verify_rows_bit_identical
 
 pytestmark = pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler for the quantized kernels"
@@ -106,29 +107,7 @@ def test_verify_rows_bit_identical_with_quantized_weights(tiny_model_factory, ar
     the bits of decoding it alone."""
     runner, _ = load_runner(str(tiny_model_factory(arch)), max_seq_len=256, num_slots=2, quantization=quantization)
     assert runner.weights_label.startswith("gguf")
-    draft = [7, 300, 41, 5, 999, 12, 64, 8]
-
-    def alone(slot: int, tokens: list[int]) -> torch.Tensor:
-        start = runner.lengths[slot]
-        rows = [runner.run([SeqInput(slot, [t])]).logits[0][0] for t in tokens]
-        runner.truncate(slot, start)
-        return torch.stack(rows)
-
-    a, b = runner.allocate(), runner.allocate()
-    runner.run([SeqInput(a, list(range(100, 140)), all_logits=False)])
-    runner.run([SeqInput(b, list(range(500, 517)), all_logits=False)])
-    start_a, start_b = runner.lengths[a], runner.lengths[b]
-    chain = runner.run([SeqInput(a, draft)]).logits[0]
-    runner.truncate(a, start_a)
-    assert torch.equal(chain, alone(a, draft))
-    tree = runner.run([SeqInput(a, [draft[0], 7, 300, 41, 5], [-1, 0, 0, 1, 2])]).logits[0]
-    runner.truncate(a, start_a)
-    assert torch.equal(tree[[0, 2, 4]], alone(a, [draft[0], 300, 5]))
-    batched = runner.run([SeqInput(a, draft[:3]), SeqInput(b, draft[:6])]).logits
-    runner.truncate(a, start_a)
-    runner.truncate(b, start_b)
-    assert torch.equal(batched[0], alone(a, draft[:3]))
-    assert torch.equal(batched[1], alone(b, draft[:6]))
+    assert_verify_rows_bit_identical(runner)
 
 
 def _write_gguf(path, folder, arch: str, matrix_type: T, f16_names: tuple[str, ...] = ()) -> None:

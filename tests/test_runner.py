@@ -99,6 +99,12 @@ def test_verify_rows_are_bit_identical_to_decoding_alone(tiny_model_factory, arc
     when it is decoded alone, so greedy speculation cannot differ from plain decoding."""
     runner, _ = load_runner(str(tiny_model_factory(arch)), dtype=dtype, max_seq_len=256, num_slots=2,
                             backend="cpu-kernels")
+    assert_verify_rows_bit_identical(runner)
+
+
+def assert_verify_rows_bit_identical(runner) -> None:
+    """Chains, trees, batched and 40-row passes against one-token passes of the same tokens (also
+    used by tests/test_quant.py for the GGUF-block kernels)."""
     draft = [7, 300, 41, 5, 999, 12, 64, 8]
 
     def alone(slot: int, tokens: list[int]) -> torch.Tensor:
