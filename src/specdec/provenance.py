@@ -27,8 +27,10 @@ _WINDOW = 4
 def step_origins(step: StepResult) -> list[str]:
     """One origin per token of ``step.token_ids``: the drafter for the accepted prefix, then the target."""
     n = len(step.token_ids)
-    kept = min(step.num_accepted, n) if step.drafter else 0
-    return [step.drafter] * kept + [TARGET] * (n - kept)  # type: ignore[list-item]
+    if not step.drafter:
+        return [TARGET] * n
+    kept = min(step.num_accepted, n)  # an EOS may have cut the step inside the accepted prefix
+    return [step.drafter] * kept + [TARGET] * (n - kept)
 
 
 @dataclass(frozen=True)
