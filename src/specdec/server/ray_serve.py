@@ -22,6 +22,7 @@ No ``from __future__ import annotations``: FastAPI reads the route annotations.
 import asyncio
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -46,7 +47,7 @@ from specdec.server.ray_router import AffinityRouter
 
 logger = logging.getLogger("specdec.server")
 
-ENGINE, INGRESS = "SpecdecEngine", "SpecdecIngress"
+APP_NAME, ENGINE, INGRESS = "specdec", "SpecdecEngine", "SpecdecIngress"
 REPLICA_HEADER = "x-specdec-replica"
 MAX_ATTEMPTS = 3  # a request whose replica died before answering is sent again, at most this often
 RETRYABLE = (RayActorError, ActorUnavailableError, ReplicaUnavailableError)  # the replica, not the request
@@ -244,9 +245,6 @@ def build_app(d: RayDeployment):
     return ingress.bind(engine.bind(d.replica), d.api_key, d.replica.max_request_bytes, d.replica.model_name)
 
 
-APP_NAME = "specdec"
-
-
 def run(d: RayDeployment, host: str, port: int, address: str | None = None) -> int:
     """``specdec serve --ray``: deploy on a local Ray cluster (or the one at ``address``) until stopped.
 
@@ -257,7 +255,7 @@ def run(d: RayDeployment, host: str, port: int, address: str | None = None) -> i
     if address:
         ray.init(address=address, logging_level=logging.WARNING)
     else:
-        cpus = max(os.cpu_count() or 1, int(d.scale.max_replicas * d.num_cpus + 0.999))
+        cpus = max(os.cpu_count() or 1, math.ceil(d.scale.max_replicas * d.num_cpus))
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # clean up on `kill` as on Ctrl-C
     try:
