@@ -1,6 +1,7 @@
 """Acceptance of an EAGLE-3 head on held-out prompts: tau, alpha and acceptance by depth.
 
     python bench/eagle3_acceptance.py [--head DIR] [--prompts bench/eagle3-heldout.jsonl] [--max-new-tokens 96]
+                                      [--shapes chain-3,tree-4x4-7]
 
 Greedy, batch 1, the default model, chat-formatted prompts; the fixed draft shapes below
 (the engine's adaptive draft length off, so every step drafts the full shape). Each
@@ -23,10 +24,10 @@ from specdec.llm import LLM
 from specdec.stats import SpecStats
 
 SHAPES = {  # name: (topk, num_steps, num_draft_tokens)
-    "chain 3": (1, 3, 3),
-    "chain 5": (1, 5, 5),
-    "tree 4x4, 7 nodes": (4, 4, 7),
-    "tree 4x5, 11 nodes": (4, 5, 11),
+    "chain-3": (1, 3, 3),
+    "chain-5": (1, 5, 5),
+    "tree-4x4-7": (4, 4, 7),
+    "tree-4x5-11": (4, 5, 11),
 }
 
 
@@ -35,7 +36,9 @@ def main() -> int:
     p.add_argument("--head", default=None, help="head folder (default: the shipped head)")
     p.add_argument("--prompts", default=str(Path(__file__).with_name("eagle3-heldout.jsonl")))
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list from: {', '.join(SHAPES)}")
     args = p.parse_args()
+    shapes = {name: SHAPES[name] for name in args.shapes.split(",")}
     llm = LLM(None, max_model_len=2048)
     prompts = [json.loads(line)["prompt"] for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     ids = [llm.chat_prompt([{"role": "user", "content": text}]) for text in prompts]
@@ -45,7 +48,7 @@ def main() -> int:
     print(f"{len(prompts)} prompts, {sum(map(len, plain))} tokens, head: {args.head or 'shipped'}")
     print("| shape | tau | alpha | accepted at depth 1..5 (share of steps) | draft ms / step |")
     print("|---|---:|---:|---|---:|")
-    for name, (topk, steps, n) in SHAPES.items():
+    for name, (topk, steps, n) in shapes.items():
         spec = SpecConfig(types=(SpecType.EAGLE3,), spec_model=args.head, eagle_topk=topk, num_steps=steps,
                           num_draft_tokens=n, draft_n_max=n)
         resources = DraftResources(spec, llm.runner, llm.tokenizer)

@@ -76,6 +76,8 @@ class EagleDrafter(Drafter):
         # none) there is nothing to draft from.
         if max_tokens <= 0 or self.num_real + self.num_pending != len(context) - 1 or len(context) < 2:
             return EMPTY
+        if len(context) + self.num_steps >= self.head.max_positions:
+            return EMPTY  # past the head's rope table
         with torch.inference_mode():
             self._catch_up(context)
             return self._draft(len(context) - 1, max_tokens)
@@ -112,43 +114,16 @@ class EagleDrafter(Drafter):
 
     def _draft(self, root_pos: int, max_tokens: int) -> DraftProposal:
         budget = min(self.num_draft_tokens, max_tokens)
-        steps = min(self.num_steps, budget)
-        topk = self.topk
-        outs: dict[int, torch.Tensor] = {0: self.root_out}  # node -> the head's output there
-        rows: dict[int, int] = {}  # expanded node -> its cache row
-
-        def expand(new: list[int], nodes: list[DraftNode]) -> torch.Tensor:
-            base = self.num_real + len(rows)
-            for j, n in enumerate(new):
-                rows[n] = base + j
-            L = base + len(new)
-            visible = torch.zeros(len(new), L, dtype=torch.bool, device=self.device)
-            visible[:, : self.num_real] = True
-            for j, n in enumerate(new):
-                a = n
-                while a > 0:  # the node and its ancestors (all expanded before it)
-                    visible[j, rows[a]] = True
-                    a = nodes[a - 1].parent
-            tokens = self.head.draft_to_target(torch.tensor([nodes[n - 1].token for n in new], device=self.device))
-            hidden = torch.stack([outs[nodes[n - 1].parent] for n in new])
-            positions = torch.tensor([root_pos + nodes[n - 1].depth for n in new], device=self.device)
-            out = self.head.step(hidden, self._embed(tokens), positions, self.cache,
-                                 torch.tensor([rows[n] for n in new], device=self.device), visible)
-            for j, n in enumerate(new):
-                outs[n] = out[j]
-            return self._q(out)
-
-        pick = greedy_children if self.params.greedy else sampled_children(self.generator)
         self.cache.reserve(self.num_real + budget + 1)
-        built = build_tree(self._q(self.root_out.unsqueeze(0))[0], expand, pick, topk, steps, budget)
-        if not built:
+        pick = greedy_children if self.params.greedy else sampled_children(self.generator)
+        expand = _Expansion(self, root_pos)
+        nodes = build_tree(self._q(self.root_out.unsqueeze(0))[0], expand, pick, self.topk,
+                           min(self.num_steps, budget), budget)
+        if not nodes:
             return EMPTY
-        draft_ids = torch.tensor([n.token for n in built], device=self.device)
-        token_ids = self.head.draft_to_target(draft_ids).tolist()
-        parents = [n.parent for n in built]
-        probs = None if self.params.greedy else self._full_vocab([n.q for n in built])
-        proposal = DraftProposal.from_tree(token_ids, parents)
-        proposal.probs = probs
+        token_ids = self.head.draft_to_target(torch.tensor([n.token for n in nodes], device=self.device)).tolist()
+        proposal = DraftProposal.from_tree(token_ids, [n.parent for n in nodes])
+        proposal.probs = None if self.params.greedy else self._full_vocab([n.q for n in nodes])
         return proposal
 
     def _full_vocab(self, qs: list[torch.Tensor | None]) -> torch.Tensor:
@@ -157,3 +132,34 @@ class EagleDrafter(Drafter):
         targets = self.head.draft_to_target(torch.arange(self.head.config.draft_vocab_size, device=self.device))
         out[:, targets] = torch.stack(qs).to(self.device)  # type: ignore[arg-type] - sampled nodes carry q
         return out
+
+
+class _Expansion:
+    """Runs the head on newly taken tree nodes (``build_tree``'s expand): each node reads its
+    parent's output and its own token at depth-offset positions, and attends to the real entries
+    and to its expanded ancestors, whose rows follow the real ones in the head's cache."""
+
+    def __init__(self, drafter: EagleDrafter, root_pos: int) -> None:
+        self.d, self.root_pos = drafter, root_pos
+        self.outs: dict[int, torch.Tensor] = {0: drafter.root_out}  # node -> the head's output there
+        self.rows: dict[int, int] = {}  # expanded node -> its cache row
+
+    def __call__(self, new: list[int], nodes: list[DraftNode]) -> torch.Tensor:
+        d = self.d
+        base = d.num_real + len(self.rows)
+        for j, n in enumerate(new):
+            self.rows[n] = base + j
+        visible = torch.zeros(len(new), base + len(new), dtype=torch.bool, device=d.device)
+        visible[:, : d.num_real] = True
+        for j, n in enumerate(new):
+            while n > 0:  # the node and its ancestors (all expanded before it)
+                visible[j, self.rows[n]] = True
+                n = nodes[n - 1].parent
+        tokens = d.head.draft_to_target(torch.tensor([nodes[n - 1].token for n in new], device=d.device))
+        hidden = torch.stack([self.outs[nodes[n - 1].parent] for n in new])
+        positions = torch.tensor([self.root_pos + nodes[n - 1].depth for n in new], device=d.device)
+        rows = torch.tensor([self.rows[n] for n in new], device=d.device)
+        out = d.head.step(hidden, d._embed(tokens), positions, d.cache, rows, visible)
+        for j, n in enumerate(new):
+            self.outs[n] = out[j]
+        return d._q(out)

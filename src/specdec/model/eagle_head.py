@@ -35,6 +35,7 @@ from specdec.model import kernels
 from specdec.model.quant import I8, QuantMatrix
 from specdec.model.transformer import rope_table
 
+MAX_POSITIONS = 32768  # the head drafts at positions below this
 FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}  # one product each
 
 
@@ -135,7 +136,9 @@ class EagleHead(nn.Module):
         self.lm_head = nn.Linear(H, c.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))  # target = d + d2t[d]
         self.register_buffer("t2d", torch.zeros(c.target_vocab_size, dtype=torch.bool))  # in the draft vocab
-        table = rope_table(c.layer_config(), c.rope_theta, c.max_position_embeddings)  # [L, D/2] complex
+        # [L, D/2] complex; capped: a 128k-context target would otherwise cost 128 MB of tables
+        self.max_positions = min(c.max_position_embeddings, MAX_POSITIONS)
+        table = rope_table(c.layer_config(), c.rope_theta, self.max_positions)
         angles = torch.cat([table.angle(), table.angle()], dim=-1)  # rotate-half layout: [L, D]
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)

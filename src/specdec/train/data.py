@@ -148,6 +148,9 @@ class ShardWriter:
         }
         if tuple(self.manifest["layers"]) != self.layers:
             raise ValueError(f"{folder} holds layers {self.manifest['layers']}, not {list(self.layers)}")
+        for key in ("source", "seed"):  # continuing another prompt list would skip or repeat prompts
+            if key in meta and key in self.manifest and meta[key] != self.manifest[key]:
+                raise ValueError(f"{folder} was collected with {key} {self.manifest[key]!r}, not {meta[key]!r}")
         self.buffer: list[Generated] = []
 
     def add(self, item: Generated) -> None:
