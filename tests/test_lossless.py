@@ -72,13 +72,15 @@ def greedy(n: int) -> SamplingParams:
 
 
 _RESOURCES: dict[tuple, DraftResources] = {}
+# ngram-mod's defaults (llama.cpp's) wait for 24-token repeats, which the tests' short prompts lack.
+SHORT_MATCHES = {SpecType.NGRAM_MOD: dict(ngram_mod_n_match=2, ngram_mod_n_min=1)}
 
 
 def drafter_for(llm: LLM, kind: SpecType, n_max: int = 8, draft_model: str | None = None) -> Drafter:
     """A fresh drafter; the shared resources (a loaded draft model) are built once per setting."""
     key = (id(llm), kind, n_max, draft_model)
     if key not in _RESOURCES:
-        spec = SpecConfig(types=(kind,), draft_n_max=n_max, draft_model=draft_model)
+        spec = SpecConfig(types=(kind,), draft_n_max=n_max, draft_model=draft_model, **SHORT_MATCHES.get(kind, {}))
         _RESOURCES[key] = DraftResources(spec, llm.runner, llm.tokenizer)
     return _RESOURCES[key].new_drafter()
 

@@ -167,6 +167,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         llm.engine.check_prompt(llm.encode(ids))
         llm.processors(llm.encode(ids), params)  # a bad grammar or logit_bias fails here, before warm-up
     llm.warmup()
+    with llm:  # saves --spec-ngram-cache-file at the end
+        write_outputs(args, llm, inputs, params, spec)
+    return 0
+
+
+def write_outputs(args: argparse.Namespace, llm: LLM, inputs: list[str | list[int]], params: SamplingParams,
+                  spec: SpecConfig) -> None:
+    """Generate each input and print it: one JSON record per prompt, or the streamed text and a stats line."""
     painter = DraftPainter([t.value for t in llm.drafts.loaded()], sys.stdout, sys.stderr) if args.show_drafts \
         else None
     for prompt in inputs:
@@ -196,7 +204,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
                         print(stats_line(event.stats, spec), file=sys.stderr)
                         if painter is not None:
                             painter.legend()
-    return 0
 
 
 def logprobs_record(llm: LLM, entries: list[TokenLogprob]) -> list[dict]:
