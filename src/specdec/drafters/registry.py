@@ -54,7 +54,8 @@ class DraftResources:
         self.spec = spec
         self.suffix_cache = SuffixCache() if SpecType.SUFFIX in spec.types else None
         self.ngram_mod_pool = NgramHashPool(spec.ngram_mod_n_match) if SpecType.NGRAM_MOD in spec.types else None
-        self.ngram_cache = NgramCacheStore(spec.ngram_cache_file, spec.ngram_cache_static, target.vocab_size) \
+        vocab_size = target.vocab_size if target is not None else None
+        self.ngram_cache = NgramCacheStore(spec.ngram_cache_file, spec.ngram_cache_static, vocab_size) \
             if SpecType.NGRAM_CACHE in spec.types else None
         self.draft_runner: ModelRunner | None = None
         if SpecType.DRAFT_MODEL in spec.types:
