@@ -171,3 +171,18 @@ def test_cache_flags_need_the_drafter():
     spec = SpecConfig(types=(SpecType.NGRAM_CACHE,), ngram_cache_file="x.bin")
     store = NgramCacheStore()
     assert NgramCacheDrafter.from_config(spec, ngram_cache=store).store is store
+
+
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.lists(st.integers(0, 4), min_size=1, max_size=60), prompt_len=st.integers(1, 20),
+       max_tokens=st.integers(1, 6))
+def test_proposals_stay_in_budget(tokens, prompt_len, max_tokens):
+    store = NgramCacheStore()
+    for _ in range(2):  # the second request also drafts from the first's counts
+        d = NgramCacheDrafter(store)
+        d.begin(tokens[:prompt_len], SAMPLING)
+        for end in range(min(prompt_len, len(tokens)), len(tokens) + 1):
+            proposal = d.propose(tokens[:end], max_tokens)
+            assert len(proposal) <= max_tokens and proposal.probs is None and proposal.parents is None
+            d.accept(tokens[: end + 1], 0)
+        d.end(tokens)

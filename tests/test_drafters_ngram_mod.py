@@ -158,3 +158,17 @@ def test_from_config_uses_the_shared_pool_and_the_flags():
 def test_bad_settings_are_refused(changes):
     with pytest.raises(ValueError, match="spec-ngram-mod"):
         SpecConfig(types=(SpecType.NGRAM_MOD,), **changes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.lists(st.integers(0, 4), min_size=1, max_size=60), prompt_len=st.integers(1, 20),
+       max_tokens=st.integers(1, 6), n_match=st.integers(1, 3), n_min=st.integers(1, 4))
+def test_proposals_stay_in_budget(tokens, prompt_len, max_tokens, n_match, n_min):
+    d = drafter(n_match=n_match, n_min=n_min, n_max=4)
+    d.begin(tokens[:prompt_len], SAMPLING)
+    for end in range(min(prompt_len, len(tokens)), len(tokens) + 1):
+        proposal = d.propose(tokens[:end], max_tokens)
+        assert len(proposal) <= min(max_tokens, 4) and proposal.probs is None and proposal.parents is None
+        assert len(proposal) == 0 or len(proposal) >= max(1, n_min * min(max_tokens, 4) // 4)
+        d.accept(tokens[: end + 1], 0)
+    d.end(tokens)

@@ -253,9 +253,12 @@ class NgramCacheStore:
         if self.path is not None:
             if self.path.exists():
                 self.dynamic = load_counts(self.path, vocab_size)
-            elif not self.path.parent.is_dir():
+            if not self.path.parent.is_dir():
                 raise NgramCacheFileError(f"cannot create the n-gram cache file {self.path}: "
                                           f"no folder {self.path.parent}")
+            if not os.access(self.path.parent, os.W_OK):  # save() writes a new file there and renames it
+                raise NgramCacheFileError(f"cannot write the n-gram cache file {self.path}: "
+                                          f"folder {self.path.parent} is read-only")
 
     def add(self, counts: NgramCounts) -> None:
         """A finished request's context counts join the dynamic tier (llama.cpp's lookup does so at its end)."""

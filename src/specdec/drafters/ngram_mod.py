@@ -3,7 +3,7 @@
 Each n-gram of ``n_match`` tokens is hashed (an LCG over its tokens, modulo the
 pool size) to one slot, which stores the token that followed it most recently.
 Drafting looks up the slot of the context's last n tokens, appends the stored
-token, rolls the hash one token on, and repeats until a slot is empty:
+token, rolls the hash one token on, and repeats until a slot is empty::
 
     pool (n_match=2) after indexing [5 6 7 8 5 6]:
         slot(5 6) = 7, slot(6 7) = 8, slot(7 8) = 5, slot(8 5) = 6
