@@ -147,8 +147,8 @@ def test_advise_text_sampled_at_a_batch(tiny_llama, workload_file, capsys):
         (["--workload", "/nonexistent/w.jsonl"], "cannot read /nonexistent/w.jsonl"),
         (["--temperature", "-0.1"], "--temperature must be in [0, 2], got -0.1"),
         (["--temperature", "3"], "--temperature must be in [0, 2], got 3"),
-        (["--batch-size", "0"], "--batch-size must be in [1, 256], got 0"),
-        (["--batch-size", "1000"], "--batch-size must be in [1, 256], got 1000"),
+        (["--batch-size", "0"], "--batch-size must be in [1, 64], got 0"),
+        (["--batch-size", "1000"], "--batch-size must be in [1, 64], got 1000"),
         (["--prompts", "0"], "must be >= 1"),
     ],
 )
