@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from specdec.adaptive import PassCost
 from specdec.bench.config import BenchConfig, Method
 from specdec.bench.harness import MethodRunner, build_requests, check_greedy
+from specdec.bench.metrics import acceptance_by_pos
 from specdec.bench.passes import measure as measure_passes
 from specdec.bench.records import GREEDY, Cell, Request
 from specdec.bench.workloads import Workload
@@ -159,16 +160,12 @@ def best_draft_len(costs: PassCost, batch: int, by_pos: list[float], draft_secon
     return best_k
 
 
-def acceptance_by_pos(stats: SpecStats) -> list[float]:
-    return [a / d if d else 0.0 for a, d in zip(stats.accepted_per_pos, stats.drafted_per_pos, strict=False)]
-
-
 def measure_method(name: str, stats: SpecStats, plain: SpecStats, costs: PassCost, cfg: AdviseConfig) -> MethodMeasure:
     passes = stats.decode_passes or 1
     steps = passes / cfg.batch_size  # batched passes: every sequence counts each one
     drafted = stats.drafted / passes
     draft_per_step = stats.draft_seconds / steps if steps else 0.0
-    by_pos = acceptance_by_pos(stats)
+    by_pos = acceptance_by_pos(stats.accepted_per_pos, stats.drafted_per_pos)
     tps = stats.new_tokens / stats.seconds if stats.seconds > 0 else 0.0
     plain_tps = plain.new_tokens / plain.seconds if plain.seconds > 0 else 0.0
     return MethodMeasure(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from specdec.bench import advise
 from specdec.bench.config import parse_methods
+from specdec.bench.harness import GreedyMismatchError
 from specdec.bench.workloads import WORKLOAD_NAMES, Workload, load_workload, load_workload_file
 from specdec.cli_args import add_model_args, positive_int
 from specdec.config import SpecConfig
@@ -76,7 +77,11 @@ def cmd_advise(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     log = lambda line: print(f"[specdec advise] {line}", file=sys.stderr, flush=True)  # noqa: E731
-    result = advise.run_advise(cfg, methods, log)
+    try:
+        result = advise.run_advise(cfg, methods, log)
+    except GreedyMismatchError as exc:  # as in `specdec bench`: losslessness broken, exit status 1
+        print(f"specdec: error: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(result.to_dict()) if args.json else render(result), flush=True)
     return 0
 
