@@ -1,4 +1,4 @@
-"""`specdec` command line: generate, serve, bench, train. A thin layer over the Python API.
+"""`specdec` command line: generate, serve, bench, train, advise. A thin layer over the Python API.
 
 Bad input never shows a traceback: it ends with one `specdec: error: ...` line
 on stderr and exit status 2.
@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from specdec.bench.advise_cli import add_advise_args, cmd_advise
 from specdec.bench.cli import add_bench_args, cmd_bench
 from specdec.cli_args import Parser, add_model_args, add_spec_args, positive_int, spec_from_args
 from specdec.config import SamplingParams, SpecConfig, StructuredKind, StructuredOutput
@@ -51,6 +52,7 @@ def build_parser() -> Parser:
     add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
     add_bench_args(sub.add_parser("bench", help="benchmark methods and peers side by side"))
     add_train_args(sub.add_parser("train", help="train a drafter head (eagle3) for a target model"))
+    add_advise_args(sub.add_parser("advise", help="measure a workload's prompts and say which method to run, and why"))
     return parser
 
 
@@ -240,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_serve(args)
         if args.command == "train":
             return cmd_train(args)
+        if args.command == "advise":
+            return cmd_advise(args)
         return cmd_bench(args)
     except (UsageError, ModelLoadError, ValueError) as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)
