@@ -42,6 +42,8 @@ CANDIDATES: tuple[str, ...] = (
     "ngram-map-k",
     "ngram-map-k4v",
     "suffix",
+    "ngram-mod",
+    "ngram-cache",
     "draft-self",
 )
 DRAFT_MODEL_METHOD = "draft-model"  # measured when --draft-model is given
