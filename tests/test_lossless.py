@@ -19,7 +19,9 @@ from scipy.stats import chisquare
 
 import specdec.verify as verify_mod
 from specdec.config import SamplingParams, SpecConfig, SpecType, StructuredKind, StructuredOutput
+from specdec.drafters.adaptive import AdaptiveDrafter
 from specdec.drafters.base import Drafter, DraftProposal
+from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.ngram_map import chains_to_proposal
 from specdec.drafters.registry import DraftResources
 from specdec.engine import Engine, Sequence
@@ -374,6 +376,87 @@ def test_statistical_test_catches_broken_verifier_end_to_end(peaked, tiny_model_
     n = 8 * N_SAMPLES if bug == "resample-from-p" else N_SAMPLES
     counts, _ = sample_counts(peaked, prompt, params, lambda: drafter_for(peaked, kind, 4, draft), n)
     assert chi2_pvalue(counts, dist) < 1e-3
+
+
+# -- adaptive: merged trees of several drafters ------------------------------------------------------
+# The adaptive drafter runs through every test above as one of TOKEN_DRAFTERS; there its members
+# often agree. Here a second member disagrees by design, and with pass costs unmeasured (cost None)
+# everything within the budget is verified: each step's draft is a tree of two drafters' proposals.
+
+
+class SecondOpinion(Drafter):
+    """A deterministic member that agrees with the n-gram drafter's first ``split_at`` tokens, then differs."""
+
+    name = "second-opinion"
+
+    def __init__(self, split_at: int) -> None:
+        self.inner = NgramDrafter.from_config(SpecConfig())
+        self.split_at = split_at
+
+    def begin(self, prompt_ids, sampling):
+        self.inner.begin(prompt_ids, sampling)
+
+    def propose(self, context, max_tokens):
+        p = self.inner.propose(context, max_tokens)
+        if len(p) <= self.split_at:
+            return p
+        return DraftProposal([*p.token_ids[: self.split_at], (p.token_ids[self.split_at] + 1) % 49152])
+
+    def accept(self, context, num_accepted):
+        self.inner.accept(context, num_accepted)
+
+
+class MergingDrafter(AdaptiveDrafter):
+    """Adaptive over n-gram look-up and a second opinion; counts the trees it proposes."""
+
+    def __init__(self, split_at: int = 1) -> None:
+        super().__init__([NgramDrafter.from_config(SpecConfig()), SecondOpinion(split_at)], cost=None)
+        self.num_trees = 0
+
+    def propose(self, context, max_tokens):
+        proposal = super().propose(context, max_tokens)
+        self.num_trees += not proposal.is_chain
+        return proposal
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompt=prompts, k=st.integers(2, 10))
+def test_greedy_identity_adaptive_merged_trees(tiny, prompt, k):
+    engine = Engine(tiny.runner, draft_n_max=k, adaptive=False)
+    plain = run(engine, prompt, greedy(24), None).output_ids
+    drafter = MergingDrafter()
+    seq = run(engine, prompt, greedy(24), drafter)
+    assert seq.output_ids == plain
+    assert seq.stats.drafted == sum(seq.stats.drafted_by.values())
+    assert seq.stats.accepted == sum(seq.stats.accepted_by.values())
+
+
+def test_greedy_adaptive_merged_trees_are_exercised(bigram):
+    engine = Engine(bigram.runner, draft_n_max=6, adaptive=False)
+    # The model's greedy chain from token 300, then its start again: n-gram look-up proposes the rest.
+    probe = run(engine, [300], greedy(16), None).output_ids
+    prompt = [300, *probe, 300, *probe[:3]]
+    plain = run(engine, prompt, greedy(32), None).output_ids
+    drafter = MergingDrafter()
+    seq = run(engine, prompt, greedy(32), drafter)
+    assert seq.output_ids == plain
+    assert drafter.num_trees > 0 and seq.stats.accepted > 0
+    assert set(seq.stats.drafted_by) == {"ngram", "second-opinion"}
+    assert set(seq.stats.accepted_by) <= {"ngram", "second-opinion"}
+
+
+def test_sampling_distribution_adaptive_merged_trees(peaked):
+    prompt, params, dist = sampling_case(peaked)
+    drafters: list[MergingDrafter] = []
+
+    def make() -> MergingDrafter:
+        # 3 tokens leave room for 2 drafted: the two proposals' first tokens, as siblings.
+        drafters.append(MergingDrafter(split_at=0))
+        return drafters[-1]
+
+    counts, accepted = sample_counts(peaked, prompt, params, make)
+    assert chi2_pvalue(counts, dist) > 1e-3
+    assert accepted > 0 and sum(d.num_trees for d in drafters) > N_SAMPLES // 2
 
 
 def test_exact_distribution_sums_to_one(peaked):
