@@ -682,14 +682,17 @@ def test_serve_flags_and_speculative_config():
     args = build_parser().parse_args(["serve"])
     assert args.host == "127.0.0.1" and args.port == 8000 and args.max_batch_size == 8
     spec, budget = serve_config(args)
-    assert not spec.enabled and budget(1) == spec.draft_n_max
+    assert spec.types == (SpecType.ADAPTIVE,) and budget == DraftBudget(spec.draft_n_max)  # the engine plans
+    assert serve_config(build_parser().parse_args(["serve", "--spec-type", "none"]))[0].enabled is False
+    with pytest.raises(UsageError, match="min-acceptance"):
+        serve_config(build_parser().parse_args(["serve", "--spec-min-acceptance", "1.5"]))
 
     args = build_parser().parse_args(["serve", "--speculative-config",
                                       '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, '
                                       '"disable_by_batch_size": 3}'])
     spec, budget = serve_config(args)
     assert spec.types == (SpecType.NGRAM,) and spec.draft_n_max == 5 and spec.ngram_size_n == 4
-    assert budget == DraftBudget(5, 5, 3) and budget(4) == 0
+    assert budget == DraftBudget(5, None, 3) and budget(3) == 5 and budget(4) == 0
 
     assert spec_from_vllm_config('{"method": "suffix"}')[0].types == (SpecType.SUFFIX,)
     spec, _ = spec_from_vllm_config('{"method": "draft_model", "model": "some/model", "num_speculative_tokens": 3}')

@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.adaptive import PassCost, expected_tokens
-from specdec.config import SamplingParams
+from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters.base import EMPTY, Drafter, DraftProposal
 from specdec.monitor import SpecMonitor, WindowSums
+from specdec.runners.base import ModelRunner
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,13 @@ class AdaptiveDrafter(Drafter):
         self.hidden_layers = tuple(sorted({i for d in members for i in d.hidden_layers}))
         self.greedy = True
         self._root_at: int | None = None  # context length at the last propose
+
+    @classmethod
+    def from_config(cls, spec: SpecConfig, members: Sequence[Drafter] = (), target: ModelRunner | None = None,
+                    **shared: object) -> AdaptiveDrafter:
+        """``members``: the drafters to choose among (the registry builds them); ``target``: whose
+        measured pass cost prices the drafts."""
+        return cls(members, None if target is None else target.pass_cost, spec.min_acceptance)
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         self.greedy = sampling.greedy

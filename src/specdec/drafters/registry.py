@@ -32,6 +32,7 @@ DRAFTERS: dict[SpecType, type[Drafter]] = {
     SpecType.DRAFT_SELF: DraftSelfDrafter,
     SpecType.DRAFT_MODEL: DraftModelDrafter,
     SpecType.EAGLE3: EagleDrafter,
+    SpecType.ADAPTIVE: AdaptiveDrafter,
 }
 
 # What --spec-type adaptive asks each step: the cheap drafters, by name (add a SpecType here to
@@ -93,11 +94,9 @@ class DraftResources:
         return drafters[0] if len(drafters) == 1 else ChainedDrafter(drafters)
 
     def _build(self, kind: SpecType) -> Drafter:
-        if kind is SpecType.ADAPTIVE:
-            cost = None if self.target is None else self.target.pass_cost
-            return AdaptiveDrafter([self._build(t) for t in adaptive_members(self.spec)], cost,
-                                   self.spec.min_acceptance)
         shared = dict(cache=self.suffix_cache, runner=self.draft_runner, head=self.eagle_head, target=self.target)
+        if kind is SpecType.ADAPTIVE:
+            shared["members"] = [self._build(t) for t in adaptive_members(self.spec)]
         return DRAFTERS[kind].from_config(self.spec, **shared)
 
     def loaded(self, types: Sequence[SpecType] | None = None) -> tuple[SpecType, ...]:
