@@ -265,9 +265,13 @@ def test_adaptive_spec_type_is_the_default_and_alone():
                                                                                    SpecType.EAGLE3)
 
 
-@pytest.fixture(scope="module")
-def bigram(tiny_model_factory) -> LLM:
-    return LLM(str(tiny_model_factory("llama", seed=2, bigram=True)), max_model_len=512, max_num_seqs=4, spec="none")
+@pytest.fixture(scope="module", params=["cpu-kernels", "torch"])
+def bigram(tiny_model_factory, request) -> LLM:
+    """The fused kernels run a batch's rows back to back; the torch path pads it [B, T] (as on a GPU)."""
+    llm = LLM(str(tiny_model_factory("llama", seed=2, bigram=True)), max_model_len=512, max_num_seqs=4, spec="none",
+              backend=request.param)
+    assert llm.runner.pads_batches == (request.param == "torch")
+    return llm
 
 
 PROMPTS = [[5, 6, 7, 8, 9] * 4, [300, 301, 302] * 5, [9, 8, 7] * 6, [1000, 1001] * 8]

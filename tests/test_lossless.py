@@ -117,7 +117,7 @@ def test_greedy_identity_long_accepts_and_rejections(tiny, prompt, k, wrong_at, 
 
 
 def test_static_batch_equals_single_runs_after_switching_spec(tiny_llama):
-    llm = LLM(str(tiny_llama), max_model_len=512, max_num_seqs=3)
+    llm = LLM(str(tiny_llama), max_model_len=512, max_num_seqs=3, spec="none")
     prompts = [[5, 6, 7, 8] * 4, list(range(300, 340)), [9, 9, 9, 9, 1, 2]]
     params = [greedy(n) for n in (20, 7, 30)]
     plain = [llm.generate([p], q)[0].token_ids for p, q in zip(prompts, params, strict=True)]

@@ -63,7 +63,7 @@ def endpoint(deployment):
 
 @pytest.fixture(scope="module")
 def offline(tiny_llama) -> LLM:
-    return LLM(str(tiny_llama), max_model_len=MAX_LEN)
+    return LLM(str(tiny_llama), max_model_len=MAX_LEN, spec="none")
 
 
 @pytest.fixture(scope="module")

@@ -61,7 +61,7 @@ def running_server(app):
 def tiny(tiny_llama):
     """(base URL, served LLM, offline reference LLM without speculation)."""
     llm = LLM(str(tiny_llama), spec="ngram", max_model_len=MAX_LEN, max_num_seqs=16)
-    offline = LLM(str(tiny_llama), max_model_len=MAX_LEN)
+    offline = LLM(str(tiny_llama), max_model_len=MAX_LEN, spec="none")
     with running_server(create_app(llm, api_key=API_KEY)) as url:
         yield url, llm, offline
 
