@@ -608,6 +608,34 @@ def test_provenance_in_responses_and_drafter_choice(looping):
         assert err.status_code == 400 and err.json()["error"]["param"] == "spec_decode_drafter", bad
 
 
+def test_adaptive_server_reports_drafters_windows_and_monitor(tiny_model_factory):
+    """The default spec type: which drafter proposed each accepted token, the sliding windows and the
+    monitor's pauses appear in the request's spec_decode object and in /metrics."""
+    llm = LLM(str(tiny_model_factory("llama", bigram=True)), max_model_len=MAX_LEN, max_num_seqs=2)
+    assert llm.spec.types == (SpecType.ADAPTIVE,)
+    body = {"prompt": LOOPING_PROMPT, "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    with running_server(create_app(llm)) as url:
+        first = httpx.post(url + "/v1/completions", json=body).json()  # teaches the suffix drafter
+        r = httpx.post(url + "/v1/completions", json=body).json()
+        metrics = metric_values(url)
+    assert r["choices"][0]["text"] == first["choices"][0]["text"]
+    spec = r["spec_decode"]
+    members = {"ngram", "ngram-map-k", "suffix"}
+    assert set(spec["drafters"]) == members  # every member has a window, asked or not
+    assert sum(d["accepted"] for d in spec["drafters"].values()) == spec["accepted"] > 0
+    origins = spec["choices"][0]["origins"]
+    for name, d in spec["drafters"].items():
+        assert origins.count(name) == d["accepted"]
+        assert set(d["window"]) >= {"alpha", "tau", "steps"}
+    assert set(spec["window"]) >= {"alpha", "tau", "speedup"} and spec["off_steps"] >= 0
+    assert spec["switch_offs"] >= 0 and spec["probes"] >= 0
+    steps = {labels: v for (name, labels), v in metrics.items() if name == "specdec:spec_decode_sequence_steps_total"}
+    assert sum(steps.values()) == 2 * 40 - first["spec_decode"]["accepted"] - spec["accepted"]  # one per step
+    accepted = sum(v for (name, labels), v in metrics.items()
+                   if name == "specdec:spec_decode_drafter_tokens_total" and ("outcome", "accepted") in labels)
+    assert accepted == first["spec_decode"]["accepted"] + spec["accepted"]
+
+
 # -- fuzzing the request schema --------------------------------------------------------------------
 JSON_SCALARS = (st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats()
                 | st.text(max_size=12))
