@@ -41,7 +41,7 @@ import torch
 from specdec.adaptive import PassCost, expected_tokens
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters.base import EMPTY, Drafter, DraftProposal
-from specdec.monitor import SpecMonitor, WindowSums
+from specdec.monitor import Mode, SpecMonitor, WindowSums
 from specdec.runners.base import ModelRunner
 
 
@@ -242,10 +242,11 @@ class AdaptiveDrafter(Drafter):
         return choose(offers, max_tokens, self.cost, self.greedy)
 
     def _worth_asking(self, m: Member, k: int) -> bool:
-        """Switched on, and its expected tokens repay its drafting time over plain decoding."""
+        """Switched on, and its expected tokens repay its drafting time over plain decoding; a probe
+        is always asked (its alpha is what the probe measures)."""
         if not m.monitor.allows_draft:
             return False
-        if not measured(self.cost):
+        if m.monitor.mode is Mode.PROBE or not measured(self.cost):
             return True
         cost, alpha = self.cost, m.monitor.alpha
         plain_rate = 1.0 / cost.estimate(1)
