@@ -193,15 +193,17 @@ class Engine:
         ]
         layers = hidden_layers(seqs)
         out = self.runner.run(inputs, layers)
-        counts = [len(i.token_ids) for i in inputs]
-        padded = self.runner.pads_batches
-        width = pass_width(counts, padded)
-        self.runner.pass_cost.observe(width, out.seconds)
-        plain = self.runner.pass_cost.estimate(pass_width([1] * len(seqs), padded))
-        pass_ = Pass(out.seconds, sum(counts), len(seqs), padded, None if plain is None else plain / len(seqs))
+        pass_ = self._measure([len(i.token_ids) for i in inputs], out.seconds)
         hidden = out.hidden if layers else [[] for _ in drafts]
         return [self._commit(d, logits, h, layers, pass_)
                 for d, logits, h in zip(drafts, out.logits, hidden, strict=True)]
+
+    def _measure(self, counts: list[int], seconds: float) -> Pass:
+        """Time the pass into the runner's ``PassCost``, by the width it computed."""
+        padded, cost = self.runner.pads_batches, self.runner.pass_cost
+        cost.observe(pass_width(counts, padded), seconds)
+        plain = cost.estimate(pass_width([1] * len(counts), padded))
+        return Pass(seconds, sum(counts), len(counts), padded, None if plain is None else plain / len(counts))
 
     def _plan(self, seqs: list[Sequence], cap: int) -> list[int]:
         """Each sequence's draft budget: none while its monitor holds speculation off, else what
