@@ -14,10 +14,11 @@ the same completions; the script counts token ids from the server's usage
 baseline's.
 
 Columns: tok/s = completion tokens of the level / wall time of the level;
-TTFT = send to first content chunk; ITL = per-token inter-token latency: the
-gap between two content chunks divided over the tokens the later one carries
-(exact counts from vLLM-style ``continuous_usage_stats``); p50/p99 over all
-requests (TTFT) or all tokens (ITL) of the level.
+TTFT = send to first content chunk (p50/p90/p99 over the level's requests, and
+p50 against the baseline's: speculation must not delay first tokens); ITL =
+per-token inter-token latency: the gap between two content chunks divided over
+the tokens the later one carries (exact counts from vLLM-style
+``continuous_usage_stats``), p50/p99 over all tokens of the level.
 """
 
 from __future__ import annotations
@@ -177,8 +178,8 @@ def bench_method(args, method: str, prompts_by_level: dict[int, list[str]]) -> d
             itl = [x for r in results for x in r.itl]
             tokens = sum(r.tokens for r in results)
             rows[c] = dict(requests=len(results), tokens=tokens, wall=wall, tok_s=tokens / wall,
-                           ttft50=pct(ttft, 50), ttft99=pct(ttft, 99), itl50=pct(itl, 50), itl99=pct(itl, 99),
-                           texts=[r.text for r in results])
+                           ttft50=pct(ttft, 50), ttft90=pct(ttft, 90), ttft99=pct(ttft, 99),
+                           itl50=pct(itl, 50), itl99=pct(itl, 99), texts=[r.text for r in results])
             print(f"[bench] {label:>6} c={c:<3} {tokens} tokens in {wall:.1f} s = {tokens / wall:.1f} tok/s",
                   file=sys.stderr, flush=True)
         rows["metrics"] = spec_counters(httpx.get(url + "/metrics").text)
@@ -204,8 +205,8 @@ def spec_counters(page: str) -> dict[str, float]:
 
 
 def table(results: dict[str, dict], baseline: str) -> str:
-    head = (f"| method | concurrency | requests | tokens | tok/s | vs {baseline} | TTFT p50 (s) | TTFT p99 (s) "
-            f"| ITL p50 (ms) | ITL p99 (ms) | same text as {baseline} |")
+    head = (f"| method | concurrency | requests | tokens | tok/s | vs {baseline} | TTFT p50 (s) | TTFT p90 (s) "
+            f"| TTFT p99 (s) | TTFT p50 vs {baseline} | ITL p50 (ms) | ITL p99 (ms) | same text as {baseline} |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for method, rows in results.items():
         for c, row in rows.items():
@@ -215,7 +216,8 @@ def table(results: dict[str, dict], baseline: str) -> str:
             same = sum(a == b for a, b in zip(row["texts"], base["texts"], strict=True))
             lines.append(
                 f"| {method} | {c} | {row['requests']} | {row['tokens']} | {row['tok_s']:.1f} | "
-                f"{row['tok_s'] / base['tok_s']:.2f}x | {row['ttft50']:.2f} | {row['ttft99']:.2f} | "
+                f"{row['tok_s'] / base['tok_s']:.2f}x | {row['ttft50']:.2f} | {row['ttft90']:.2f} | "
+                f"{row['ttft99']:.2f} | {row['ttft50'] / base['ttft50']:.2f}x | "
                 f"{row['itl50'] * 1000:.0f} | {row['itl99'] * 1000:.0f} | {same}/{row['requests']} |"
             )
     return "\n".join(lines)

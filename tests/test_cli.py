@@ -100,6 +100,10 @@ def test_logprobs_penalties_and_grammar_flags(tiny_llama, tmp_path):
         (["generate", "hi", "--spec-type", "draft-model"], "needs --draft-model"),
         (["generate", "hi", "--spec-type", "adaptive,ngram"], "'adaptive' cannot be combined"),
         (["generate", "hi", "--spec-min-acceptance", "2"], "--spec-min-acceptance must be in [0, 1]"),
+        (["generate", "hi", "--spec-type", "ngram", "--spec-ngram-cache-file", "x.bin"],
+         "need --spec-type ngram-cache"),
+        (["generate", "hi", "--spec-type", "ngram-mod", "--spec-ngram-mod-n-min", "9", "--spec-ngram-mod-n-max", "8"],
+         "1 <= --spec-ngram-mod-n-min <= --spec-ngram-mod-n-max"),
         (["generate", "hi", "--logit-bias", "x"], "--logit-bias wants TOKEN=BIAS"),
         (["generate", "hi", "--logprobs", "2"], "--logprobs needs --json"),
         (["generate", "hi", "--regex", "a", "--choice", "b"], "not allowed with argument"),
@@ -116,6 +120,25 @@ def test_bad_input_is_one_line_without_traceback(args, message):
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith("specdec: error: ") and message in lines[0]
     assert "Traceback" not in out.stderr
+
+
+def test_ngram_cache_file_is_written_then_read_and_a_bad_one_refused(tiny_llama, tmp_path):
+    cache = tmp_path / "lookup.bin"
+    base = ["generate", "a b c a b c a b", "--model", str(tiny_llama), "--max-new-tokens", "16", "--json"]
+    plain = json.loads(specdec(*base).stdout)
+    with_cache = [*base, "--spec-type", "ngram-cache,ngram-mod", "--spec-ngram-cache-file", str(cache)]
+    first = specdec(*with_cache)
+    assert first.returncode == 0, first.stderr
+    written = cache.read_bytes()
+    assert written and json.loads(first.stdout)["token_ids"] == plain["token_ids"]
+    second = specdec(*with_cache)  # reads the counts, adds this run's, writes them back
+    assert json.loads(second.stdout)["token_ids"] == plain["token_ids"]
+    assert len(cache.read_bytes()) >= len(written)
+    cache.write_bytes(written[:-3])
+    out = specdec(*with_cache)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr
+    assert lines[0].startswith("specdec: error: ") and "is not an n-gram cache file" in lines[0]
 
 
 def test_malformed_prompts_file(tmp_path):

@@ -13,7 +13,9 @@ from specdec.drafters.base import EMPTY, ChainedDrafter, Drafter, DraftProposal
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_self import DraftSelfDrafter
 from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.ngram_cache import NgramCacheDrafter, load_counts
 from specdec.drafters.ngram_map import NgramMapDrafter, NgramMapK4VDrafter
+from specdec.drafters.ngram_mod import NgramHashPool, NgramModDrafter
 from specdec.drafters.registry import DRAFTERS, DraftResources
 from specdec.drafters.suffix import SuffixDrafter
 
@@ -117,10 +119,13 @@ TOKEN_DRAFTERS = [
     lambda: NgramMapK4VDrafter(key_size=2),
     lambda: SuffixDrafter(tree=True),
     lambda: DraftSelfDrafter(key_size=2),
+    lambda: NgramModDrafter(NgramHashPool(2, 1 << 10), n_min=1, n_max=8),
+    lambda: NgramCacheDrafter(),
 ]
 
 
-@pytest.mark.parametrize("make", TOKEN_DRAFTERS, ids=["ngram", "map-k", "map-k4v", "suffix", "draft-self"])
+@pytest.mark.parametrize("make", TOKEN_DRAFTERS,
+                         ids=["ngram", "map-k", "map-k4v", "suffix", "draft-self", "ngram-mod", "ngram-cache"])
 def test_a_new_sequence_without_begin_drafts_as_after_begin(make):
     first = [1, 2, 3, 1, 2, 3, 1, 2]
     other = [7, 8, 9, 7, 8, 9, 4, 7, 8, 9, 7, 8]
@@ -175,6 +180,25 @@ def test_forget_empties_the_suffix_cache_in_place():
     res.forget()
     assert res.suffix_cache is cache and len(cache) == 0 and cache.num_tokens == 0
     assert cache.trie.count([4, 5]) == 0
+
+
+def test_ngram_pool_and_counts_are_shared_forgotten_and_saved(tmp_path):
+    path = tmp_path / "lookup.bin"
+    spec = SpecConfig(types=(SpecType.NGRAM_CACHE, SpecType.NGRAM_MOD), ngram_mod_n_match=2,
+                      ngram_cache_file=str(path))
+    res = DraftResources(spec, target=None, tokenizer=None)
+    one, two = res.new_drafter(), res.new_drafter()
+    assert one.name == "ngram-cache,ngram-mod"
+    assert one.drafters[0].store is res.ngram_cache is two.drafters[0].store
+    assert one.drafters[1].pool is res.ngram_mod_pool is two.drafters[1].pool
+    one.begin([1, 2, 3], SAMPLING)
+    one.end([1, 2, 3, 4, 5])
+    assert res.ngram_mod_pool.get([4, 5]) == -1 and res.ngram_mod_pool.get([3, 4]) == 5
+    assert res.ngram_cache.dynamic.get((3, 4)) == {5: 1}
+    res.close()
+    assert load_counts(path).get((3, 4)) == {5: 1}
+    res.forget()
+    assert res.ngram_mod_pool.num_used == 0 and len(res.ngram_cache.dynamic) == 0
 
 
 def test_from_config_needs_what_a_drafter_cannot_make():

@@ -6,10 +6,11 @@ import asyncio
 
 import pytest
 
+from specdec.budget import DraftBudget
 from specdec.config import SamplingParams
 from specdec.drafters.base import Drafter
 from specdec.llm import LLM
-from specdec.scheduler import DraftBudget, QueueFullError, Scheduler
+from specdec.scheduler import QueueFullError, Scheduler
 
 
 def test_draft_budget_table():
@@ -59,19 +60,21 @@ def run_requests(llm: LLM, prompts: list[str], budget: DraftBudget, max_tokens: 
 def test_budget_applied_per_step_and_output_unchanged(llm, monkeypatch):
     prompts = ["a b c a b c a b", "one two one two one", "x y z", "hello hello hello"]
     want = [llm.generate(p, SamplingParams(max_new_tokens=10))[0].token_ids for p in prompts]
-    seen = []
+    seen = []  # (sequences in the step, draft budget, whether it gave them their first token)
     real_step = llm.engine.step
 
     def step(seqs, draft_budget=None):
-        seen.append((len(seqs), draft_budget))
+        seen.append((len(seqs), draft_budget, all(s.num_output == 0 for s in seqs)))
         return real_step(seqs, draft_budget)
 
     monkeypatch.setattr(llm.engine, "step", step)
     budget = DraftBudget(draft_n_max=6, step_tokens=6, max_batch=3)
     results, scheduler = run_requests(llm, prompts, budget)
     assert [out[0] for out, _ in results] == want
-    assert all(k == budget(batch) for batch, k in seen)
-    assert {batch for batch, _ in seen} >= {4}  # the four requests ran together
+    first = [(batch, k) for batch, k, is_first in seen if is_first]
+    assert first == [(1, 0)] * len(prompts)  # each request's first token: its own pass, no draft
+    assert all(k == budget(batch) for batch, k, is_first in seen if not is_first)
+    assert {batch for batch, _, _ in seen} >= {4}  # the four requests ran together
     assert all(event.stats.new_tokens == 10 or event.updates[-1].finish_reason == "stop" for _, event in results)
 
 
@@ -165,3 +168,37 @@ def test_drafting_never_pushes_a_neighbour_past_the_context(llm):
     (_, end_event), (_, busy_event) = asyncio.run(main())
     assert end_event.error is None and busy_event.error is None
     assert busy_event.stats.drafted > 0
+
+
+def test_a_request_arriving_mid_speculation_gets_its_first_token_in_one_turn(llm, monkeypatch):
+    """Time to first token must not pay for speculation: a request that arrives while another
+    decodes with drafts gets its first token in the next turn, from its prefill and one pass of
+    its own row without a draft, while the running request goes on drafting in that turn."""
+    monkeypatch.setattr(llm.engine, "adaptive", False)  # draft whatever the budget allows
+
+    async def main():
+        scheduler = Scheduler(llm.engine, llm.runner.num_slots, DraftBudget(4, 16))  # unstarted: driven by hand
+        loop = asyncio.get_running_loop()
+        busy_seq = llm.new_sequence(llm.encode("x"), SamplingParams(max_new_tokens=200, ignore_eos=True))
+        busy_seq.drafter = AlwaysDrafter()
+        busy = scheduler.submit("busy", [busy_seq], loop)
+        for _ in range(3):
+            scheduler.run_turn()
+        await asyncio.sleep(0)  # let the loop deliver the events
+        while not busy.queue.empty():
+            busy.queue.get_nowait()
+        new = scheduler.submit("new", [llm.new_sequence(llm.encode("a b c a b c a b"), SamplingParams())], loop)
+        steps_before = scheduler.num_steps
+        scheduler.run_turn()
+        await asyncio.sleep(0)
+        new_events = [new.queue.get_nowait() for _ in range(new.queue.qsize())]
+        busy_events = [busy.queue.get_nowait() for _ in range(busy.queue.qsize())]
+        return new_events, busy_events, scheduler.num_steps - steps_before
+
+    new_events, busy_events, steps = asyncio.run(main())
+    first = new_events[0].updates[0]
+    assert len(first.token_ids) == 1
+    assert first.step.num_drafted == 0 and first.step.pass_rows == 1  # its own row, nothing drafted
+    assert steps == 2  # its first-token pass, then the batch's step
+    assert len(new_events) == 2  # the batch's step in the same turn served it too
+    assert [u.step.num_drafted for e in busy_events for u in e.updates] == [4]  # busy kept drafting

@@ -23,11 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from specdec.budget import DraftBudget
 from specdec.cli import build_parser
-from specdec.config import SamplingParams, SpecType
+from specdec.config import SamplingParams, SpecConfig, SpecType
+from specdec.drafters.ngram_cache import load_counts
 from specdec.errors import UsageError
 from specdec.llm import LLM
-from specdec.scheduler import DraftBudget
 from specdec.server.app import create_app
 from specdec.server.cli import serve_config, spec_from_vllm_config
 
@@ -582,6 +583,25 @@ def test_provenance_in_streamed_chunks(looping):
     for s in steps:
         assert origins[s["start"] : s["start"] + s["accepted"]] == [s["drafter"]] * s["accepted"]
         assert len(s["rejected"]) == len(s["rejected_ids"]) <= s["drafted"] - s["accepted"]
+
+
+def test_ngram_cache_and_ngram_mod_served_and_the_cache_saved_at_shutdown(tiny_model_factory, tmp_path):
+    folder = str(tiny_model_factory("llama", bigram=True))
+    cache_file = tmp_path / "lookup.bin"
+    spec = SpecConfig(types=(SpecType.NGRAM_CACHE, SpecType.NGRAM_MOD), ngram_mod_n_match=2, ngram_mod_n_min=1,
+                      ngram_cache_file=str(cache_file))
+    llm = LLM(folder, spec=spec, max_model_len=MAX_LEN, max_num_seqs=2)
+    want = LLM(folder, max_model_len=MAX_LEN).generate(LOOPING_PROMPT, SamplingParams(max_new_tokens=30,
+                                                                                      ignore_eos=True))[0]
+    body = {"prompt": LOOPING_PROMPT, "max_tokens": 30, "temperature": 0, "ignore_eos": True}
+    with running_server(create_app(llm)) as url:
+        r = httpx.post(url + "/v1/completions", json=body).json()
+        only_mod = httpx.post(url + "/v1/completions", json={**body, "spec_decode_drafter": "ngram-mod"}).json()
+        assert not cache_file.exists()  # written when the server stops
+    assert r["choices"][0]["text"] == only_mod["choices"][0]["text"] == want.text
+    assert r["spec_decode"]["accepted"] > 0 and only_mod["spec_decode"]["accepted"] > 0
+    saved = load_counts(cache_file, llm.runner.vocab_size)
+    assert saved.get(tuple(want.token_ids[-4:-2])) is not None  # the output's n-grams were learned
 
 
 def test_provenance_in_responses_and_drafter_choice(looping):

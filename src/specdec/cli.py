@@ -1,4 +1,4 @@
-"""`specdec` command line: generate, serve, bench, train. A thin layer over the Python API.
+"""`specdec` command line: generate, serve, bench, train, advise. A thin layer over the Python API.
 
 Bad input never shows a traceback: it ends with one `specdec: error: ...` line
 on stderr and exit status 2.
@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from specdec.bench.advise_cli import add_advise_args, cmd_advise
 from specdec.bench.cli import add_bench_args, cmd_bench
 from specdec.cli_args import Parser, add_model_args, add_spec_args, positive_int, spec_from_args
 from specdec.config import SamplingParams, SpecConfig, StructuredKind, StructuredOutput
@@ -51,6 +52,7 @@ def build_parser() -> Parser:
     add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
     add_bench_args(sub.add_parser("bench", help="benchmark methods and peers side by side"))
     add_train_args(sub.add_parser("train", help="train a drafter head (eagle3) for a target model"))
+    add_advise_args(sub.add_parser("advise", help="measure a workload's prompts and say which method to run, and why"))
     return parser
 
 
@@ -167,6 +169,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         llm.engine.check_prompt(llm.encode(ids))
         llm.processors(llm.encode(ids), params)  # a bad grammar or logit_bias fails here, before warm-up
     llm.warmup()
+    with llm:  # saves --spec-ngram-cache-file at the end
+        write_outputs(args, llm, inputs, params, spec)
+    return 0
+
+
+def write_outputs(args: argparse.Namespace, llm: LLM, inputs: list[str | list[int]], params: SamplingParams,
+                  spec: SpecConfig) -> None:
+    """Generate each input and print it: one JSON record per prompt, or the streamed text and a stats line."""
     painter = DraftPainter([t.value for t in llm.drafts.loaded()], sys.stdout, sys.stderr) if args.show_drafts \
         else None
     for prompt in inputs:
@@ -196,7 +206,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
                         print(stats_line(event.stats, spec), file=sys.stderr)
                         if painter is not None:
                             painter.legend()
-    return 0
 
 
 def logprobs_record(llm: LLM, entries: list[TokenLogprob]) -> list[dict]:
@@ -237,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_serve(args)
         if args.command == "train":
             return cmd_train(args)
+        if args.command == "advise":
+            return cmd_advise(args)
         return cmd_bench(args)
     except (UsageError, ModelLoadError, ValueError) as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)

@@ -56,6 +56,17 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-ngram-size-n", type=positive_int, default=12, help="longest n-gram matched")
     g.add_argument("--spec-ngram-size-m", type=positive_int, default=48, help="most tokens an n-gram proposes")
     g.add_argument("--spec-ngram-min-hits", type=positive_int, default=1)
+    g.add_argument("--spec-ngram-mod-n-match", type=positive_int, default=SpecConfig.ngram_mod_n_match,
+                   help="ngram-mod: tokens hashed per n-gram of the shared pool")
+    g.add_argument("--spec-ngram-mod-n-min", type=positive_int, default=SpecConfig.ngram_mod_n_min,
+                   help="ngram-mod: drop drafts shorter than this (scaled down with the per-step budget)")
+    g.add_argument("--spec-ngram-mod-n-max", type=positive_int, default=SpecConfig.ngram_mod_n_max,
+                   help="ngram-mod: most tokens drafted (--spec-draft-n-max still caps a step)")
+    g.add_argument("--spec-ngram-cache-file", default=None, metavar="PATH",
+                   help="ngram-cache: the n-gram counts learned from earlier requests, read at start when the "
+                        "file exists and written at exit (llama.cpp's lookup cache format)")
+    g.add_argument("--spec-ngram-cache-static", default=None, metavar="PATH",
+                   help="ngram-cache: read-only n-gram counts, e.g. of a corpus (llama.cpp's --lookup-cache-static)")
     g.add_argument("--draft-model", default=None, help="draft model for --spec-type draft-model")
     g.add_argument("--spec-model", default=None,
                    help="EAGLE-3 head folder for --spec-type eagle3 (default: the head shipped for the default model)")
@@ -79,6 +90,9 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
             types=types, draft_n_max=n_max, draft_n_min=args.spec_draft_n_min,
             draft_p_min=args.spec_draft_p_min, ngram_size_n=args.spec_ngram_size_n,
             ngram_size_m=args.spec_ngram_size_m, ngram_min_hits=args.spec_ngram_min_hits,
+            ngram_mod_n_match=args.spec_ngram_mod_n_match, ngram_mod_n_min=args.spec_ngram_mod_n_min,
+            ngram_mod_n_max=args.spec_ngram_mod_n_max, ngram_cache_file=args.spec_ngram_cache_file,
+            ngram_cache_static=args.spec_ngram_cache_static,
             draft_model=args.draft_model, spec_model=args.spec_model, eagle_topk=args.spec_eagle_topk,
             num_steps=args.spec_num_steps, num_draft_tokens=num_draft, min_acceptance=args.spec_min_acceptance,
         )

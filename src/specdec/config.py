@@ -147,6 +147,8 @@ class SpecType(str, enum.Enum):
     NGRAM = "ngram"
     NGRAM_MAP_K = "ngram-map-k"
     NGRAM_MAP_K4V = "ngram-map-k4v"
+    NGRAM_MOD = "ngram-mod"
+    NGRAM_CACHE = "ngram-cache"
     SUFFIX = "suffix"
     DRAFT_SELF = "draft-self"
     DRAFT_MODEL = "draft-model"
@@ -188,6 +190,12 @@ class SpecConfig:
     ngram_size_n: int = 12  # --spec-ngram-size-n: longest n-gram matched
     ngram_size_m: int = 48  # --spec-ngram-size-m: most tokens proposed by n-gram lookup
     ngram_min_hits: int = 1  # --spec-ngram-min-hits
+    # ngram-mod: llama.cpp's defaults, sized for long drafts; the per-step budget caps them (drafters/ngram_mod.py)
+    ngram_mod_n_match: int = 24  # --spec-ngram-mod-n-match: tokens hashed per n-gram
+    ngram_mod_n_min: int = 48  # --spec-ngram-mod-n-min: drop drafts shorter than this
+    ngram_mod_n_max: int = 64  # --spec-ngram-mod-n-max: most tokens drafted
+    ngram_cache_file: str | None = None  # --spec-ngram-cache-file: the learned counts, loaded and saved
+    ngram_cache_static: str | None = None  # --spec-ngram-cache-static: read-only counts (llama.cpp's -lcs)
     draft_model: str | None = None  # --draft-model
     # eagle3 (SGLang's names): the head, and the dynamic tree it drafts
     spec_model: str | None = None  # --spec-model: head folder; None = the head shipped for the default model
@@ -208,6 +216,12 @@ class SpecConfig:
             raise ValueError("spec draft n min must be in [0, draft n max]")
         if self.ngram_size_n < 1 or self.ngram_size_m < 1:
             raise ValueError("ngram sizes must be >= 1")
+        if self.ngram_mod_n_match < 1 or not 1 <= self.ngram_mod_n_min <= self.ngram_mod_n_max:
+            raise ValueError("need --spec-ngram-mod-n-match >= 1 and 1 <= --spec-ngram-mod-n-min <= "
+                             f"--spec-ngram-mod-n-max, got {self.ngram_mod_n_match}, {self.ngram_mod_n_min}, "
+                             f"{self.ngram_mod_n_max}")
+        if (self.ngram_cache_file or self.ngram_cache_static) and SpecType.NGRAM_CACHE not in self.types:
+            raise ValueError("--spec-ngram-cache-file and --spec-ngram-cache-static need --spec-type ngram-cache")
         if SpecType.DRAFT_MODEL in self.types and not self.draft_model:
             raise ValueError("--spec-type draft-model needs --draft-model")
         if not 0.0 <= self.min_acceptance <= 1.0:

@@ -204,6 +204,16 @@ class LLM:
         """One short generation so timings exclude first-call costs (allocations, kernel picks)."""
         self.generate("Hello", SamplingParams(max_new_tokens=4))
 
+    def close(self) -> None:
+        """Save what drafters learned that outlives the process (--spec-ngram-cache-file); ValueError if it cannot."""
+        self.drafts.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
 
 __all__ = ["LLM", "Output", "Completion", "StreamEvent", "SamplingParams", "SpecConfig", "SpecType",
            "ModelLoadError", "GrammarError", "StructuredOutput", "StructuredKind", "TokenLogprob"]

@@ -3,13 +3,20 @@
 Requests join and leave between steps. Each turn of the loop
 
 1. drops cancelled requests (the client left), freeing their KV cache slots;
-2. admits waiting requests, first come first served, while slots are free, and
-   prefills them (``engine.start``);
+2. admits waiting requests, first come first served, while slots are free; each
+   is prefilled (``engine.start``) and at once gets its first token from a pass
+   of its own sequences without drafts, so time to first token never includes a
+   verify pass of the running batch (vLLM and SGLang likewise emit the first
+   token with the prefill);
 3. caps the step's drafting with the user's ``DraftBudget`` and runs one ``engine.step``
    over every running sequence (the engine plans the drafts from the batch's pass cost):
    each sequence keeps its own number of accepted tokens;
 4. hands every request its new tokens on its asyncio queue
    (``loop.call_soon_threadsafe``) and finishes the sequences that are done.
+
+A request that arrives during a step therefore waits for that step, its own
+prefill (and those of requests ahead of it) and one narrow plain pass: with or
+without speculation, the same passes.
 
 Only this thread touches the engine, the runner and the drafters. A failure that
 belongs to one request (its drafter, its stop check, its prefill) fails that
@@ -222,18 +229,26 @@ class Scheduler:
                     self._cond.wait()
                 if self._stopping:
                     return
-                self._drop_cancelled()
-                admitted = self._admit()
-            try:
-                for req in admitted:
-                    self._start(req)
-                if self._running:
-                    self._step()
-                self._publish_state()
-            except Exception as exc:  # noqa: BLE001 - a bug here must not leave every client hanging
-                logger.exception("scheduler turn failed")
-                for req in list(self._running):
-                    self._fail(req, f"scheduler error: {type(exc).__name__}: {exc}")
+            self.run_turn()
+
+    def run_turn(self) -> None:
+        """One turn of the loop: drop cancelled requests, admit and prefill (first tokens), one step.
+
+        The scheduler thread calls it; a test may drive an unstarted scheduler with it, turn by turn.
+        """
+        with self._cond:
+            self._drop_cancelled()
+            admitted = self._admit()
+        try:
+            for req in admitted:
+                self._start(req)
+            if self._running:
+                self._step(list(self._running))
+            self._publish_state()
+        except Exception as exc:  # noqa: BLE001 - a bug here must not leave every client hanging
+            logger.exception("scheduler turn failed")
+            for req in list(self._running):
+                self._fail(req, f"scheduler error: {type(exc).__name__}: {exc}")
 
     def _drop_cancelled(self) -> None:
         for req in [r for r in self._waiting if r.cancelled]:
@@ -271,19 +286,23 @@ class Scheduler:
             return
         if self.metrics is not None:
             self.metrics.prompt_tokens.inc(sum(len(s.prompt_ids) for s in req.seqs))
+        # The first token at once, from a pass of this request alone and without drafts: its
+        # client must not wait for a verify pass of the whole batch (nor for later prefills).
+        self._step([req], first_token=True)
 
-    def _step(self) -> None:
-        seqs = [s for r in self._running for s in r.seqs if not s.finished]
+    def _step(self, reqs: list[Request], first_token: bool = False) -> None:
+        """One engine step over the unfinished sequences of ``reqs``; deliver what each got."""
+        seqs = [s for r in reqs for s in r.seqs if not s.finished]
         if not seqs:
             return
         # The engine itself cuts drafts so a padded batch pass fits every sequence's cache.
-        k = self.budget(len(seqs))
+        k = 0 if first_token else self.budget(len(seqs))
         t0 = time.perf_counter()
         try:
             results = self.engine.step(seqs, draft_budget=k)
         except Exception as exc:  # noqa: BLE001 - the shared pass failed: fail its requests, keep looping
             logger.exception("engine step failed")
-            for req in list(self._running):
+            for req in reqs:
                 self._fail(req, f"engine step failed: {type(exc).__name__}: {exc}")
             return
         seconds = time.perf_counter() - t0
@@ -294,7 +313,7 @@ class Scheduler:
                 self.metrics.record_result(r)
             draft_s = sum(r.draft_seconds for r in results)
             self.metrics.record_step(len(seqs), k, seconds, draft_s, results[0].pass_seconds)
-        for req in list(self._running):
+        for req in reqs:
             self._deliver_step(req, new_by_seq)
 
     def _deliver_step(self, req: Request, new_by_seq: dict[int, StepResult]) -> None:

@@ -107,6 +107,8 @@ def read_jsonl(path) -> list[dict]:
 
 def _conversation(row: dict, where: str) -> Conversation:
     """A conversation from {"turns": [...]} or {"prompt": "..."}, plus optional id, system, category."""
+    if not isinstance(row, dict):
+        raise ValueError(f'{where}: expected an object with "turns" or "prompt"')
     turns = row.get("turns", [row["prompt"]] if "prompt" in row else None)
     if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
         raise ValueError(f'{where}: expected "turns" (a list of non-empty strings) or a "prompt" string')

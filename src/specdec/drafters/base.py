@@ -116,8 +116,9 @@ class Drafter(ABC):
         """A drafter for one request, set up from the speculation settings.
 
         ``shared`` holds the engine-wide objects the registry offers every drafter
-        (``cache``: the SuffixCache; ``runner``: the draft model's runner); each
-        drafter takes what it needs and ignores the rest.
+        (``cache``: the SuffixCache; ``ngram_mod``: the n-gram hash pool; ``ngram_cache``:
+        the n-gram counts; ``runner``: the draft model's runner); each drafter takes what
+        it needs and ignores the rest.
         """
         raise TypeError(f"{cls.__name__} cannot be built from a SpecConfig")
 

@@ -12,7 +12,9 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_self import DraftSelfDrafter
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.ngram_cache import NgramCacheDrafter, NgramCacheStore
 from specdec.drafters.ngram_map import NgramMapDrafter, NgramMapK4VDrafter
+from specdec.drafters.ngram_mod import NgramHashPool, NgramModDrafter
 from specdec.drafters.suffix import SuffixCache, SuffixDrafter
 from specdec.errors import ModelLoadError
 from specdec.model.eagle_checkpoint import check_target, load_head
@@ -28,6 +30,8 @@ DRAFTERS: dict[SpecType, type[Drafter]] = {
     SpecType.NGRAM: NgramDrafter,
     SpecType.NGRAM_MAP_K: NgramMapDrafter,
     SpecType.NGRAM_MAP_K4V: NgramMapK4VDrafter,
+    SpecType.NGRAM_MOD: NgramModDrafter,
+    SpecType.NGRAM_CACHE: NgramCacheDrafter,
     SpecType.SUFFIX: SuffixDrafter,
     SpecType.DRAFT_SELF: DraftSelfDrafter,
     SpecType.DRAFT_MODEL: DraftModelDrafter,
@@ -56,7 +60,8 @@ def drafting_types(spec: SpecConfig) -> tuple[SpecType, ...]:
 
 
 class DraftResources:
-    """Shared by all requests of one engine: the suffix cache, the draft model, the EAGLE head."""
+    """Shared by all requests of one engine: the suffix cache, the n-gram pool and counts, the draft model,
+    the EAGLE head. ``close`` saves what must outlive the process (the ngram-cache file)."""
 
     def __init__(
         self,
@@ -70,6 +75,10 @@ class DraftResources:
         self.spec = spec
         types = drafting_types(spec)
         self.suffix_cache = SuffixCache() if SpecType.SUFFIX in types else None
+        self.ngram_mod_pool = NgramHashPool(spec.ngram_mod_n_match) if SpecType.NGRAM_MOD in types else None
+        vocab_size = target.vocab_size if target is not None else None
+        self.ngram_cache = NgramCacheStore(spec.ngram_cache_file, spec.ngram_cache_static, vocab_size) \
+            if SpecType.NGRAM_CACHE in types else None
         self.draft_runner: ModelRunner | None = None
         if SpecType.DRAFT_MODEL in types:
             self.draft_runner, folder = load_runner(
@@ -94,7 +103,8 @@ class DraftResources:
         return drafters[0] if len(drafters) == 1 else ChainedDrafter(drafters)
 
     def _build(self, kind: SpecType) -> Drafter:
-        shared = dict(cache=self.suffix_cache, runner=self.draft_runner, head=self.eagle_head, target=self.target)
+        shared = dict(cache=self.suffix_cache, runner=self.draft_runner, head=self.eagle_head, target=self.target,
+                      ngram_mod=self.ngram_mod_pool, ngram_cache=self.ngram_cache)
         if kind is SpecType.ADAPTIVE:
             shared["members"] = [self._build(t) for t in adaptive_members(self.spec)]
         return DRAFTERS[kind].from_config(self.spec, **shared)
@@ -113,9 +123,19 @@ class DraftResources:
         return tuple(t for t in types if t is not SpecType.NONE)
 
     def forget(self) -> None:
-        """Empty what drafters learned from earlier requests (the suffix cache): the next request starts cold."""
+        """Empty what drafters learned from earlier requests (the suffix cache, the n-gram pool and counts):
+        the next request starts cold."""
         if self.suffix_cache is not None:
             self.suffix_cache.clear()
+        if self.ngram_mod_pool is not None:
+            self.ngram_mod_pool.reset()
+        if self.ngram_cache is not None:
+            self.ngram_cache.clear()
+
+    def close(self) -> None:
+        """Save the learned n-gram counts to --spec-ngram-cache-file (NgramCacheFileError when it cannot)."""
+        if self.ngram_cache is not None:
+            self.ngram_cache.save()
 
 
 def check_same_vocab(target: ModelRunner, draft: ModelRunner, tokenizer, draft_folder) -> None:

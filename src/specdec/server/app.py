@@ -103,7 +103,8 @@ def create_app(
 ):
     """A FastAPI app serving ``llm`` (a specdec.llm.LLM; its ``max_num_seqs`` is the batch limit).
 
-    The scheduler thread starts and stops with the app's lifespan.
+    The scheduler thread starts and stops with the app's lifespan; at its end ``llm.close()`` saves
+    what drafters learned (--spec-ngram-cache-file).
     """
     # FastAPI and Starlette stay lazy: only `specdec serve` needs them (see the module docstring).
     from fastapi import FastAPI
@@ -128,6 +129,10 @@ def create_app(
             yield
         finally:
             await asyncio.to_thread(scheduler.stop)
+            try:
+                llm.close()  # after the last request: saves --spec-ngram-cache-file
+            except ValueError as exc:
+                logger.error("specdec: error: %s", exc)
 
     app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.specdec = state
