@@ -58,6 +58,20 @@ def test_cost_interpolates_between_measured_widths():
     assert PassCost().estimate(1) is None
 
 
+def test_cost_discounts_slow_outliers_and_forgets_widths_not_timed_lately():
+    cost = PassCost(smoothing=0.2, max_age=10)
+    cost.observe(1, 1.0)
+    cost.observe(9, 2.0)
+    cost.observe(9, 6.0)  # a stall: moves the estimate a quarter as fast as a faster pass would
+    assert cost.estimate(9) == pytest.approx(2.0 + 0.05 * 4.0)
+    cost.observe(9, 1.0)
+    assert cost.estimate(9) == pytest.approx(2.2 + 0.2 * (1.0 - 2.2))
+    for _ in range(10):  # plain passes only: width 9 grows stale and is forgotten
+        cost.observe(1, 1.0)
+    assert cost.estimate(9) is None and not cost.measured
+    assert plan_draft_lengths([0.2], [8], cost, padded=False) == [8]  # so it is drafted and timed again
+
+
 # -- the batch's draft plan ----------------------------------------------------------------------------
 
 def test_free_verification_drafts_everything_even_at_modest_alpha():
@@ -146,6 +160,7 @@ def test_monitor_alpha_counts_tested_tokens_and_slower_than_plain_switches_off()
     assert monitor.sums.alpha() == pytest.approx(2 / 3) and monitor.sums.tau == 3.0
     assert monitor.mode is Mode.ON
     slow = SpecMonitor(min_samples=3)
+    slow.observe(draft_sample(8, 2, 3))  # untimed: the speedup rule waits for three timed drafts
     sample = draft_sample(8, 2, 3, seconds=4.0, plain_seconds_per_token=1.0)  # 3 tokens in 4 plain tokens' time
     for _ in range(2):
         slow.observe(sample)

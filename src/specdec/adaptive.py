@@ -18,18 +18,37 @@ from __future__ import annotations
 
 
 class PassCost:
-    """Running estimate of a target pass's seconds by token count (shared by all sequences)."""
+    """Running estimate of a target pass's seconds by width (shared by all sequences).
 
-    def __init__(self, smoothing: float = 0.2) -> None:
-        self.smoothing = smoothing
+    Interference on a shared machine only adds time, so a slower pass moves the
+    estimate a quarter as fast as a faster one. A width not timed for ``max_age``
+    passes is forgotten: decisions taken on it (say, never drafting because one
+    wide pass was slow) would otherwise never be re-measured; forgotten, the
+    engine drafts in full once and times it again.
+    """
+
+    def __init__(self, smoothing: float = 0.2, max_age: int = 256) -> None:
+        self.smoothing, self.max_age = smoothing, max_age
         self.seconds: dict[int, float] = {}
+        self.timed_at: dict[int, int] = {}  # width -> the pass count when it was last timed
+        self.passes = 0
 
     def observe(self, num_tokens: int, seconds: float) -> None:
+        self.passes += 1
+        for width in [w for w, at in self.timed_at.items() if self.passes - at >= self.max_age]:
+            del self.seconds[width], self.timed_at[width]
         old = self.seconds.get(num_tokens)
-        self.seconds[num_tokens] = seconds if old is None else old + self.smoothing * (seconds - old)
+        rate = self.smoothing if old is None or seconds < old else self.smoothing / 4
+        self.seconds[num_tokens] = seconds if old is None else old + rate * (seconds - old)
+        self.timed_at[num_tokens] = self.passes
+
+    @property
+    def measured(self) -> bool:
+        """Whether every width can be priced: two widths are known."""
+        return len(self.seconds) >= 2
 
     def estimate(self, num_tokens: int) -> float | None:
-        """Interpolated cost; None until a 1-token pass and a wider one were measured."""
+        """Interpolated cost; None until two widths were measured."""
         if num_tokens in self.seconds:
             return self.seconds[num_tokens]
         known = sorted(self.seconds)

@@ -129,7 +129,8 @@ class SpecMonitor:
             self._judge()
 
     def _judge(self) -> None:
-        alpha, speedup = self.sums.alpha(), self.sums.speedup
+        alpha = self.sums.alpha()
+        speedup = self.sums.speedup if self.sums.timed_steps >= self.min_samples else None
         failing = (alpha is not None and alpha < self.min_acceptance) or (speedup is not None and speedup < 1.0)
         if failing:
             if self.mode is Mode.PROBE:  # a failed probe: wait twice as long next time

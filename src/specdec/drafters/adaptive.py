@@ -148,7 +148,7 @@ class DraftTrie:
 
 def measured(cost: PassCost | None) -> bool:
     """Whether ``cost`` prices every width yet (it needs two measured widths)."""
-    return cost is not None and len(cost.seconds) >= 2
+    return cost is not None and cost.measured
 
 
 def choose(offers: Sequence[Offer], max_tokens: int, cost: PassCost | None, greedy: bool) -> DraftProposal:
