@@ -141,7 +141,7 @@ def test_monitor_reprobes_with_growing_backoff_and_resets_on_success():
         while monitor.mode is Mode.OFF:
             monitor.observe(None)
             steps += 1
-        assert monitor.mode is Mode.PROBE and monitor.alpha == monitor.prior  # a fresh look
+        assert monitor.mode is Mode.PROBE and monitor.alpha == monitor.probe_alpha  # a fresh, hopeful look
         waits.append(steps)
         for _ in range(3):
             monitor.observe(rejected())

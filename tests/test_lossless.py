@@ -84,7 +84,13 @@ def drafter_for(llm: LLM, kind: SpecType, n_max: int = 8, draft_model: str | Non
     if key not in _RESOURCES:
         spec = SpecConfig(types=(kind,), draft_n_max=n_max, draft_model=draft_model, **SHORT_MATCHES.get(kind, {}))
         _RESOURCES[key] = DraftResources(spec, llm.runner, llm.tokenizer)
-    return _RESOURCES[key].new_drafter()
+    drafter = _RESOURCES[key].new_drafter()
+    if isinstance(drafter, AdaptiveDrafter):
+        # Verify what the members propose: the pass costs timed on a busy machine (and the tiny models,
+        # whose LM head is most of a pass) may decide drafting does not pay. tests/test_adaptive.py
+        # tests the choices the costs make.
+        drafter.cost = None
+    return drafter
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +118,9 @@ def test_greedy_identity_every_token_drafter(tiny, prompt, k, kind):
 def test_greedy_identity_chains_with_state_shared_across_requests(tiny, types):
     spec = SpecConfig(types=parse_spec_types(types), draft_n_max=6, **SHORT_MATCHES[SpecType.NGRAM_MOD])
     resources = DraftResources(spec, tiny.runner, tiny.tokenizer)
-    engine = Engine(tiny.runner, draft_n_max=6)
+    # Not adaptive: on the tiny model (its LM head is most of a pass) the cost model rightly finds
+    # that drafting does not pay, and this test needs drafts.
+    engine = Engine(tiny.runner, draft_n_max=6, adaptive=False)
     for prompt in ([5, 6, 7, 8] * 3, [9, 10, 5, 6, 7] * 2, [5, 6, 7, 8] * 3):  # later ones draft from earlier ones
         plain = run(engine, prompt, greedy(24), None).output_ids
         seq = run(engine, prompt, greedy(24), resources.new_drafter())

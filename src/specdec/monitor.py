@@ -84,10 +84,14 @@ class SpecMonitor:
     """Sliding-window alpha / tau / speedup of one sequence (or drafter) and its on/off switch."""
 
     def __init__(self, min_acceptance: float = 0.4, window: int = 16, min_samples: int = 3,
-                 base_backoff: int = 4, max_backoff: int = 512, prior: float = 0.6) -> None:
+                 base_backoff: int = 4, max_backoff: int = 512, prior: float = 0.6,
+                 probe_alpha: float = 0.9) -> None:
         if not 0.0 <= min_acceptance <= 1.0:
             raise ValueError(f"the minimum acceptance must be in [0, 1], got {min_acceptance}")
         self.min_acceptance, self.min_samples, self.prior = min_acceptance, min_samples, prior
+        # A probe asks "has the text turned repetitive?": it is planned as if it had, so the cost
+        # model lets it draft wherever such text would pay (not in a batch where nothing would).
+        self.probe_alpha = probe_alpha
         self.base_backoff, self.max_backoff = base_backoff, max_backoff
         self._window: deque[WindowSums] = deque(maxlen=window)
         self.sums = WindowSums()
@@ -103,8 +107,8 @@ class SpecMonitor:
 
     @property
     def alpha(self) -> float:
-        """The window's alpha shrunk towards the prior (the prior alone while probing: a fresh look)."""
-        return self.prior if self.mode is Mode.PROBE else self.sums.alpha(self.prior)
+        """The window's alpha shrunk towards the prior; ``probe_alpha`` while probing (a fresh look)."""
+        return self.probe_alpha if self.mode is Mode.PROBE else self.sums.alpha(self.prior)
 
     def observe(self, sample: WindowSums | None, held: bool = True) -> None:
         """After a step: its drafting sample, or None when nothing was drafted.
