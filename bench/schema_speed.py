@@ -99,7 +99,7 @@ def main() -> int:
     constrained = SamplingParams(max_new_tokens=args.max_new_tokens, structured=structured)
     rows, outputs = [], {}
     for method in args.methods.split(","):
-        llm = LLM(args.model, spec=None if method == "none" else method, max_model_len=2048)
+        llm = LLM(args.model, spec=method, max_model_len=2048)
         prompts = [llm.chat_prompt([{"role": "user", "content": text}]) for text in PROMPTS]
         llm.generate(prompts[0], SamplingParams(max_new_tokens=8, structured=structured))  # warm-up
         for label, params in (("free", free), ("schema", constrained)):

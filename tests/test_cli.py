@@ -17,7 +17,7 @@ def specdec(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
 
 # Cheap on purpose: one subprocess that loads the default model and decodes 12 tokens (~10 s on 2 cores).
 def test_json_contract_on_default_model():
-    out = specdec("generate", "def add(a, b):", "--max-new-tokens", "12", "--json", "--spec-type", "ngram")
+    out = specdec("generate", "def add(a, b):", "--max-new-tokens", "12", "--json")  # the default: adaptive
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 1
@@ -30,6 +30,11 @@ def test_json_contract_on_default_model():
         assert key in stats, key
     assert stats["new_tokens"] == len(record["token_ids"])
     assert stats["seconds"] > 0 and stats["target_forwards"] >= 1
+    # Monitoring: the sequence's window, each member's, and who proposed the accepted tokens.
+    assert set(stats["window"]) >= {"alpha", "tau", "speedup"}
+    assert set(stats["drafter_windows"]) == {"ngram", "ngram-map-k", "suffix"}
+    assert sum(stats["accepted_by"].values()) == stats["accepted"]
+    assert {"spec_off_steps", "spec_switch_offs", "spec_probes"} <= set(stats)
 
 
 def test_prompts_file_and_n_samples(tiny_llama, tmp_path):
@@ -93,6 +98,8 @@ def test_logprobs_penalties_and_grammar_flags(tiny_llama, tmp_path):
         (["generate", "hi", "--n", "0"], "must be >= 1"),
         (["generate", "hi", "--temperature", "abc"], "invalid float value"),
         (["generate", "hi", "--spec-type", "draft-model"], "needs --draft-model"),
+        (["generate", "hi", "--spec-type", "adaptive,ngram"], "'adaptive' cannot be combined"),
+        (["generate", "hi", "--spec-min-acceptance", "2"], "--spec-min-acceptance must be in [0, 1]"),
         (["generate", "hi", "--spec-type", "ngram", "--spec-ngram-cache-file", "x.bin"],
          "need --spec-type ngram-cache"),
         (["generate", "hi", "--spec-type", "ngram-mod", "--spec-ngram-mod-n-min", "9", "--spec-ngram-mod-n-max", "8"],

@@ -32,6 +32,7 @@ def test_cuda_speculation_matches_plain_greedy(tiny_model_factory):
     folder = str(tiny_model_factory("llama"))
     params = SamplingParams(max_new_tokens=24, ignore_eos=True)
     prompt = "a b c a b c a b c a b"
-    plain = LLM(folder, device="cuda").generate(prompt, params)[0].token_ids
-    fast = LLM(folder, device="cuda", spec="ngram").generate(prompt, params)[0].token_ids
-    assert fast == plain
+    plain = LLM(folder, device="cuda", spec="none").generate(prompt, params)[0].token_ids
+    for spec in ("ngram", "adaptive"):
+        fast = LLM(folder, device="cuda", spec=spec).generate(prompt, params)[0].token_ids
+        assert fast == plain, spec

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specdec.config import SamplingParams, SpecConfig, SpecType
+from specdec.drafters.adaptive import AdaptiveDrafter
 from specdec.drafters.base import EMPTY, ChainedDrafter, Drafter, DraftProposal
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_self import DraftSelfDrafter
@@ -155,7 +156,18 @@ def test_new_drafter_chains_and_shares_the_suffix_cache():
     assert isinstance(one, ChainedDrafter) and one.name == "suffix,ngram,draft-self"
     assert one.drafters[0].cache is res.suffix_cache is two.drafters[0].cache
     assert one.drafters[0].max_tokens == 5
-    assert DraftResources(SpecConfig(), target=None, tokenizer=None).new_drafter() is None
+    assert DraftResources(SpecConfig(types=(SpecType.NONE,)), target=None, tokenizer=None).new_drafter() is None
+
+
+def test_adaptive_resources_load_its_members_and_requests_may_name_one():
+    res = DraftResources(SpecConfig(), target=None, tokenizer=None)  # the default: adaptive
+    drafter = res.new_drafter()
+    assert isinstance(drafter, AdaptiveDrafter) and res.suffix_cache is not None
+    assert [m.drafter.name for m in drafter.members] == ["ngram", "ngram-map-k", "suffix"]
+    assert drafter.members[2].drafter.cache is res.suffix_cache
+    assert res.new_drafter([SpecType.SUFFIX]).name == "suffix"  # a member alone, for one request
+    with pytest.raises(ValueError, match="not loaded"):
+        res.new_drafter([SpecType.DRAFT_SELF])
 
 
 def test_forget_empties_the_suffix_cache_in_place():

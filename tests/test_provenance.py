@@ -118,7 +118,7 @@ def test_library_origins_match_accepted_counts(looping_llm):
 
 
 def test_library_plain_decoding_is_all_target(tiny_llama):
-    llm = LLM(str(tiny_llama), max_model_len=128)
+    llm = LLM(str(tiny_llama), max_model_len=128, spec="none")
     out = llm.generate("one two", SamplingParams(max_new_tokens=6, ignore_eos=True))[0]
     assert out.choices[0].origins == [TARGET] * 6
 

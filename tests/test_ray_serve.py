@@ -20,10 +20,10 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'specdec[ray]' runs these tests")
 serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'specdec[ray]'")
 
+from specdec.budget import DraftBudget  # noqa: E402
 from specdec.config import SamplingParams, SpecConfig, SpecType  # noqa: E402
 from specdec.errors import UsageError  # noqa: E402
 from specdec.llm import LLM  # noqa: E402
-from specdec.scheduler import DraftBudget  # noqa: E402
 from specdec.server.app import create_app  # noqa: E402
 from specdec.server.ray_app import build, flags_from_args  # noqa: E402
 from specdec.server.ray_options import RayDeployment, ReplicaSettings, Scale  # noqa: E402
@@ -63,7 +63,7 @@ def endpoint(deployment):
 
 @pytest.fixture(scope="module")
 def offline(tiny_llama) -> LLM:
-    return LLM(str(tiny_llama), max_model_len=MAX_LEN)
+    return LLM(str(tiny_llama), max_model_len=MAX_LEN, spec="none")
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,11 @@ import asyncio
 
 import pytest
 
+from specdec.budget import DraftBudget
 from specdec.config import SamplingParams
 from specdec.drafters.base import Drafter
 from specdec.llm import LLM
-from specdec.scheduler import DraftBudget, QueueFullError, Scheduler
+from specdec.scheduler import QueueFullError, Scheduler
 
 
 def test_draft_budget_table():

@@ -23,12 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from specdec.budget import DraftBudget
 from specdec.cli import build_parser
 from specdec.config import SamplingParams, SpecConfig, SpecType
 from specdec.drafters.ngram_cache import load_counts
 from specdec.errors import UsageError
 from specdec.llm import LLM
-from specdec.scheduler import DraftBudget
 from specdec.server.app import create_app
 from specdec.server.cli import serve_config, spec_from_vllm_config
 
@@ -62,7 +62,7 @@ def running_server(app):
 def tiny(tiny_llama):
     """(base URL, served LLM, offline reference LLM without speculation)."""
     llm = LLM(str(tiny_llama), spec="ngram", max_model_len=MAX_LEN, max_num_seqs=16)
-    offline = LLM(str(tiny_llama), max_model_len=MAX_LEN)
+    offline = LLM(str(tiny_llama), max_model_len=MAX_LEN, spec="none")
     with running_server(create_app(llm, api_key=API_KEY)) as url:
         yield url, llm, offline
 
@@ -628,6 +628,34 @@ def test_provenance_in_responses_and_drafter_choice(looping):
         assert err.status_code == 400 and err.json()["error"]["param"] == "spec_decode_drafter", bad
 
 
+def test_adaptive_server_reports_drafters_windows_and_monitor(tiny_model_factory):
+    """The default spec type: which drafter proposed each accepted token, the sliding windows and the
+    monitor's pauses appear in the request's spec_decode object and in /metrics."""
+    llm = LLM(str(tiny_model_factory("llama", bigram=True)), max_model_len=MAX_LEN, max_num_seqs=2)
+    assert llm.spec.types == (SpecType.ADAPTIVE,)
+    body = {"prompt": LOOPING_PROMPT, "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    with running_server(create_app(llm)) as url:
+        first = httpx.post(url + "/v1/completions", json=body).json()  # teaches the suffix drafter
+        r = httpx.post(url + "/v1/completions", json=body).json()
+        metrics = metric_values(url)
+    assert r["choices"][0]["text"] == first["choices"][0]["text"]
+    spec = r["spec_decode"]
+    members = {"ngram", "ngram-map-k", "suffix"}
+    assert set(spec["drafters"]) == members  # every member has a window, asked or not
+    assert sum(d["accepted"] for d in spec["drafters"].values()) == spec["accepted"] > 0
+    origins = spec["choices"][0]["origins"]
+    for name, d in spec["drafters"].items():
+        assert origins.count(name) == d["accepted"]
+        assert set(d["window"]) >= {"alpha", "tau", "steps"}
+    assert set(spec["window"]) >= {"alpha", "tau", "speedup"} and spec["off_steps"] >= 0
+    assert spec["switch_offs"] >= 0 and spec["probes"] >= 0
+    steps = {labels: v for (name, labels), v in metrics.items() if name == "specdec:spec_decode_sequence_steps_total"}
+    assert sum(steps.values()) == 2 * 40 - first["spec_decode"]["accepted"] - spec["accepted"]  # one per step
+    accepted = sum(v for (name, labels), v in metrics.items()
+                   if name == "specdec:spec_decode_drafter_tokens_total" and ("outcome", "accepted") in labels)
+    assert accepted == first["spec_decode"]["accepted"] + spec["accepted"]
+
+
 # -- fuzzing the request schema --------------------------------------------------------------------
 JSON_SCALARS = (st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats()
                 | st.text(max_size=12))
@@ -702,14 +730,17 @@ def test_serve_flags_and_speculative_config():
     args = build_parser().parse_args(["serve"])
     assert args.host == "127.0.0.1" and args.port == 8000 and args.max_batch_size == 8
     spec, budget = serve_config(args)
-    assert not spec.enabled and budget(1) == spec.draft_n_max
+    assert spec.types == (SpecType.ADAPTIVE,) and budget == DraftBudget(spec.draft_n_max)  # the engine plans
+    assert serve_config(build_parser().parse_args(["serve", "--spec-type", "none"]))[0].enabled is False
+    with pytest.raises(UsageError, match="min-acceptance"):
+        serve_config(build_parser().parse_args(["serve", "--spec-min-acceptance", "1.5"]))
 
     args = build_parser().parse_args(["serve", "--speculative-config",
                                       '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, '
                                       '"disable_by_batch_size": 3}'])
     spec, budget = serve_config(args)
     assert spec.types == (SpecType.NGRAM,) and spec.draft_n_max == 5 and spec.ngram_size_n == 4
-    assert budget == DraftBudget(5, 5, 3) and budget(4) == 0
+    assert budget == DraftBudget(5, None, 3) and budget(3) == 5 and budget(4) == 0
 
     assert spec_from_vllm_config('{"method": "suffix"}')[0].types == (SpecType.SUFFIX,)
     spec, _ = spec_from_vllm_config('{"method": "draft_model", "model": "some/model", "num_speculative_tokens": 3}')

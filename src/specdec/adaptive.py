@@ -4,31 +4,51 @@ A verify pass over T tokens costs c(T) seconds (measured, not assumed: on a
 2-core AVX2 CPU c(16) is ~2.6 c(1), on an AMX CPU ~1.1 c(1), on a GPU ~1.0
 c(1)). If each drafted token is accepted with probability alpha (given the
 previous ones were), drafting k tokens commits (1 - alpha^(k+1)) / (1 - alpha)
-tokens per pass in expectation. The policy drafts the k that maximises
-tokens per second, k = 0 meaning plain decoding: speculation switches itself
-off where it loses (creative text, a weak drafter) and stretches where it wins
-(copying code). A pause in drafting is probed again after a few steps so a
-sequence that starts repeating itself is noticed.
+tokens per pass in expectation. The engine drafts the k that maximises
+tokens per second, k = 0 meaning plain decoding (``budget.plan_draft_lengths``,
+for a whole batch at once): speculation switches itself off where it loses
+(creative text, a weak drafter) and stretches where it wins (copying code).
+``monitor.SpecMonitor`` measures alpha per sequence and re-probes a pause.
+
+The runner owns one ``PassCost`` (``ModelRunner.pass_cost``): the engine times
+every decode pass into it, and the adaptive drafter prices its trees with it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 
 class PassCost:
-    """Running estimate of a target pass's seconds by token count (shared by all sequences)."""
+    """Running estimate of a target pass's seconds by width (shared by all sequences).
 
-    def __init__(self, smoothing: float = 0.2) -> None:
-        self.smoothing = smoothing
+    Interference on a shared machine only adds time, so a slower pass moves the
+    estimate a quarter as fast as a faster one. A width not timed for ``max_age``
+    passes is forgotten: decisions taken on it (say, never drafting because one
+    wide pass was slow) would otherwise never be re-measured; forgotten, the
+    engine drafts in full once and times it again.
+    """
+
+    def __init__(self, smoothing: float = 0.2, max_age: int = 256) -> None:
+        self.smoothing, self.max_age = smoothing, max_age
         self.seconds: dict[int, float] = {}
+        self.timed_at: dict[int, int] = {}  # width -> the pass count when it was last timed
+        self.passes = 0
 
     def observe(self, num_tokens: int, seconds: float) -> None:
+        self.passes += 1
+        for width in [w for w, at in self.timed_at.items() if self.passes - at >= self.max_age]:
+            del self.seconds[width], self.timed_at[width]
         old = self.seconds.get(num_tokens)
-        self.seconds[num_tokens] = seconds if old is None else old + self.smoothing * (seconds - old)
+        rate = self.smoothing if old is None or seconds < old else self.smoothing / 4
+        self.seconds[num_tokens] = seconds if old is None else old + rate * (seconds - old)
+        self.timed_at[num_tokens] = self.passes
+
+    @property
+    def measured(self) -> bool:
+        """Whether every width can be priced: two widths are known."""
+        return len(self.seconds) >= 2
 
     def estimate(self, num_tokens: int) -> float | None:
-        """Interpolated cost; None until a 1-token pass and a wider one were measured."""
+        """Interpolated cost; None until two widths were measured."""
         if num_tokens in self.seconds:
             return self.seconds[num_tokens]
         known = sorted(self.seconds)
@@ -47,41 +67,3 @@ def expected_tokens(alpha: float, k: int) -> float:
     if alpha >= 1.0:
         return k + 1.0
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-@dataclass
-class DraftLengthPolicy:
-    """Per-sequence acceptance estimate and the draft length it implies."""
-
-    alpha: float = 0.6  # optimistic start: the first drafts are tried in full
-    smoothing: float = 0.3
-    probe_every: int = 8  # after this many plain steps, draft once more to re-measure alpha
-    steps_since_draft: int = 0
-
-    def observe(self, num_drafted: int, num_accepted: int) -> None:
-        if num_drafted == 0:
-            self.steps_since_draft += 1
-            return
-        self.steps_since_draft = 0
-        # Per-token acceptance rate implied by this draft: accepted / tokens tested.
-        tested = min(num_accepted + 1, num_drafted)
-        rate = num_accepted / tested
-        self.alpha += self.smoothing * (rate - self.alpha)
-
-    def choose(self, cost: PassCost, k_max: int, others: int = 0) -> int:
-        """Draft length in 0..k_max maximising committed tokens per second of the step.
-
-        ``others``: tokens the rest of the batch puts in the same pass (one per sequence
-        that decodes plainly), so a big batch makes extra verify tokens dearer.
-        """
-        plain = cost.estimate(others + 1)
-        if plain is None or cost.estimate(others + k_max + 1) is None:
-            return k_max  # nothing measured yet: try the full draft
-        best_k, best_rate = 0, (others + 1) / plain
-        for k in range(1, k_max + 1):
-            rate = (others + expected_tokens(self.alpha, k)) / cost.estimate(others + k + 1)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        if best_k == 0 and self.steps_since_draft >= self.probe_every:
-            return k_max
-        return best_k

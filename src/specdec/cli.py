@@ -225,6 +225,10 @@ def stats_line(stats, spec: SpecConfig) -> str:
         line += (f" | {','.join(t.value for t in spec.types)}: drafted {stats.drafted}, accepted {stats.accepted} "
                  f"(alpha {stats.acceptance_rate:.2f}), tau {stats.mean_accepted_len:.2f}, "
                  f"draft {stats.draft_seconds:.2f} s, target {stats.target_seconds:.2f} s")
+        if stats.accepted_by:
+            line += " | accepted by " + ", ".join(f"{k} {v}" for k, v in stats.accepted_by.items())
+        if stats.spec_off_steps:
+            line += f" | paused {stats.spec_off_steps} steps ({stats.spec_probes} probes)"
     return line
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdec.config import SpecConfig, SpecType, parse_spec_types
+from specdec.config import DEFAULT_SPEC_TYPES, SpecConfig, SpecType, parse_spec_types
 from specdec.errors import UsageError
 
 
@@ -42,10 +42,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (llama-server flag names)")
-    g.add_argument("--spec-type", default="none",
-                   help="none, ngram, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache, suffix, draft-self, "
-                        "draft-model, eagle3; "
-                        "a comma list chains them (the first that proposes wins)")
+    g.add_argument("--spec-type", default=None,
+                   help=f"{', '.join(t.value for t in SpecType)}; a comma list chains them (the first that "
+                        "proposes wins); adaptive (the default) picks or merges the cheap drafters' proposals each "
+                        "step, plus the draft model / EAGLE-3 head given with --draft-model / --spec-model; "
+                        "none = plain decoding")
+    g.add_argument("--spec-min-acceptance", type=float, default=SpecConfig.min_acceptance,
+                   help="pause speculation while a sequence's recent per-token acceptance is below this "
+                        "(re-probed with growing back-off)")
     g.add_argument("--spec-draft-n-max", type=positive_int, default=None, help="most drafted tokens per step")
     g.add_argument("--spec-draft-n-min", type=int, default=0, help="drop drafts shorter than this")
     g.add_argument("--spec-draft-p-min", type=float, default=0.0, help="draft model stops below this probability")
@@ -77,7 +81,7 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
 
 def spec_from_args(args: argparse.Namespace) -> SpecConfig:
     try:
-        types = parse_spec_types(args.spec_type)
+        types = DEFAULT_SPEC_TYPES if args.spec_type is None else parse_spec_types(args.spec_type)
         num_draft = args.spec_num_draft_tokens or SpecConfig.num_draft_tokens
         n_max = args.spec_draft_n_max or (
             max(num_draft, SpecConfig.draft_n_max) if SpecType.EAGLE3 in types else SpecConfig.draft_n_max
@@ -90,7 +94,7 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
             ngram_mod_n_max=args.spec_ngram_mod_n_max, ngram_cache_file=args.spec_ngram_cache_file,
             ngram_cache_static=args.spec_ngram_cache_static,
             draft_model=args.draft_model, spec_model=args.spec_model, eagle_topk=args.spec_eagle_topk,
-            num_steps=args.spec_num_steps, num_draft_tokens=num_draft,
+            num_steps=args.spec_num_steps, num_draft_tokens=num_draft, min_acceptance=args.spec_min_acceptance,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -153,6 +153,12 @@ class SpecType(str, enum.Enum):
     DRAFT_SELF = "draft-self"
     DRAFT_MODEL = "draft-model"
     EAGLE3 = "eagle3"
+    # Runs the cheap drafters (and the draft model or EAGLE-3 head when one is given) and per
+    # step picks or merges their proposals by measured acceptance and cost: drafters/adaptive.py.
+    ADAPTIVE = "adaptive"
+
+
+DEFAULT_SPEC_TYPES = (SpecType.ADAPTIVE,)  # what `specdec serve`, `generate` and LLM draft with unless told
 
 
 def parse_spec_types(text: str) -> tuple[SpecType, ...]:
@@ -167,8 +173,9 @@ def parse_spec_types(text: str) -> tuple[SpecType, ...]:
             raise ValueError(f"unknown spec type {name!r}; choose from: {valid}") from None
     if not out:
         raise ValueError(f"empty spec type; choose from: {valid}")
-    if SpecType.NONE in out and len(out) > 1:
-        raise ValueError("'none' cannot be combined with other spec types")
+    for alone in (SpecType.NONE, SpecType.ADAPTIVE):
+        if alone in out and len(out) > 1:
+            raise ValueError(f"'{alone.value}' cannot be combined with other spec types")
     return tuple(out)
 
 
@@ -176,7 +183,7 @@ def parse_spec_types(text: str) -> tuple[SpecType, ...]:
 class SpecConfig:
     """Speculation settings (llama-server flag names in comments)."""
 
-    types: tuple[SpecType, ...] = (SpecType.NONE,)  # --spec-type, comma list = chain
+    types: tuple[SpecType, ...] = DEFAULT_SPEC_TYPES  # --spec-type, comma list = chain; (NONE,) = plain
     draft_n_max: int = 8  # --spec-draft-n-max: most tokens drafted per step
     draft_n_min: int = 0  # --spec-draft-n-min: drop drafts shorter than this
     draft_p_min: float = 0.0  # --spec-draft-p-min: draft model stops below this top prob
@@ -197,6 +204,9 @@ class SpecConfig:
     # --spec-num-draft-tokens: nodes sent to the verifier (capped by draft_n_max); 7 + the root is one
     # 8-row verify pass, the width where the CPU kernels' 4-row blocks end (docs/performance.md)
     num_draft_tokens: int = 7
+    # --spec-min-acceptance: speculation pauses (and is re-probed with growing back-off) while the
+    # recent per-token acceptance is below this; also when it measures slower than plain decoding
+    min_acceptance: float = 0.4
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -214,6 +224,8 @@ class SpecConfig:
             raise ValueError("--spec-ngram-cache-file and --spec-ngram-cache-static need --spec-type ngram-cache")
         if SpecType.DRAFT_MODEL in self.types and not self.draft_model:
             raise ValueError("--spec-type draft-model needs --draft-model")
+        if not 0.0 <= self.min_acceptance <= 1.0:
+            raise ValueError(f"--spec-min-acceptance must be in [0, 1], got {self.min_acceptance}")
         if min(self.eagle_topk, self.num_steps, self.num_draft_tokens) < 1:
             raise ValueError("--spec-eagle-topk, --spec-num-steps and --spec-num-draft-tokens must be >= 1")
 

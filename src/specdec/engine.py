@@ -10,22 +10,24 @@ Plain decoding is the same step with an empty draft.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from specdec.adaptive import DraftLengthPolicy, PassCost
+from specdec.budget import pass_width, plan_draft_lengths
 from specdec.config import SamplingParams
 from specdec.drafters.base import Drafter, DraftProposal
 from specdec.errors import ContextOverflowError
 from specdec.logprobs import TokenLogprob, token_logprobs
+from specdec.monitor import Mode, SpecMonitor, draft_sample
 from specdec.processors import SequenceProcessors
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator
 from specdec.stats import SpecStats
 from specdec.tree import DraftTree
-from specdec.verify import verify
+from specdec.verify import VerifyResult, verify
 
 
 @dataclass
@@ -38,7 +40,7 @@ class Sequence:
     slot: int = -1
     generator: torch.Generator | None = None
     stats: SpecStats = field(default_factory=SpecStats)
-    policy: DraftLengthPolicy = field(default_factory=DraftLengthPolicy)
+    monitor: SpecMonitor = field(default_factory=SpecMonitor)  # recent alpha, tau, speedup; on/off (set by start)
     finish_reason: str | None = None  # "stop" or "length"
     processors: SequenceProcessors | None = None  # penalties, logit_bias, grammar, ... (None: none asked)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, when params.logprobs is set
@@ -67,6 +69,22 @@ class Draft:
     cache_len: int  # the sequence's cache length before this pass
     drafter: str | None  # who proposed it (a chain's member), None without a draft
     seconds: float  # spent drafting
+    budget: int  # most tokens it was allowed (0: held off by the monitor or the cost of the batch)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """The step's target pass, shared by its sequences."""
+
+    seconds: float
+    rows: int  # tokens run, over all sequences
+    batch: int
+    padded: bool  # every sequence got the widest one's rows
+    plain_seconds_per_token: float | None  # what a plain pass of this batch costs per sequence, if measured
+
+    def share(self, num_rows: int) -> float:
+        """Seconds of the pass that fall to a sequence of ``num_rows`` rows (an equal part if padded)."""
+        return self.seconds / self.batch if self.padded else self.seconds * num_rows / self.rows
 
 
 @dataclass(frozen=True)
@@ -85,18 +103,24 @@ class StepResult:
     # branch below the last accepted node): what a viewer shows struck through.
     rejected_ids: list[int] = field(default_factory=list)
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token of token_ids, when params.logprobs is set
+    origins: tuple[str, ...] = ()  # per accepted token: the drafter that proposed it (trees may mix drafters)
+    drafted_by: tuple[tuple[str, int], ...] = ()  # drafted tokens per drafter
+    spec_state: str = "none"  # the sequence's monitor after the step: "on", "off", "probe"; "none": no drafter
 
 
 class Engine:
     def __init__(
-        self, runner: ModelRunner, draft_n_max: int = 8, draft_n_min: int = 0, adaptive: bool = True
+        self, runner: ModelRunner, draft_n_max: int = 8, draft_n_min: int = 0, adaptive: bool = True,
+        min_acceptance: float = 0.4,
     ) -> None:
         self.runner = runner
         self.draft_n_max = draft_n_max
         self.draft_n_min = draft_n_min
-        # Dynamic K: draft only what pays for its verification (see adaptive.py).
+        # Adaptive: each step's draft lengths follow from the measured cost of the batch's pass
+        # (budget.py), and a sequence's monitor switches speculation off where it does not pay
+        # (monitor.py). Off: every sequence with a drafter drafts up to the cap (tests that must draft).
         self.adaptive = adaptive
-        self.pass_cost = PassCost()
+        self.min_acceptance = min_acceptance
 
     # -- lifecycle ---------------------------------------------------------------------------
     def check_prompt(self, prompt_ids: list[int]) -> None:
@@ -117,6 +141,7 @@ class Engine:
             self.check_prompt(seq.prompt_ids)
             seq.slot = self.runner.allocate()
             seq.stats.prompt_tokens = len(seq.prompt_ids)
+            seq.monitor = SpecMonitor(self.min_acceptance)
             if not seq.params.greedy:
                 seq.generator = make_generator(seq.params.seed, self.runner.device)
             if seq.drafter is not None:
@@ -152,31 +177,46 @@ class Engine:
         """Draft, verify and commit once for every running sequence; what each one got.
 
         draft_budget: at most this many drafted tokens per sequence this step (default
-        ``draft_n_max``; a server shrinks it as its batch grows).
+        ``draft_n_max``; the server's ``DraftBudget`` caps). Within it the engine plans.
         """
-        k_max = self.draft_n_max if draft_budget is None else min(draft_budget, self.draft_n_max)
-        drafts = [self._draft(seq, k_max, others=len(seqs) - 1) for seq in seqs]
-        # A batched pass pads every row to the widest one, and each row writes that many
-        # cache entries: cut drafts so the padded width fits the fullest row's cache.
-        width = min(self.runner.max_seq_len - d.cache_len for d in drafts)
-        for d in drafts:
-            d.proposal = d.proposal.truncate(width - 1)
+        cap = self.draft_n_max if draft_budget is None else min(draft_budget, self.draft_n_max)
+        drafts = [self._draft(seq, k) for seq, k in zip(seqs, self._plan(seqs, cap), strict=True)]
+        if self.runner.pads_batches:
+            # A padded pass gives every row the widest one's width, and each row writes that many
+            # cache entries: cut drafts so the padded width fits the fullest row's cache.
+            room = min(self.runner.max_seq_len - d.cache_len for d in drafts)
+            for d in drafts:
+                d.proposal = d.proposal.truncate(room - 1)
         inputs = [
             SeqInput(d.seq.slot, [d.seq.tokens[-1], *d.proposal.token_ids], self._parents(d.proposal))
             for d in drafts
         ]
         layers = hidden_layers(seqs)
         out = self.runner.run(inputs, layers)
-        rows = sum(len(i.token_ids) for i in inputs)
-        self.pass_cost.observe(rows, out.seconds)
+        pass_ = self._measure([len(i.token_ids) for i in inputs], out.seconds)
         hidden = out.hidden if layers else [[] for _ in drafts]
-        return [self._commit(d, logits, h, layers, out.seconds, rows)
+        return [self._commit(d, logits, h, layers, pass_)
                 for d, logits, h in zip(drafts, out.logits, hidden, strict=True)]
 
-    def _draft(self, seq: Sequence, k: int, others: int) -> Draft:
+    def _measure(self, counts: list[int], seconds: float) -> Pass:
+        """Time the pass into the runner's ``PassCost``, by the width it computed."""
+        padded, cost = self.runner.pads_batches, self.runner.pass_cost
+        cost.observe(pass_width(counts, padded), seconds)
+        plain = cost.estimate(pass_width([1] * len(counts), padded))
+        return Pass(seconds, sum(counts), len(counts), padded, None if plain is None else plain / len(counts))
+
+    def _plan(self, seqs: list[Sequence], cap: int) -> list[int]:
+        """Each sequence's draft budget: none while its monitor holds speculation off, else what
+        pays at the batch's measured pass cost (adaptive; see ``budget.plan_draft_lengths``)."""
+        if not self.adaptive:
+            return [cap if s.drafter is not None else 0 for s in seqs]
+        caps = [cap if s.drafter is not None and s.monitor.allows_draft else 0 for s in seqs]
+        alphas = [s.monitor.alpha if c else None for s, c in zip(seqs, caps, strict=True)]
+        draft_seconds = [s.stats.draft_seconds / max(s.stats.decode_passes, 1) for s in seqs]
+        return plan_draft_lengths(alphas, caps, self.runner.pass_cost, self.runner.pads_batches, draft_seconds)
+
+    def _draft(self, seq: Sequence, k: int) -> Draft:
         cache_len = self.runner.lengths[seq.slot]
-        if self.adaptive and seq.drafter is not None:
-            k = seq.policy.choose(self.pass_cost, k, others)
         room = min(
             k,
             seq.params.max_new_tokens - seq.num_output - 1,  # the bonus token needs a place too
@@ -196,15 +236,16 @@ class Engine:
                 proposal = seq.processors.cut(proposal)
             if len(proposal) < self.draft_n_min:
                 proposal = DraftProposal([])
-        drafter = (proposal.drafter or seq.drafter.name) if len(proposal) and seq.drafter is not None else None
-        return Draft(seq, proposal, cache_len, drafter, seconds)
+            elif not proposal.drafter:
+                proposal = replace(proposal, drafter=seq.drafter.name)
+        return Draft(seq, proposal, cache_len, proposal.drafter if len(proposal) else None, seconds, room)
 
     @staticmethod
     def _parents(proposal: DraftProposal) -> list[int] | None:
         return None if proposal.is_chain else [-1, *proposal.parents]
 
     def _commit(self, d: Draft, logits: torch.Tensor, hidden: list[torch.Tensor], layers: tuple[int, ...],
-                pass_seconds: float, pass_rows: int) -> StepResult:
+                pass_: Pass) -> StepResult:
         seq, stats = d.seq, d.seq.stats
         tree = d.proposal.to_tree(seq.tokens[-1])
         # Penalties and grammar masks act on each row with the drafted path before it as history.
@@ -225,19 +266,39 @@ class Engine:
         seq.tokens.extend(new)
         if seq.drafter is not None:
             seq.drafter.accept(seq.tokens, result.num_accepted)
-        stats.target_forwards += 1
-        stats.decode_passes += 1
-        stats.decode_tokens += len(result.token_ids)
         stats.new_tokens += len(new)
-        stats.target_seconds += pass_seconds
-        stats.record_draft(len(d.proposal), result.num_accepted)
-        seq.policy.observe(len(d.proposal), result.num_accepted)
+        origins, drafted_by = self._account(d, tree, result, pass_)
         if seq.finish_reason is None and seq.should_stop is not None and seq.should_stop(seq.output_ids):
             seq.finish_reason = "stop"
         if seq.finish_reason is None and self.runner.lengths[seq.slot] + 2 >= self.runner.max_seq_len:
             seq.finish_reason = "length"
-        return StepResult(new, len(d.proposal), result.num_accepted, d.drafter, d.seconds, pass_seconds, pass_rows,
-                          seq.finish_reason, _rejected(tree, result.path[-1]), logprobs)
+        if seq.finished:
+            stats.snapshot_windows(seq.monitor, seq.drafter.windows() if seq.drafter is not None else {})
+        return StepResult(new, len(d.proposal), result.num_accepted, d.drafter, d.seconds, pass_.seconds, pass_.rows,
+                          seq.finish_reason, _rejected(tree, result.path[-1]), logprobs, origins, drafted_by,
+                          seq.monitor.mode.value if seq.drafter is not None else "none")
+
+    def _account(self, d: Draft, tree: DraftTree, result: VerifyResult, pass_: Pass) \
+            -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
+        """Count the step in the sequence's stats and monitor; who proposed each accepted token
+        and how many tokens each drafter drafted."""
+        seq, stats, num_drafted = d.seq, d.seq.stats, len(d.proposal)
+        stats.target_forwards += 1
+        stats.decode_passes += 1
+        stats.decode_tokens += len(result.token_ids)
+        stats.target_seconds += pass_.seconds
+        stats.spec_off_steps += int(seq.drafter is not None and seq.monitor.mode is Mode.OFF)
+        if not num_drafted:
+            if seq.drafter is not None:
+                seq.monitor.observe(None, held=d.budget == 0)
+            return (), ()
+        origins = tuple(d.proposal.origin_of(node - 1) for node in result.path[1:])
+        drafted_by = tuple(Counter(d.proposal.origin_of(i) for i in range(num_drafted)).items())
+        stats.record_draft(num_drafted, result.num_accepted, drafted_by, origins)
+        tested = result.num_accepted + int(bool(tree.children[result.path[-1]]))
+        seq.monitor.observe(draft_sample(num_drafted, result.num_accepted, tested,
+                                         d.seconds + pass_.share(tree.num_nodes), pass_.plain_seconds_per_token))
+        return origins, drafted_by
 
     def _truncate(self, seq: Sequence, tokens: list[int]) -> list[int]:
         """Cut the step's tokens at EOS or max_new_tokens, setting the finish reason."""

@@ -74,7 +74,8 @@ class StreamEvent:
 class LLM:
     """Load a model (GGUF, local folder or hub id; None = the embedded default) and generate.
 
-    ``spec`` is a SpecConfig, or a --spec-type string such as "ngram" or "suffix,draft-model".
+    ``spec`` is a SpecConfig, or a --spec-type string such as "ngram" or "suffix,draft-model"; None =
+    "adaptive" (``SpecConfig()``), "none" = plain decoding.
     ``backend``: "auto", "cpu-kernels" or "torch" (see ``model.backend``); default
     ``$SPECDEC_BACKEND`` or "auto". ``quantization``: "gguf" runs a GGUF file's blocks as they
     are, "none" dequantises them; default gguf for a GGUF file where the CPU kernels run.
@@ -122,7 +123,7 @@ class LLM:
         self.spec = spec
         self.drafts = drafts or DraftResources(spec, self.runner, self.tokenizer, self._max_num_seqs,
                                                self._dtype, self._device)
-        self.engine = Engine(self.runner, spec.draft_n_max, spec.draft_n_min)
+        self.engine = Engine(self.runner, spec.draft_n_max, spec.draft_n_min, min_acceptance=spec.min_acceptance)
         return self.drafts
 
     # -- prompts -------------------------------------------------------------------------------

@@ -25,12 +25,16 @@ _WINDOW = 4
 
 
 def step_origins(step: StepResult) -> list[str]:
-    """One origin per token of ``step.token_ids``: the drafter for the accepted prefix, then the target."""
+    """One origin per token of ``step.token_ids``: the drafter for the accepted prefix, then the target.
+
+    A tree merged from several drafters (``--spec-type adaptive``) names each accepted token's own.
+    """
     n = len(step.token_ids)
     if not step.drafter:
         return [TARGET] * n
     kept = min(step.num_accepted, n)  # an EOS may have cut the step inside the accepted prefix
-    return [step.drafter] * kept + [TARGET] * (n - kept)
+    drafted = list(step.origins[:kept]) if step.origins else [step.drafter] * kept
+    return drafted + [TARGET] * (n - kept)
 
 
 @dataclass(frozen=True)

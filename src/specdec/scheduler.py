@@ -8,8 +8,9 @@ Requests join and leave between steps. Each turn of the loop
    of its own sequences without drafts, so time to first token never includes a
    verify pass of the running batch (vLLM and SGLang likewise emit the first
    token with the prefill);
-3. sets the step's draft budget K(batch) and runs one ``engine.step`` over every
-   running sequence: each sequence keeps its own number of accepted tokens;
+3. caps the step's drafting with the user's ``DraftBudget`` and runs one ``engine.step``
+   over every running sequence (the engine plans the drafts from the batch's pass cost):
+   each sequence keeps its own number of accepted tokens;
 4. hands every request its new tokens on its asyncio queue
    (``loop.call_soon_threadsafe``) and finishes the sequences that are done.
 
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
+from specdec.budget import DraftBudget
 from specdec.config import SamplingParams
 from specdec.drafters.base import EMPTY, Drafter, DraftProposal
 from specdec.engine import Engine, Sequence, StepResult
@@ -45,44 +47,6 @@ logger = logging.getLogger("specdec.scheduler")
 
 class QueueFullError(Exception):
     """Every slot is taken and the waiting queue is full: the client should retry later (429)."""
-
-
-@dataclass(frozen=True)
-class DraftBudget:
-    """How many tokens each sequence may draft in a step of ``batch`` sequences: K(batch).
-
-    A batched target pass pads every sequence to the longest draft, so one pass
-    costs about ``batch * (K + 1)`` token slots while plain decoding costs
-    ``batch``. Once the pass is compute-bound (large batch, or a CPU) those extra
-    slots cost real time, and speculation must shrink to stay ahead of plain
-    decoding.
-
-    draft_n_max: K at batch 1 (--spec-draft-n-max).
-    step_tokens: most drafted tokens per step over the whole batch
-                 (--spec-batch-draft-tokens); K(b) = min(K, step_tokens // b).
-    max_batch:   no drafting at all when more sequences than this run
-                 (--spec-disable-batch-size, vLLM's ``disable_by_batch_size``).
-
-    Example (draft_n_max=8, step_tokens=8, max_batch=None)::
-
-        batch  1  2  3  4  5..8  9+
-        K      8  4  2  2  1     0
-    """
-
-    draft_n_max: int = 8
-    step_tokens: int = 8
-    max_batch: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.draft_n_max < 0 or self.step_tokens < 0:
-            raise ValueError("draft budgets must be >= 0")
-        if self.max_batch is not None and self.max_batch < 0:
-            raise ValueError("the speculation batch limit must be >= 0")
-
-    def __call__(self, batch: int) -> int:
-        if batch < 1 or (self.max_batch is not None and batch > self.max_batch):
-            return 0
-        return min(self.draft_n_max, self.step_tokens // batch)
 
 
 @dataclass
@@ -157,6 +121,9 @@ class GuardedDrafter(Drafter):
     def end(self, context: Seq[int]) -> None:
         self._call(self.inner.end, context)
 
+    def windows(self):
+        return self._call(self.inner.windows) or {}
+
 
 def _guard_stop(should_stop: Callable[[list[int]], bool], request: Request) -> Callable[[list[int]], bool]:
     def check(output_ids: list[int]) -> bool:
@@ -183,7 +150,7 @@ class Scheduler:
     ) -> None:
         self.engine = engine
         self.max_num_seqs = max_num_seqs
-        self.budget = budget or DraftBudget(engine.draft_n_max, engine.draft_n_max)
+        self.budget = budget or DraftBudget(engine.draft_n_max)
         self.max_queue = max_queue
         self.metrics = metrics
         self._cond = threading.Condition()

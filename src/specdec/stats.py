@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+
+from specdec.monitor import SpecMonitor, WindowSums
 
 
 @dataclass
@@ -21,17 +24,40 @@ class SpecStats:
     target_seconds: float = 0.0  # target passes (prefill included)
     prefill_seconds: float = 0.0
     seconds: float = 0.0  # wall time of generation (loading excluded)
+    # Per drafter (a chain's or the adaptive drafter's member): tokens it drafted, and accepted
+    # tokens it proposed. A token of a merged tree is counted for the drafter that owns its node.
+    drafted_by: dict[str, int] = field(default_factory=dict)
+    accepted_by: dict[str, int] = field(default_factory=dict)
+    # Monitoring (monitor.py): decode steps held off, switches off, re-probes; and the latest
+    # sliding windows, of the sequence and of each member drafter, pooled over sequences.
+    spec_off_steps: int = 0
+    spec_switch_offs: int = 0
+    spec_probes: int = 0
+    window: WindowSums = field(default_factory=WindowSums)
+    drafter_windows: dict[str, WindowSums] = field(default_factory=dict)
 
-    def record_draft(self, num_drafted: int, num_accepted: int) -> None:
+    def record_draft(self, num_drafted: int, num_accepted: int, drafted_by: Iterable[tuple[str, int]] = (),
+                     origins: Iterable[str] = ()) -> None:
+        """One verified draft; ``drafted_by`` (drafter, tokens) and ``origins`` (one per accepted token)."""
         if num_drafted == 0:
             return
         self.drafts += 1
         self.drafted += num_drafted
         self.accepted += num_accepted
+        for name, n in drafted_by:
+            self.drafted_by[name] = self.drafted_by.get(name, 0) + n
+        for name in origins:
+            self.accepted_by[name] = self.accepted_by.get(name, 0) + 1
         for counts, n in ((self.drafted_per_pos, num_drafted), (self.accepted_per_pos, num_accepted)):
             counts.extend([0] * (n - len(counts)))
             for i in range(n):
                 counts[i] += 1
+
+    def snapshot_windows(self, monitor: SpecMonitor, drafter_windows: Mapping[str, WindowSums]) -> None:
+        """Keep the sequence's monitor state as it ends (copies: the monitor goes on changing)."""
+        self.window = replace(monitor.sums)
+        self.drafter_windows = {name: replace(w) for name, w in drafter_windows.items()}
+        self.spec_switch_offs, self.spec_probes = monitor.num_switch_offs, monitor.num_probes
 
     @property
     def acceptance_rate(self) -> float:
@@ -50,7 +76,7 @@ class SpecStats:
     def merge(self, other: SpecStats) -> None:
         for name in (
             "new_tokens", "prompt_tokens", "target_forwards", "decode_passes", "decode_tokens",
-            "drafts", "drafted", "accepted",
+            "drafts", "drafted", "accepted", "spec_off_steps", "spec_switch_offs", "spec_probes",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("draft_seconds", "target_seconds", "prefill_seconds", "seconds"):
@@ -60,6 +86,13 @@ class SpecStats:
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, v in enumerate(theirs):
                 mine[i] += v
+        for name in ("drafted_by", "accepted_by"):
+            mine = getattr(self, name)
+            for key, v in getattr(other, name).items():
+                mine[key] = mine.get(key, 0) + v
+        self.window.add(other.window)
+        for key, w in other.drafter_windows.items():
+            self.drafter_windows.setdefault(key, WindowSums()).add(w)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -70,4 +103,6 @@ class SpecStats:
         )
         for key in ("draft_seconds", "target_seconds", "prefill_seconds", "seconds"):
             out[key] = round(out[key], 5)
+        out["window"] = self.window.to_dict()
+        out["drafter_windows"] = {name: w.to_dict() for name, w in self.drafter_windows.items()}
         return out

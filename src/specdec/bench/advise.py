@@ -45,6 +45,7 @@ CANDIDATES: tuple[str, ...] = (
     "ngram-mod",
     "ngram-cache",
     "draft-self",
+    "adaptive",
 )
 DRAFT_MODEL_METHOD = "draft-model"  # measured when --draft-model is given
 HEAD_METHOD = "eagle3"  # measured when an EAGLE-3 head fits the target

@@ -8,7 +8,8 @@ from pathlib import Path
 from specdec.bench.workloads import Workload
 from specdec.config import SpecConfig, SpecType, parse_spec_types
 
-DEFAULT_METHODS = ("none", "ngram", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-self")
+DEFAULT_METHODS = ("none", "ngram", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-self",
+                   "adaptive")
 HEAD_METHODS = ("eagle3", "suffix+eagle3")  # added by default where a head fits: the default model or --spec-model
 PEER_NAMES = ("transformers", "llama-cpp")
 

@@ -26,7 +26,7 @@ from specdec.bench.passes import measure as measure_passes
 from specdec.bench.peers import make_peers, run_peer_cell
 from specdec.bench.records import GREEDY, BenchResult, Cell, Request, peak_rss_bytes
 from specdec.bench.workloads import Conversation, Workload
-from specdec.config import SamplingParams
+from specdec.config import SamplingParams, SpecType
 from specdec.drafters.registry import DraftResources
 from specdec.llm import LLM
 from specdec.stats import SpecStats
@@ -230,7 +230,8 @@ def measure_pass_costs(runner: MethodRunner, context_ids: list[int], max_width: 
 
 def run_oracle(runner: MethodRunner, result: BenchResult) -> None:
     cfg = result.config
-    drafting = [m for m in cfg.methods if not m.is_plain]
+    # The oracle picks among single methods; adaptive is what it is measured against.
+    drafting = [m for m in cfg.methods if not m.is_plain and SpecType.ADAPTIVE not in m.spec.types]
     greedy = [w for w in cfg.workloads if w.name in result.reference and w.temperature is None]
     if not drafting or not greedy:
         return

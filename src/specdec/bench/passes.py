@@ -110,7 +110,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
     if not widths or widths[0] < 1:
         raise UsageError(f"--widths must be positive integers, got {args.widths!r}")
     llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend, quantization=args.quantization,
-              max_model_len=args.context + max(widths) + 8)
+              max_model_len=args.context + max(widths) + 8, spec="none")
     runner = llm.runner
     nbytes = runner.weight_bytes()
     context = synthetic_context(runner, args.context)

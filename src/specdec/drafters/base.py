@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.config import SamplingParams, SpecConfig
+from specdec.monitor import WindowSums
 from specdec.tree import DraftTree, is_chain
 
 
@@ -40,12 +41,15 @@ class DraftProposal:
     probs:     [N, V] draft distribution q that token i was drawn from, or None for a
                deterministic drafter (q is one-hot at the proposed token). Siblings
                share a parent, and in a tree they must be distinct tokens.
+    origins:   None when ``drafter`` proposed every token; else each token's drafter (a tree
+               merged from several drafters' proposals, see ``drafters.adaptive``).
     """
 
     token_ids: list[int]
     parents: list[int] | None = None
     probs: torch.Tensor | None = None
     drafter: str = ""  # the name of the drafter that proposed it (set by a chain; else the engine's)
+    origins: list[str] | None = None
 
     @classmethod
     def from_tree(cls, token_ids: list[int], parents: list[int]) -> DraftProposal:
@@ -65,7 +69,8 @@ class DraftProposal:
             return self
         parents = None if self.parents is None else self.parents[:n]
         probs = None if self.probs is None else self.probs[:n]
-        return DraftProposal(self.token_ids[:n], parents, probs, self.drafter)
+        origins = None if self.origins is None else self.origins[:n]
+        return DraftProposal(self.token_ids[:n], parents, probs, self.drafter, origins)
 
     def first_path(self) -> DraftProposal:
         """The chain through each node's first child (for runners that verify chains only)."""
@@ -75,7 +80,19 @@ class DraftProposal:
         path = tree.walk(lambda node: tree.children[node][0] if tree.children[node] else None)
         keep = [node - 1 for node in path[1:]]
         probs = None if self.probs is None else self.probs[keep]
-        return DraftProposal([self.token_ids[i] for i in keep], probs=probs, drafter=self.drafter)
+        origins = None if self.origins is None else [self.origins[i] for i in keep]
+        return DraftProposal([self.token_ids[i] for i in keep], probs=probs, drafter=self.drafter, origins=origins)
+
+    def origin_of(self, index: int) -> str:
+        """The drafter of token ``index``."""
+        return self.drafter if self.origins is None else self.origins[index]
+
+    @property
+    def depth(self) -> int:
+        """Tokens on the longest path (the length of a chain)."""
+        if self.is_chain:
+            return len(self)
+        return max(self.to_tree(0).depths)
 
     def to_tree(self, root: int) -> DraftTree:
         if self.parents is None:
@@ -125,6 +142,10 @@ class Drafter(ABC):
 
     def end(self, context: Sequence[int]) -> None:
         """The request finished with ``context`` (e.g. add it to a cross-request cache)."""
+
+    def windows(self) -> dict[str, WindowSums]:
+        """Recent acceptance of each drafter this one chooses among (the adaptive drafter's members)."""
+        return {}
 
     # -- catching up with the context, for drafters that index the tokens they have seen ----------
 

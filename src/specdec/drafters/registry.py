@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specdec.config import SpecConfig, SpecType
+from specdec.drafters.adaptive import AdaptiveDrafter
 from specdec.drafters.base import ChainedDrafter, Drafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_self import DraftSelfDrafter
@@ -35,7 +36,27 @@ DRAFTERS: dict[SpecType, type[Drafter]] = {
     SpecType.DRAFT_SELF: DraftSelfDrafter,
     SpecType.DRAFT_MODEL: DraftModelDrafter,
     SpecType.EAGLE3: EagleDrafter,
+    SpecType.ADAPTIVE: AdaptiveDrafter,
 }
+
+# What --spec-type adaptive asks each step: the cheap drafters, by name (add a SpecType here to
+# add it to the set), then the neural ones that the user gave a model for (``adaptive_members``).
+ADAPTIVE_MEMBERS: tuple[SpecType, ...] = (SpecType.NGRAM, SpecType.NGRAM_MAP_K, SpecType.SUFFIX)
+
+
+def adaptive_members(spec: SpecConfig) -> tuple[SpecType, ...]:
+    """The members of an adaptive drafter: ``ADAPTIVE_MEMBERS``, plus draft-model with
+    --draft-model and eagle3 with --spec-model."""
+    neural = ((SpecType.DRAFT_MODEL,) if spec.draft_model else ()) + ((SpecType.EAGLE3,) if spec.spec_model else ())
+    return ADAPTIVE_MEMBERS + neural
+
+
+def drafting_types(spec: SpecConfig) -> tuple[SpecType, ...]:
+    """Every drafter ``spec`` may build: its types, "adaptive" spelled out as its members."""
+    out: list[SpecType] = []
+    for t in spec.types:
+        out += [t, *adaptive_members(spec)] if t is SpecType.ADAPTIVE else [t]
+    return tuple(dict.fromkeys(t for t in out if t is not SpecType.NONE))
 
 
 class DraftResources:
@@ -52,20 +73,21 @@ class DraftResources:
         device: str | None = None,
     ) -> None:
         self.spec = spec
-        self.suffix_cache = SuffixCache() if SpecType.SUFFIX in spec.types else None
-        self.ngram_mod_pool = NgramHashPool(spec.ngram_mod_n_match) if SpecType.NGRAM_MOD in spec.types else None
+        types = drafting_types(spec)
+        self.suffix_cache = SuffixCache() if SpecType.SUFFIX in types else None
+        self.ngram_mod_pool = NgramHashPool(spec.ngram_mod_n_match) if SpecType.NGRAM_MOD in types else None
         vocab_size = target.vocab_size if target is not None else None
         self.ngram_cache = NgramCacheStore(spec.ngram_cache_file, spec.ngram_cache_static, vocab_size) \
-            if SpecType.NGRAM_CACHE in spec.types else None
+            if SpecType.NGRAM_CACHE in types else None
         self.draft_runner: ModelRunner | None = None
-        if SpecType.DRAFT_MODEL in spec.types:
+        if SpecType.DRAFT_MODEL in types:
             self.draft_runner, folder = load_runner(
                 spec.draft_model, dtype=dtype, device=device,
                 max_seq_len=target.max_seq_len, num_slots=max_num_seqs,
             )
             check_same_vocab(target, self.draft_runner, tokenizer, folder)
         self.target = target
-        self.eagle_head = load_eagle_head(spec.spec_model, target, tokenizer) if SpecType.EAGLE3 in spec.types else None
+        self.eagle_head = load_eagle_head(spec.spec_model, target, tokenizer) if SpecType.EAGLE3 in types else None
 
     def new_drafter(self, types: Sequence[SpecType] | None = None) -> Drafter | None:
         """A fresh drafter for one request (None when speculation is off).
@@ -77,16 +99,24 @@ class DraftResources:
         types = self.loaded(types)
         if not types:
             return None
-        shared = dict(cache=self.suffix_cache, runner=self.draft_runner, head=self.eagle_head, target=self.target,
-                      ngram_mod=self.ngram_mod_pool, ngram_cache=self.ngram_cache)
-        drafters = [DRAFTERS[t].from_config(self.spec, **shared) for t in types]
+        drafters = [self._build(t) for t in types]
         return drafters[0] if len(drafters) == 1 else ChainedDrafter(drafters)
 
+    def _build(self, kind: SpecType) -> Drafter:
+        shared = dict(cache=self.suffix_cache, runner=self.draft_runner, head=self.eagle_head, target=self.target,
+                      ngram_mod=self.ngram_mod_pool, ngram_cache=self.ngram_cache)
+        if kind is SpecType.ADAPTIVE:
+            shared["members"] = [self._build(t) for t in adaptive_members(self.spec)]
+        return DRAFTERS[kind].from_config(self.spec, **shared)
+
     def loaded(self, types: Sequence[SpecType] | None = None) -> tuple[SpecType, ...]:
-        """``types`` less "none" (None = all the loaded methods); ValueError if one was not loaded here."""
-        mine = tuple(t for t in self.spec.types if t is not SpecType.NONE)
+        """``types`` less "none" (None = the configured methods); ValueError if one was not loaded here.
+
+        An adaptive engine has its members loaded too: a request may name one of them alone.
+        """
         if types is None:
-            return mine
+            return tuple(t for t in self.spec.types if t is not SpecType.NONE)
+        mine = drafting_types(self.spec)
         if unknown := [t.value for t in types if t not in mine and t is not SpecType.NONE]:
             raise ValueError(f"drafter {', '.join(unknown)} is not loaded on this server; "
                              f"choose from: {', '.join(t.value for t in mine + (SpecType.NONE,))}")

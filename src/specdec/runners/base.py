@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.adaptive import PassCost
+
 
 @dataclass
 class SeqInput:
@@ -62,12 +64,16 @@ class ModelRunner(ABC):
     supports_trees: bool = False
     backend: str = "torch"  # how the linear layers and attention run (see runners.load)
     weights_label: str = "float"  # the weights' format, for reports ("gguf Q4_1+Q8_0 (avx2+vnni)")
+    # Whether a pass gives every sequence the widest one's rows (a [B, T] batch) rather than
+    # running their rows back to back: what a batch's extra draft tokens cost (see budget.py).
+    pads_batches: bool = True
 
     def __init__(self, max_seq_len: int, num_slots: int) -> None:
         self.max_seq_len = max_seq_len
         self.num_slots = num_slots
         self._free = list(range(num_slots - 1, -1, -1))
         self.lengths = [0] * num_slots  # host-side: read every step, a device copy would sync
+        self.pass_cost = PassCost()  # decode passes' seconds by width, timed by the engine
 
     def allocate(self) -> int:
         if not self._free:

@@ -18,6 +18,7 @@ from specdec.tree import is_chain
 
 class GenericRunner(ModelRunner):
     supports_trees = False
+    pads_batches = False  # one forward per sequence
 
     def __init__(
         self, folder: Path, dtype: torch.dtype, device: torch.device, max_seq_len: int, num_slots: int

@@ -37,6 +37,11 @@ class NativeRunner(ModelRunner):
         self.backend = model.backend.name
         self.weights_label = model.weights_label(dtype)
         self.cache = KVCache(config, num_slots, max_seq_len, dtype, device)
+        # The fused kernels run a batch's rows back to back (``Rows``): a sequence drafting 8
+        # tokens beside plain ones costs 8 rows, not 8 per sequence. The torch path pads [B, T];
+        # it could go ragged too by gathering each row's own slot of the cache, at the price
+        # of a [rows, context] K/V copy per layer.
+        self.pads_batches = not model.backend.fused
 
     def weight_bytes(self) -> int:
         """Every layer matrix, norm and the LM head, each storage once (an untied embedding

@@ -28,10 +28,11 @@ import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from specdec.budget import DraftBudget
 from specdec.config import SamplingParams, SpecType, parse_spec_types
 from specdec.grammar import GrammarError
 from specdec.llm import LLM
-from specdec.scheduler import DraftBudget, QueueFullError, Request, Scheduler
+from specdec.scheduler import QueueFullError, Request, Scheduler
 from specdec.server.logprob_format import TokenTexts, chat_logprobs, completion_logprobs
 from specdec.server.metrics import ServerMetrics
 from specdec.server.protocol import (
@@ -116,7 +117,7 @@ def create_app(
     metrics = ServerMetrics(name)
     num_seqs = llm.runner.num_slots
     scheduler = Scheduler(
-        llm.engine, num_seqs, budget or DraftBudget(llm.spec.draft_n_max, llm.spec.draft_n_max),
+        llm.engine, num_seqs, budget or DraftBudget(llm.spec.draft_n_max),
         max_queue=max_queue, metrics=metrics,
     )
     state = ServerState(llm, scheduler, metrics, name, llm.runner.max_seq_len, num_seqs)
@@ -410,9 +411,15 @@ class Job:
     @staticmethod
     def _spec(stats, extras: SpecDecodeInfo | None = None):
         """The request's stats, added to a chunk's or response's other ``spec_decode`` extras."""
+        names = dict.fromkeys([*stats.drafted_by, *stats.drafter_windows])
+        drafters = {name: dict(drafted=stats.drafted_by.get(name, 0), accepted=stats.accepted_by.get(name, 0),
+                               window=stats.drafter_windows[name].to_dict() if name in stats.drafter_windows else None)
+                    for name in names}
         return (extras or SpecDecodeInfo()).model_copy(update=dict(
             drafts=stats.drafts, drafted=stats.drafted, accepted=stats.accepted,
-            acceptance_rate=round(stats.acceptance_rate, 4), mean_accepted_len=round(stats.mean_accepted_len, 4)))
+            acceptance_rate=round(stats.acceptance_rate, 4), mean_accepted_len=round(stats.mean_accepted_len, 4),
+            window=stats.window.to_dict(), drafters=drafters, off_steps=stats.spec_off_steps,
+            switch_offs=stats.spec_switch_offs, probes=stats.spec_probes))
 
     async def _next(self):
         event = await self.req.queue.get()

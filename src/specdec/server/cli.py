@@ -9,11 +9,11 @@ import sys
 
 import uvicorn
 
+from specdec.budget import DraftBudget
 from specdec.cli_args import add_model_args, add_spec_args, positive_int, spec_from_args
 from specdec.config import SpecConfig, SpecType
 from specdec.errors import UsageError
 from specdec.llm import LLM
-from specdec.scheduler import DraftBudget
 from specdec.server.app import DEFAULT_MAX_BODY_BYTES, create_app
 from specdec.server.ray_options import check_ray_args, deployment_from_args
 
@@ -40,8 +40,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help='vLLM-style JSON instead of --spec-type, e.g. \'{"method": "ngram", '
                         '"num_speculative_tokens": 5, "prompt_lookup_max": 4}\'')
     s.add_argument("--spec-batch-draft-tokens", type=int, default=None,
-                   help="most drafted tokens per step over the whole batch: K(b) = min(K, this // b) "
-                        "(default: --spec-draft-n-max, so full K at batch 1 and none beyond K sequences)")
+                   help="cap on drafted tokens per step over the whole batch: K(b) <= this // b (default: no "
+                        "cap; the engine plans each step's drafts from the measured cost of the batch's pass)")
     s.add_argument("--spec-disable-batch-size", type=int, default=None,
                    help="no drafting when more sequences than this run (vLLM's disable_by_batch_size)")
     r = p.add_argument_group("scale out on Ray Serve (pip install 'specdec[ray]'; docs/server.md)")
@@ -112,7 +112,7 @@ def serve_config(args: argparse.Namespace) -> tuple[SpecConfig, DraftBudget]:
     """The speculation settings and batch draft budget from the serve flags (UsageError when bad)."""
     disable = args.spec_disable_batch_size
     if args.speculative_config is not None:
-        if args.spec_type != "none":
+        if args.spec_type is not None:
             raise UsageError("give either --speculative-config or --spec-type, not both")
         try:
             spec, vllm_disable = spec_from_vllm_config(args.speculative_config)
@@ -121,11 +121,8 @@ def serve_config(args: argparse.Namespace) -> tuple[SpecConfig, DraftBudget]:
         disable = disable if disable is not None else vllm_disable
     else:
         spec = spec_from_args(args)
-    step_tokens = args.spec_batch_draft_tokens
-    if step_tokens is None:
-        step_tokens = spec.draft_n_max
     try:
-        budget = DraftBudget(spec.draft_n_max, step_tokens, disable)
+        budget = DraftBudget(spec.draft_n_max, args.spec_batch_draft_tokens, disable)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return spec, budget

@@ -48,6 +48,11 @@ class ServerMetrics:
             f"{p}spec_decode_drafter_tokens", "Drafted tokens by drafter (a chain's member) and outcome "
             "(accepted or rejected).", ["drafter", "outcome"], registry=r,
         )
+        self.sequence_steps = Counter(
+            f"{p}spec_decode_sequence_steps", "Steps of sequences with a drafter, by the speculation monitor's state "
+            "after the step: on, off (paused: low acceptance or slower than plain), probe (re-measuring).",
+            ["state"], registry=r,
+        )
         self.draft_seconds = Counter(f"{p}spec_decode_draft_seconds", "Seconds spent drafting.", registry=r)
         self.verify_seconds = Counter(f"{p}spec_decode_verify_seconds",
                                       "Seconds spent in target passes (decode and verify).", registry=r)
@@ -91,6 +96,8 @@ class ServerMetrics:
     def record_result(self, step: StepResult) -> None:
         """One sequence's step: its ``num_accepted`` kept tokens are a prefix of its draft."""
         self.live.record_result(step.drafter, step.num_drafted, step.num_accepted, len(step.token_ids))
+        if step.spec_state != "none":
+            self.sequence_steps.labels(step.spec_state).inc()
         if step.num_drafted == 0:
             return
         self.num_drafts.inc()
@@ -98,9 +105,14 @@ class ServerMetrics:
         self.num_accepted_tokens.inc(step.num_accepted)
         for pos in range(step.num_accepted):
             self.accepted_per_pos.labels(str(pos)).inc()
-        drafter = step.drafter or "unknown"
-        self.drafter_tokens.labels(drafter, "accepted").inc(step.num_accepted)
-        self.drafter_tokens.labels(drafter, "rejected").inc(step.num_drafted - step.num_accepted)
+        # Each accepted token counts for the drafter that proposed it (a merged tree mixes them).
+        accepted = dict.fromkeys((name for name, _ in step.drafted_by), 0)
+        for name in step.origins:
+            accepted[name] = accepted.get(name, 0) + 1
+        for name, drafted in step.drafted_by or ((step.drafter or "unknown", step.num_drafted),):
+            kept = accepted.get(name, 0) if step.drafted_by else step.num_accepted
+            self.drafter_tokens.labels(name, "accepted").inc(kept)
+            self.drafter_tokens.labels(name, "rejected").inc(drafted - kept)
 
     def record_finish(self, reason: str, generated: int, latency: float) -> None:
         self.requests.labels(reason).inc()

@@ -338,6 +338,15 @@ class SpecDecodeInfo(BaseModel):
     accepted: int | None = None  # drafted tokens kept
     acceptance_rate: float | None = None  # accepted / drafted
     mean_accepted_len: float | None = None  # tokens committed per decoding target pass
+    # Monitoring (specdec.monitor): the latest sliding window of the request's sequences (alpha:
+    # per-token acceptance, tau: tokens per drafting pass, speedup over plain as measured), each
+    # drafter's (drafted and accepted tokens in all, and its window), and how often speculation
+    # was paused (off_steps: decode steps without drafting; switch_offs) and re-probed.
+    window: dict | None = None
+    drafters: dict[str, dict] | None = None
+    off_steps: int | None = None
+    switch_offs: int | None = None
+    probes: int | None = None
     tokens: list[str] | None = None
     origins: list[str] | None = None
     steps: list[StepDetail] | None = None

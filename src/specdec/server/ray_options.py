@@ -10,9 +10,9 @@ import argparse
 import importlib.util
 from dataclasses import dataclass
 
+from specdec.budget import DraftBudget
 from specdec.config import SpecConfig
 from specdec.errors import UsageError
-from specdec.scheduler import DraftBudget
 
 RAY_MISSING = "--ray needs Ray Serve: pip install 'specdec[ray]' (or pip install 'ray[serve]')"
 DRAIN_TIMEOUT_S = 300.0  # a replica scaled away finishes its running generations for this long

@@ -1,0 +1,275 @@
+"""``--spec-type adaptive``: ask several drafters, verify the draft worth most per second.
+
+No drafter wins everywhere (n-gram look-up on code edits, suffix trees on
+translation, a draft model on open text), and which one is right changes within
+one answer. Each step this drafter asks its members, then builds one draft from
+their proposals:
+
+1. Every proposal is merged into one trie: a token two drafters agree on is one
+   node, supported by both (``DraftTrie``).
+2. A node is kept with probability 1 - prod(1 - alpha_d) over its supporters
+   (siblings share at most 1), where alpha_d is drafter d's recent per-token
+   acceptance on this sequence. Its *reach* (the product down its path) is what
+   it adds to the expected committed tokens.
+3. The draft is the n best-reach nodes (a subtree, since reach falls along a
+   path) for the n that maximises expected tokens per second of the verify
+   pass, ``(1 + sum of reach) / c(n + 1)`` with c the measured ``PassCost``.
+
+So one drafter's proposal is picked when the others add little, and a tree of
+several when their disagreement is worth verifying. Every member is scored on
+every step against what the target committed, verified or not (a proposal that
+agrees with the committed tokens for m tokens and then differs had m accepted
+and 1 rejected; one that agrees all along was never contradicted), and a member
+whose recent alpha falls below ``min_acceptance``, or whose draft seconds cost
+more than its tokens save, is not asked until its back-off ends (``SpecMonitor``).
+
+Losslessness: the verifier decides, as for any drafter. Deterministic proposals
+(q one-hot) merge freely: siblings are distinct tokens, and recursive rejection
+over one-hot q is sampling without replacement. A sampled proposal (a draft
+model's q) is never merged with others when the target samples, since its q
+would not describe the merged node; under greedy verification q is unused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.adaptive import PassCost, expected_tokens
+from specdec.config import SamplingParams, SpecConfig
+from specdec.drafters.base import EMPTY, Drafter, DraftProposal
+from specdec.monitor import Mode, SpecMonitor, WindowSums
+from specdec.runners.base import ModelRunner
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One member's proposal this step, and its recent acceptance."""
+
+    drafter: str
+    alpha: float
+    proposal: DraftProposal
+
+
+@dataclass
+class DraftTrie:
+    """Proposals merged: node 0 is the root; shared prefixes are shared nodes (parents before children)."""
+
+    tokens: list[int] = field(default_factory=lambda: [-1])
+    parents: list[int] = field(default_factory=lambda: [-1])
+    owners: list[str] = field(default_factory=lambda: [""])  # the first (best) drafter proposing the node
+    reach: list[float] = field(default_factory=lambda: [1.0])  # chance the node is kept
+    sources: list[tuple[int, int]] = field(default_factory=lambda: [(-1, -1)])  # (offer, its node index)
+    _miss: list[float] = field(default_factory=lambda: [1.0])  # prod(1 - alpha) over the node's supporters
+    _children: list[dict[int, int]] = field(default_factory=lambda: [{}])
+
+    @classmethod
+    def merge(cls, offers: Sequence[Offer]) -> DraftTrie:
+        """Offers in the order given (best first: its nodes come first and own shared ones).
+
+        Example: ngram [5, 6, 7] (alpha 0.8) and suffix [5, 9] (alpha 0.5) ->
+        tokens [5, 6, 7, 9] under the root, parents [0, 1, 2, 1]; node 5 is supported by
+        both, so it is kept with probability 1 - 0.2 * 0.5 = 0.9.
+        """
+        trie = cls()
+        for o, offer in enumerate(offers):
+            p = offer.proposal
+            where = [0]  # proposal node (root first) -> trie node
+            for i, tok in enumerate(p.token_ids):
+                parent = where[i if p.parents is None else p.parents[i]]
+                where.append(trie._add(parent, tok, offer, (o, i)))
+        trie._compute_reach()
+        return trie
+
+    def _add(self, parent: int, token: int, offer: Offer, source: tuple[int, int]) -> int:
+        node = self._children[parent].get(token)
+        if node is None:
+            node = len(self.tokens)
+            self._children[parent][token] = node
+            self.tokens.append(token)
+            self.parents.append(parent)
+            self.owners.append(offer.drafter)
+            self.sources.append(source)
+            self.reach.append(0.0)
+            self._miss.append(1.0)
+            self._children.append({})
+        self._miss[node] *= 1.0 - offer.alpha
+        return node
+
+    def _compute_reach(self) -> None:
+        for node in range(len(self.tokens)):
+            kept = [1.0 - self._miss[c] for c in self._children[node].values()]
+            scale = 1.0 / max(1.0, sum(kept))  # siblings are exclusive: at most one is kept
+            for c, k in zip(self._children[node].values(), kept, strict=True):
+                self.reach[c] = self.reach[node] * k * scale
+
+    def __len__(self) -> int:
+        return len(self.tokens) - 1
+
+    def best(self, max_nodes: int, cost: PassCost | None, prefix_only: bool = False) -> tuple[list[int], float]:
+        """The nodes to verify and their expected tokens per second of the pass.
+
+        The n most likely nodes for the best n <= max_nodes (none when plain decoding is
+        faster; ``prefix_only``: the first n in order, which a sampled proposal needs). Before
+        pass costs are measured: all max_nodes of them, rated by expected tokens alone.
+        """
+        order = list(range(1, len(self.tokens)))
+        if not prefix_only:
+            order.sort(key=lambda node: (-self.reach[node], node))
+        order = order[:max_nodes]
+        if not measured(cost):
+            return sorted(order), 1.0 + sum(self.reach[node] for node in order)
+        best_n, best_rate, tokens = 0, 1.0 / cost.estimate(1), 1.0
+        for n, node in enumerate(order, start=1):
+            tokens += self.reach[node]
+            rate = tokens / cost.estimate(n + 1)
+            if rate > best_rate:
+                best_n, best_rate = n, rate
+        return sorted(order[:best_n]), best_rate
+
+    def proposal(self, nodes: list[int], offers: Sequence[Offer]) -> DraftProposal:
+        """The chosen nodes (sorted, so parents first) as one proposal with each token's drafter."""
+        if not nodes:
+            return EMPTY
+        index = {node: i + 1 for i, node in enumerate(nodes)}  # trie node -> proposal node (root 0)
+        out = DraftProposal.from_tree([self.tokens[n] for n in nodes], [index.get(self.parents[n], 0) for n in nodes])
+        owners = [self.owners[n] for n in nodes]
+        names = list(dict.fromkeys(owners))
+        out.drafter = "+".join(names)
+        out.origins = owners if len(names) > 1 else None
+        probs = [offers[self.sources[n][0]].proposal.probs for n in nodes]
+        if all(p is not None for p in probs):  # one sampled offer alone: keep its q rows
+            out.probs = torch.stack([p[self.sources[n][1]] for p, n in zip(probs, nodes, strict=True)])
+        return out
+
+
+def measured(cost: PassCost | None) -> bool:
+    """Whether ``cost`` prices every width yet (it needs two measured widths)."""
+    return cost is not None and cost.measured
+
+
+def choose(offers: Sequence[Offer], max_tokens: int, cost: PassCost | None, greedy: bool) -> DraftProposal:
+    """The draft from these offers (best alpha first) with most expected tokens per second; EMPTY
+    when plain decoding is worth more. Sampled offers stay alone unless verification is greedy."""
+    offers = sorted(offers, key=lambda o: -o.alpha)
+    if greedy:
+        offers = [Offer(o.drafter, o.alpha, _without_probs(o.proposal)) for o in offers]
+    mergeable = [o for o in offers if o.proposal.probs is None]
+    groups = ([mergeable] if mergeable else []) + [[o] for o in offers if o.proposal.probs is not None]
+    best, best_rate = EMPTY, float("-inf")
+    for group in groups:
+        trie = DraftTrie.merge(group)
+        nodes, rate = trie.best(max_tokens, cost, prefix_only=group[0].proposal.probs is not None)
+        if nodes and rate > best_rate:
+            best, best_rate = trie.proposal(nodes, group), rate
+    return best
+
+
+def _without_probs(p: DraftProposal) -> DraftProposal:
+    return p if p.probs is None else DraftProposal(p.token_ids, p.parents, None, p.drafter, p.origins)
+
+
+def replay(proposal: DraftProposal, committed: Sequence[int]) -> tuple[int, int]:
+    """(accepted, tested) of a proposal against the tokens the target committed after the root.
+
+    Example: [5, 6, 7] vs committed [5, 6, 9] -> (2, 3); vs [5, 6] -> (2, 2) (7 untested).
+    """
+    tree = proposal.to_tree(-1)
+    path = tree.walk(lambda node: tree.child_with(node, committed[tree.depths[node]])
+                     if tree.depths[node] < len(committed) else None)
+    accepted = len(path) - 1
+    rejected = accepted < len(committed) and bool(tree.children[path[-1]])
+    return accepted, accepted + int(rejected)
+
+
+@dataclass
+class Member:
+    drafter: Drafter
+    monitor: SpecMonitor
+    draft_seconds: float = 0.0  # recent seconds per propose (a running mean)
+    offered: DraftProposal | None = None  # this step's proposal (None: not asked, or nothing)
+    asked: bool = False
+
+
+class AdaptiveDrafter(Drafter):
+    """Asks its members each step and verifies the best pick or merge of their proposals."""
+
+    name = "adaptive"
+
+    def __init__(self, members: Sequence[Drafter], cost: PassCost | None = None, min_acceptance: float = 0.4,
+                 window: int = 16) -> None:
+        if not members:
+            raise ValueError("the adaptive drafter needs at least one member")
+        self.members = [Member(d, SpecMonitor(min_acceptance, window)) for d in members]
+        self.cost = cost
+        self.hidden_layers = tuple(sorted({i for d in members for i in d.hidden_layers}))
+        self.greedy = True
+        self._root_at: int | None = None  # context length at the last propose
+
+    @classmethod
+    def from_config(cls, spec: SpecConfig, members: Sequence[Drafter] = (), target: ModelRunner | None = None,
+                    **shared: object) -> AdaptiveDrafter:
+        """``members``: the drafters to choose among (the registry builds them); ``target``: whose
+        measured pass cost prices the drafts."""
+        return cls(members, None if target is None else target.pass_cost, spec.min_acceptance)
+
+    def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+        self.greedy = sampling.greedy
+        for m in self.members:
+            m.drafter.begin(prompt_ids, sampling)
+
+    def observe(self, target_hidden: Mapping[int, torch.Tensor]) -> None:
+        for m in self.members:  # every member follows the context, whoever proposed
+            if m.drafter.hidden_layers:
+                m.drafter.observe(target_hidden)
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
+        self._root_at = len(context)
+        offers = []
+        for m in self.members:
+            m.offered, m.asked = None, self._worth_asking(m, max_tokens)
+            if not m.asked:
+                continue
+            t0 = time.perf_counter()
+            proposal = m.drafter.propose(context, max_tokens)
+            m.draft_seconds += 0.3 * (time.perf_counter() - t0 - m.draft_seconds)
+            if len(proposal):
+                m.offered = proposal
+                offers.append(Offer(m.drafter.name, m.monitor.alpha, proposal))
+        return choose(offers, max_tokens, self.cost, self.greedy)
+
+    def _worth_asking(self, m: Member, k: int) -> bool:
+        """Switched on, and its expected tokens repay its drafting time over plain decoding; a probe
+        is always asked (its alpha is what the probe measures)."""
+        if not m.monitor.allows_draft:
+            return False
+        if m.monitor.mode is Mode.PROBE or not measured(self.cost):
+            return True
+        cost, alpha = self.cost, m.monitor.alpha
+        plain_rate = 1.0 / cost.estimate(1)
+        return any(expected_tokens(alpha, n) / (cost.estimate(n + 1) + m.draft_seconds) > plain_rate
+                   for n in range(1, k + 1))
+
+    def accept(self, context: Sequence[int], num_accepted: int) -> None:
+        committed = context[self._root_at :] if self._root_at is not None else ()
+        for m in self.members:
+            if m.offered is not None:
+                accepted, tested = replay(m.offered, committed)
+                m.drafter.accept(context, accepted)  # what its own proposal would have had kept
+                m.monitor.observe(WindowSums(1, len(m.offered), accepted, tested, accepted + 1))
+            else:
+                m.drafter.accept(context, 0)
+                if self._root_at is not None:  # a step this drafter was asked in (or held back from)
+                    m.monitor.observe(None, held=not m.asked)
+            m.offered, m.asked = None, False
+        self._root_at = None
+
+    def end(self, context: Sequence[int]) -> None:
+        for m in self.members:
+            m.drafter.end(context)
+
+    def windows(self) -> dict[str, WindowSums]:
+        return {m.drafter.name: m.monitor.sums for m in self.members}

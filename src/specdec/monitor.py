@@ -1,0 +1,155 @@
+"""Monitoring speculation and switching it off where it does not pay.
+
+Practitioners watch the acceptance rate and turn speculation off below ~40%, or
+when it measures slower than plain decoding. ``SpecMonitor`` does that for one
+sequence (and, inside the adaptive drafter, for one member drafter) over a
+sliding window of recent drafting steps:
+
+- alpha: the chance a drafted token is kept given the ones before it were
+  (kept / tokens the verifier tested: a draft of 5 with 2 kept tested 3 tokens).
+  Unlike kept / drafted it does not fall when drafts get longer.
+- tau: tokens committed per drafting pass (the kept ones plus the target's own).
+- speedup: committed tokens, each priced at what plain decoding spends on one,
+  over the seconds the drafting steps took (known once a plain pass was timed).
+
+Speculation goes off when alpha < ``min_acceptance`` or speedup < 1, and is
+probed again after ``backoff`` steps; each failed probe doubles the back-off, so
+prose costs little while a repetitive stretch that starts later is still caught.
+
+Example (min_samples 3, base back-off 4): three drafts with nothing kept switch
+it off; 4 plain steps later it probes; a probe that fails again waits 8, then 16.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class WindowSums:
+    """Sums over a window of drafting steps; sums of several sequences' windows pool them."""
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tested: int = 0  # drafted tokens whose fate the verifier decided (accepted + the first rejected one)
+    committed: int = 0  # accepted + the recovered or bonus token
+    timed_steps: int = 0  # steps below that carry timings (a plain pass's cost was known)
+    seconds: float = 0.0  # drafting and this sequence's share of the target pass
+    plain_seconds: float = 0.0  # the same tokens at plain decoding's cost per token
+
+    def add(self, other: WindowSums, sign: int = 1) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + sign * getattr(other, f.name))
+
+    def alpha(self, prior: float | None = None, weight: float = 2.0) -> float | None:
+        """Kept / tested; with a prior, shrunk towards it as if ``weight`` tokens had been tested."""
+        if prior is not None:
+            return (self.accepted + prior * weight) / (self.tested + weight)
+        return self.accepted / self.tested if self.tested else None
+
+    @property
+    def tau(self) -> float | None:
+        return self.committed / self.steps if self.steps else None
+
+    @property
+    def speedup(self) -> float | None:
+        return self.plain_seconds / self.seconds if self.timed_steps and self.seconds > 0 else None
+
+    def to_dict(self) -> dict:
+        alpha, tau, speedup = self.alpha(), self.tau, self.speedup
+        return dict(steps=self.steps, drafted=self.drafted, accepted=self.accepted,
+                    alpha=None if alpha is None else round(alpha, 4), tau=None if tau is None else round(tau, 4),
+                    speedup=None if speedup is None else round(speedup, 4))
+
+
+def draft_sample(num_drafted: int, num_accepted: int, tested: int, seconds: float | None = None,
+                 plain_seconds_per_token: float | None = None) -> WindowSums:
+    """One verified draft as window sums. ``tested``: accepted, plus 1 when a drafted token after
+    them was rejected (none is when the whole path was kept). Timings count when both are known."""
+    timed = seconds is not None and plain_seconds_per_token is not None
+    return WindowSums(1, num_drafted, num_accepted, tested, num_accepted + 1, int(timed),
+                      seconds if timed else 0.0, (num_accepted + 1) * plain_seconds_per_token if timed else 0.0)
+
+
+class Mode(str, enum.Enum):
+    ON = "on"  # drafting allowed, judged on the window
+    OFF = "off"  # held off: plain decoding until the back-off ends
+    PROBE = "probe"  # drafting again to re-measure; judged after min_samples drafts
+
+
+class SpecMonitor:
+    """Sliding-window alpha / tau / speedup of one sequence (or drafter) and its on/off switch."""
+
+    def __init__(self, min_acceptance: float = 0.4, window: int = 16, min_samples: int = 3,
+                 base_backoff: int = 4, max_backoff: int = 512, prior: float = 0.6,
+                 probe_alpha: float = 0.9) -> None:
+        if not 0.0 <= min_acceptance <= 1.0:
+            raise ValueError(f"the minimum acceptance must be in [0, 1], got {min_acceptance}")
+        self.min_acceptance, self.min_samples, self.prior = min_acceptance, min_samples, prior
+        # A probe asks "has the text turned repetitive?": it is planned as if it had, so the cost
+        # model lets it draft wherever such text would pay (not in a batch where nothing would).
+        self.probe_alpha = probe_alpha
+        self.base_backoff, self.max_backoff = base_backoff, max_backoff
+        self._window: deque[WindowSums] = deque(maxlen=window)
+        self.sums = WindowSums()
+        self.mode = Mode.ON
+        self.backoff = base_backoff
+        self.idle = 0  # steps without a draft since the last one (OFF: since switching off)
+        self.num_switch_offs = 0
+        self.num_probes = 0
+
+    @property
+    def allows_draft(self) -> bool:
+        return self.mode is not Mode.OFF
+
+    @property
+    def alpha(self) -> float:
+        """The window's alpha shrunk towards the prior; ``probe_alpha`` while probing (a fresh look)."""
+        return self.probe_alpha if self.mode is Mode.PROBE else self.sums.alpha(self.prior)
+
+    def observe(self, sample: WindowSums | None, held: bool = True) -> None:
+        """After a step: its drafting sample, or None when nothing was drafted.
+
+        held: the step had no draft budget (this monitor or the cost model held it), as opposed
+        to a drafter that had nothing to propose, which says nothing about speculation.
+        """
+        if sample is None:
+            if held or self.mode is Mode.OFF:
+                self.idle += 1
+            # Off: probe once the back-off has passed. On but never given a budget (the cost model
+            # said no at this alpha): re-measure alpha as often, or a stale low alpha sticks.
+            if self.idle >= self.backoff and self.mode is not Mode.PROBE:
+                self._start_probe()
+            return
+        self.idle = 0
+        if len(self._window) == self._window.maxlen:
+            self.sums.add(self._window[0], -1)
+        self._window.append(sample)
+        self.sums.add(sample)
+        if len(self._window) >= self.min_samples:
+            self._judge()
+
+    def _judge(self) -> None:
+        alpha = self.sums.alpha()
+        speedup = self.sums.speedup if self.sums.timed_steps >= self.min_samples else None
+        failing = (alpha is not None and alpha < self.min_acceptance) or (speedup is not None and speedup < 1.0)
+        if failing:
+            if self.mode is Mode.PROBE:  # a failed probe: wait twice as long next time
+                self.backoff = min(2 * self.backoff, self.max_backoff)
+            self.mode = Mode.OFF
+            self.num_switch_offs += 1
+            self._clear()
+        elif self.mode is Mode.PROBE:
+            self.mode, self.backoff = Mode.ON, self.base_backoff
+
+    def _start_probe(self) -> None:
+        self.mode, self.idle = Mode.PROBE, 0
+        self.num_probes += 1
+        self._clear()  # judge the probe on its own drafts, not on the ones that switched it off
+
+    def _clear(self) -> None:
+        self._window.clear()
+        self.sums = WindowSums()
