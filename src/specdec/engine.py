@@ -19,7 +19,7 @@ from specdec.adaptive import DraftLengthPolicy, PassCost
 from specdec.config import SamplingParams
 from specdec.drafters.base import Drafter, DraftProposal
 from specdec.errors import ContextOverflowError
-from specdec.logprobs import TokenLogprob, token_logprobs
+from specdec.logprobs import LogprobsMode, TokenLogprob, output_logprobs, token_logprobs
 from specdec.processors import SequenceProcessors
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator
@@ -89,9 +89,11 @@ class StepResult:
 
 class Engine:
     def __init__(
-        self, runner: ModelRunner, draft_n_max: int = 8, draft_n_min: int = 0, adaptive: bool = True
+        self, runner: ModelRunner, draft_n_max: int = 8, draft_n_min: int = 0, adaptive: bool = True,
+        logprobs_mode: LogprobsMode = LogprobsMode.RAW_LOGPROBS,
     ) -> None:
         self.runner = runner
+        self.logprobs_mode = LogprobsMode(logprobs_mode)  # which values logprobs report (logprobs.py)
         self.draft_n_max = draft_n_max
         self.draft_n_min = draft_n_min
         # Dynamic K: draft only what pays for its verification (see adaptive.py).
@@ -123,6 +125,8 @@ class Engine:
                 seq.drafter.begin(seq.prompt_ids, seq.params)
             if seq.params.prompt_logprobs is not None:
                 seq.prompt_logprobs = [None]
+            if seq.params.max_new_tokens == 0:  # scoring a prompt (echo, max_tokens 0): the prefill is all
+                seq.finish_reason = "length"
         todo = [s for s in seqs if len(s.prompt_ids) > 1]
         if not todo:
             return 0.0
@@ -219,8 +223,9 @@ class Engine:
             if seq.processors.finished:
                 seq.finish_reason = "stop"
         logprobs: tuple[TokenLogprob, ...] = ()
-        if seq.params.logprobs is not None:  # row path[i] predicted token_ids[i]; raw logits (logprobs.py)
-            logprobs = tuple(token_logprobs(logits[result.path[: len(new)]], new, seq.params.logprobs))
+        if seq.params.logprobs is not None:  # row path[i] predicted token_ids[i] (logprobs.py: which values)
+            rows = result.path[: len(new)]
+            logprobs = tuple(output_logprobs(logits[rows], target[rows], new, seq.params, self.logprobs_mode))
             seq.logprobs.extend(logprobs)
         seq.tokens.extend(new)
         if seq.drafter is not None:
@@ -260,7 +265,7 @@ class Engine:
         """
         try:
             pass_seconds = self.start(seqs)
-            running = list(seqs)
+            running = [s for s in seqs if not s.finished]
             while running:
                 pass_seconds += self.step(running)[0].pass_seconds
                 for s in running:

@@ -305,6 +305,8 @@ def sampling_params(state: ServerState, body, prompt_len: int, chat: bool) -> Sa
     else:
         logprobs, structured = body.logprobs, body.structured
         prompt_logprobs = body.logprobs if body.echo else None
+        if max_tokens == 0 and prompt_logprobs is None:  # echo alone: the engine scores, nobody reads it
+            prompt_logprobs = 0
     try:
         return SamplingParams(
             max_new_tokens=max_tokens, temperature=body.temperature, top_k=max(body.top_k, 0), top_p=body.top_p,

@@ -178,6 +178,9 @@ def _from_structured_outputs(spec: dict[str, Any] | None) -> StructuredOutput | 
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
+    # 0 with echo: the prompt alone, with its logprobs (how evaluation harnesses score text)
+    max_tokens: int | None = Field(None, ge=0, le=UINT64_MAX)
+    max_completion_tokens: int | None = Field(None, ge=0, le=UINT64_MAX)
     echo: bool = False  # the prompt before the completion (with its logprobs when logprobs is set)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     best_of: int | None = None
@@ -189,6 +192,8 @@ class CompletionRequest(SamplingRequest):
             raise ValueError("suffix is not supported")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of is not supported (only best_of == n)")
+        if self.requested_max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 needs echo: true (it returns the prompt and, with logprobs, its logprobs)")
         return self
 
 
