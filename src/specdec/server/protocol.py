@@ -330,7 +330,16 @@ class TokenProvenance(BaseModel):
     steps: list[StepDetail] | None = None
 
 
-class SpecDecodeInfo(BaseModel):
+class _SetFieldsOnly(BaseModel):
+    """Serialized without the fields that are None (OpenAI omits them; clients that concatenate
+    streamed fields choke on nulls)."""
+
+    @model_serializer(mode="wrap")
+    def _only_set(self, handler) -> dict:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class SpecDecodeInfo(_SetFieldsOnly):
     """specdec's extras on a response or chunk; only the fields set are sent.
 
     The request's speculation stats (all its choices): on a response, a stream's
@@ -347,10 +356,6 @@ class SpecDecodeInfo(BaseModel):
     origins: list[str] | None = None
     steps: list[StepDetail] | None = None
     choices: list[TokenProvenance] | None = None
-
-    @model_serializer(mode="wrap")
-    def _only_set(self, handler) -> dict:
-        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class CompletionLogprobs(BaseModel):
@@ -417,11 +422,18 @@ class ChatCompletionResponse(BaseModel):
     spec_decode: SpecDecodeInfo | None = None
 
 
-class DeltaToolCall(BaseModel):
+class DeltaFunctionCall(_SetFieldsOnly):
+    name: str | None = None  # on a call's first chunk
+    arguments: str | None = None  # the next fragment of the arguments' JSON text
+
+
+class DeltaToolCall(_SetFieldsOnly):
+    """A streamed piece of tool call ``index``: id, type and name first, then argument fragments."""
+
     index: int
     id: str | None = None
     type: Literal["function"] | None = None
-    function: FunctionCall | None = None
+    function: DeltaFunctionCall | None = None
 
 
 class DeltaMessage(BaseModel):
