@@ -83,6 +83,20 @@ def test_logprobs_penalties_and_grammar_flags(tiny_llama, tmp_path):
     assert out.returncode == 2 and "invalid regex" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_processed_logprobs_mode_and_scoring_a_prompt(tiny_llama):
+    base = ["generate", "a b c a b c a b", "--model", str(tiny_llama), "--max-new-tokens", "12", "--json",
+            "--logprobs", "1", "--presence-penalty", "1.5", "--logprobs-mode", "processed_logprobs"]
+    plain = json.loads(specdec(*base).stdout)
+    fast = json.loads(specdec(*base, "--spec-type", "ngram").stdout)
+    assert fast["token_ids"] == plain["token_ids"] and fast["logprobs"] == plain["logprobs"]
+    assert all(t["rank"] == 1 for t in plain["logprobs"])  # greedy takes the processed argmax
+    scored = json.loads(specdec("generate", "a b c a b", "--model", str(tiny_llama), "--max-new-tokens", "0",
+                                "--prompt-logprobs", "2", "--json", "--spec-type", "ngram").stdout)
+    assert scored["text"] == "" and scored["token_ids"] == [] and scored["finish_reason"] == "length"
+    first, *rest = scored["prompt_logprobs"]
+    assert first is None and rest and all(t["logprob"] <= 0 and len(t["top_logprobs"]) == 2 for t in rest)
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -92,9 +106,9 @@ def test_logprobs_penalties_and_grammar_flags(tiny_llama, tmp_path):
         (["generate", "hi", "--dtype", "float8"], "invalid choice"),
         (["generate", ""], "the prompt is empty"),
         (["generate", "   "], "the prompt is empty"),
-        (["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+        (["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1 (0 only with --prompt-logprobs"),
         (["generate", "hi", "--max-new-tokens", "-3"], "--max-new-tokens must be >= 1"),
-        (["generate", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
+        (["generate", "hi", "--top-p", "0"], "--top-p must be in (0, 1]"),
         (["generate", "hi", "--n", "0"], "must be >= 1"),
         (["generate", "hi", "--temperature", "abc"], "invalid float value"),
         (["generate", "hi", "--spec-type", "draft-model"], "needs --draft-model"),
@@ -106,6 +120,8 @@ def test_logprobs_penalties_and_grammar_flags(tiny_llama, tmp_path):
          "1 <= --spec-ngram-mod-n-min <= --spec-ngram-mod-n-max"),
         (["generate", "hi", "--logit-bias", "x"], "--logit-bias wants TOKEN=BIAS"),
         (["generate", "hi", "--logprobs", "2"], "--logprobs needs --json"),
+        (["generate", "hi", "--max-new-tokens", "0", "--prompt-logprobs", "1"], "--prompt-logprobs needs --json"),
+        (["generate", "hi", "--logprobs-mode", "sampled"], "invalid choice"),
         (["generate", "hi", "--regex", "a", "--choice", "b"], "not allowed with argument"),
         (["generate", "hi", "--json-schema", "/nonexistent.json"], "cannot read /nonexistent.json"),
         (["generate"], "give exactly one of"),

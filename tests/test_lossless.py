@@ -26,6 +26,7 @@ from specdec.drafters.ngram_map import chains_to_proposal
 from specdec.drafters.registry import DraftResources
 from specdec.engine import Engine, Sequence
 from specdec.llm import LLM
+from specdec.logprobs import LogprobsMode
 from specdec.runners.base import SeqInput
 from specdec.sampling import probs_from_logits
 from specdec.tree import DraftTree
@@ -239,6 +240,12 @@ def test_logprobs_and_penalties_on_default_model(smol, smol_plain):
             accepted += seq.stats.accepted
     # penalties discourage repeats: suffix (prompt + history) still gets drafts accepted here, ngram may not
     assert accepted > 0, "the prompts should exercise acceptance"
+    # vLLM's processed_logprobs (after the penalties) are equal too
+    engine = Engine(smol.runner, draft_n_max=8, adaptive=False, logprobs_mode=LogprobsMode.PROCESSED_LOGPROBS)
+    prompt, _ = smol_plain["repetitive"]
+    plain = run_processed(smol, engine, prompt, params, None)
+    seq = run_processed(smol, engine, prompt, params, drafter_for(smol, SpecType.SUFFIX, 8))
+    assert seq.output_ids == plain.output_ids and seq.logprobs == plain.logprobs
 
 
 @pytest.mark.slow  # a second copy of the model and transformers' eager generate: 8 s to 70 s on 2 busy cores
@@ -489,7 +496,8 @@ def test_exact_distribution_sums_to_one(peaked):
 
 
 # -- history processors and grammars: applied per verify row, so still lossless -------------------
-# Each case also asks for logprobs, which must equal plain decoding's bit for bit (raw target rows).
+# Each case also asks for logprobs, which must equal plain decoding's bit for bit: the raw target rows,
+# and the processed ones (vLLM's processed_logprobs: after the processors, what greedy takes the argmax of).
 
 PROCESSED_CASES = {
     # The bias makes four tokens win, the penalties choose among them by their counts so far,
@@ -525,10 +533,11 @@ def bigram(tiny_model_factory) -> LLM:
     return LLM(str(tiny_model_factory("llama", seed=2, bigram=True)), max_model_len=512)
 
 
+@pytest.mark.parametrize("mode", [LogprobsMode.RAW_LOGPROBS, LogprobsMode.PROCESSED_LOGPROBS])
 @pytest.mark.parametrize("case", PROCESSED_CASES)
 @pytest.mark.parametrize("kind", [*TOKEN_DRAFTERS, SpecType.DRAFT_MODEL])
-def test_greedy_identity_and_logprobs_with_processors_every_drafter(bigram, tiny_model_factory, kind, case):
-    engine = Engine(bigram.runner, draft_n_max=6, adaptive=False)
+def test_greedy_identity_and_logprobs_with_processors_every_drafter(bigram, tiny_model_factory, kind, case, mode):
+    engine = Engine(bigram.runner, draft_n_max=6, adaptive=False, logprobs_mode=mode)
     prompt = [5, 6, 7, 8, 9] * 4
     plain = run_processed(bigram, engine, prompt, processed(32, case), None)
     # draft-model drafts with the target itself, unpenalised: accepted until the processors make a difference.
@@ -537,15 +546,17 @@ def test_greedy_identity_and_logprobs_with_processors_every_drafter(bigram, tiny
     assert seq.output_ids == plain.output_ids
     assert seq.logprobs == plain.logprobs  # floats compared exactly
     assert len(seq.logprobs) == len(seq.output_ids)
+    if mode is LogprobsMode.PROCESSED_LOGPROBS:  # greedy took the processed argmax at every position
+        assert all(t.rank == 1 for t in seq.logprobs)
     if case == "penalties" and kind is not SpecType.DRAFT_MODEL:  # the unbiased draft model is always wrong
         assert seq.stats.accepted > 0
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=prompts, k=st.integers(1, 10), wrong_at=st.integers(0, 10), tree=st.booleans(),
-       case=st.sampled_from(list(PROCESSED_CASES)))
-def test_processors_over_long_accepts_and_rejections(bigram, prompt, k, wrong_at, tree, case):
-    engine = Engine(bigram.runner, draft_n_max=k, adaptive=False)
+       case=st.sampled_from(list(PROCESSED_CASES)), mode=st.sampled_from(list(LogprobsMode)))
+def test_processors_over_long_accepts_and_rejections(bigram, prompt, k, wrong_at, tree, case, mode):
+    engine = Engine(bigram.runner, draft_n_max=k, adaptive=False, logprobs_mode=mode)
     plain = run_processed(bigram, engine, prompt, processed(24, case), None)
     drafter = ReplayDrafter(plain.output_ids, len(prompt), wrong_at, tree)
     seq = run_processed(bigram, engine, prompt, processed(24, case), drafter)

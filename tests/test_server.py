@@ -231,21 +231,16 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
 CLOCK = {"type": "function", "function": {"name": "get_time"}}
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_forced_tool_calls(tiny, client, stream):
+def test_forced_tool_calls(tiny, client):
+    """Streamed piece by piece: tests/test_server_sampling.py."""
     url, llm, _ = tiny
     messages = [{"role": "user", "content": "Weather in Paris?"}]
     for choice, name in (("required", None), ({"type": "function", "function": {"name": "get_weather"}},
                                                "get_weather")):
         r = client.chat.completions.create(model=llm.model_name, messages=messages, max_tokens=60, temperature=0,
-                                           tools=[WEATHER, CLOCK], tool_choice=choice, stream=stream)
-        if stream:
-            chunks = [c for c in r if c.choices]
-            assert chunks[-1].choices[0].finish_reason == "tool_calls"
-            calls = chunks[-1].choices[0].delta.tool_calls
-        else:
-            assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
-            calls = r.choices[0].message.tool_calls
+                                           tools=[WEATHER, CLOCK], tool_choice=choice)
+        assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
+        calls = r.choices[0].message.tool_calls
         assert len(calls) == 1 and calls[0].id.startswith("call_")
         assert calls[0].function.name in ({name} if name else {"get_weather", "get_time"})
         args = json.loads(calls[0].function.arguments)

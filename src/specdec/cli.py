@@ -10,16 +10,17 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
 from specdec.bench.advise_cli import add_advise_args, cmd_advise
 from specdec.bench.cli import add_bench_args, cmd_bench
-from specdec.cli_args import Parser, add_model_args, add_spec_args, positive_int, spec_from_args
+from specdec.cli_args import Parser, add_logprobs_mode_arg, add_model_args, add_spec_args, positive_int, spec_from_args
 from specdec.config import SamplingParams, SpecConfig, StructuredKind, StructuredOutput
 from specdec.errors import ModelLoadError, UsageError
 from specdec.llm import LLM
-from specdec.logprobs import TokenLogprob
+from specdec.logprobs import TokenLogprob, json_logprob
 from specdec.server.cli import add_serve_args, cmd_serve
 from specdec.terminal import DraftPainter
 from specdec.train.cli import add_train_args, cmd_train
@@ -34,7 +35,8 @@ def build_parser() -> Parser:
     g.add_argument("--prompts-file", help="JSONL file, one {\"prompt\": ...} per line")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     g.add_argument("--system", help="system message (with --chat)")
-    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--max-new-tokens", type=int, default=128,
+                   help="0 with --prompt-logprobs: score the prompt, generate nothing")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -42,6 +44,7 @@ def build_parser() -> Parser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--n", type=positive_int, default=1, help="independent samples per prompt")
+    g.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens tokens")
     g.add_argument("--json", action="store_true",
                    help="one JSON object per prompt on stdout (\"origins\": per token, the drafter or \"target\")")
     g.add_argument("--show-drafts", action="store_true",
@@ -59,7 +62,10 @@ def build_parser() -> Parser:
 def add_processor_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("logprobs, penalties and structured output (all exact under speculation)")
     g.add_argument("--logprobs", type=int, default=None, metavar="N",
-                   help="with --json: each token's logprob and the N most likely tokens' (raw target distribution)")
+                   help="with --json: each token's logprob and the N most likely tokens' (see --logprobs-mode)")
+    g.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
+                   help="with --json: the same for the prompt's tokens (raw; the first has none)")
+    add_logprobs_mode_arg(g)
     g.add_argument("--presence-penalty", type=float, default=0.0)
     g.add_argument("--frequency-penalty", type=float, default=0.0)
     g.add_argument("--repetition-penalty", type=float, default=1.0)
@@ -134,18 +140,24 @@ def _read_text(path: str) -> str:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
 
 
+# SamplingParams' field names in its errors -> the flags that set them
+_FIELD = re.compile(r"\b(max_new_tokens|top_k|top_p|min_p|prompt_logprobs|logprobs|presence_penalty|frequency_penalty|"
+                    r"repetition_penalty|logit_bias|min_tokens)\b")
+
+
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
     try:
         return SamplingParams(
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
             top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop), n=args.n,
-            logprobs=args.logprobs, presence_penalty=args.presence_penalty,
+            ignore_eos=args.ignore_eos, logprobs=args.logprobs, prompt_logprobs=args.prompt_logprobs,
+            presence_penalty=args.presence_penalty,
             frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty,
             logit_bias=parse_logit_bias(args.logit_bias), min_tokens=args.min_tokens,
             bad_words=tuple(args.bad_word), structured=structured_from_args(args),
         )
     except ValueError as exc:
-        raise UsageError(str(exc).replace("max_new_tokens", "--max-new-tokens")) from None
+        raise UsageError(_FIELD.sub(lambda m: "--" + m.group(0).replace("_", "-"), str(exc))) from None
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -153,11 +165,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError("--show-drafts colours the text output; with --json, read \"origins\" instead")
     prompts = read_prompts(args)
     params = sampling_from_args(args)
-    if params.logprobs is not None and not args.json:
-        raise UsageError("--logprobs needs --json")
+    for flag, value in (("--logprobs", params.logprobs), ("--prompt-logprobs", params.prompt_logprobs)):
+        if value is not None and not args.json:
+            raise UsageError(f"{flag} needs --json")
     spec = spec_from_args(args)
     llm = LLM(args.model, dtype=args.dtype, spec=spec, max_model_len=args.max_model_len, device=args.device,
-              backend=args.backend, quantization=args.quantization)
+              backend=args.backend, quantization=args.quantization, logprobs_mode=args.logprobs_mode)
     inputs: list[str | list[int]] = []
     for p in prompts:
         if args.chat:
@@ -186,6 +199,8 @@ def write_outputs(args: argparse.Namespace, llm: LLM, inputs: list[str | list[in
                       "finish_reason": out.choices[0].finish_reason, "stats": out.stats.to_dict()}
             if params.logprobs is not None:
                 record["logprobs"] = logprobs_record(llm, out.choices[0].logprobs)
+            if params.prompt_logprobs is not None:
+                record["prompt_logprobs"] = logprobs_record(llm, out.prompt_logprobs)
             if params.n > 1:
                 record["choices"] = [{"text": c.text, "token_ids": c.token_ids, "origins": c.origins,
                                       "finish_reason": c.finish_reason} for c in out.choices]
@@ -208,13 +223,14 @@ def write_outputs(args: argparse.Namespace, llm: LLM, inputs: list[str | list[in
                             painter.legend()
 
 
-def logprobs_record(llm: LLM, entries: list[TokenLogprob]) -> list[dict]:
-    """One object per token: its id, text, logprob, rank and the top tokens."""
+def logprobs_record(llm: LLM, entries: list[TokenLogprob | None]) -> list[dict | None]:
+    """One object per token: its id, text, logprob, rank and the top tokens (None: the prompt's first token)."""
     def text(token_id: int) -> str:
         return llm.tokenizer.decode([token_id])
 
-    return [{"token_id": e.token_id, "token": text(e.token_id), "logprob": e.logprob, "rank": e.rank,
-             "top_logprobs": [{"token_id": t, "token": text(t), "logprob": lp} for t, lp in e.top]}
+    return [None if e is None else
+            {"token_id": e.token_id, "token": text(e.token_id), "logprob": json_logprob(e.logprob), "rank": e.rank,
+             "top_logprobs": [{"token_id": t, "token": text(t), "logprob": json_logprob(lp)} for t, lp in e.top]}
             for e in entries]
 
 

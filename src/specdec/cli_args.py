@@ -10,6 +10,7 @@ import argparse
 
 from specdec.config import DEFAULT_SPEC_TYPES, SpecConfig, SpecType, parse_spec_types
 from specdec.errors import UsageError
+from specdec.logprobs import LogprobsMode
 
 
 class Parser(argparse.ArgumentParser):
@@ -38,6 +39,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "default for a GGUF file), none = dequantise them to --dtype at load; q8_0, q4_0, ... = "
                         "quantize a float checkpoint to those GGUF blocks at load")
     p.add_argument("--max-model-len", type=positive_int, default=4096, help="context length (tokens)")
+
+
+def add_logprobs_mode_arg(p) -> None:
+    p.add_argument("--logprobs-mode", default=LogprobsMode.RAW_LOGPROBS.value, choices=[m.value for m in LogprobsMode],
+                   help="what logprobs report (vLLM's names): raw_logprobs = the model's distribution (default), "
+                        "processed_logprobs = the one sampled from (after penalties, logit_bias, grammar, "
+                        "temperature, top-k/top-p/min-p), or the logits of either")
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:

@@ -72,7 +72,7 @@ class SamplingParams:
     the draft tokens before that position counted as history: see ``processors.py``.
     """
 
-    max_new_tokens: int = 128
+    max_new_tokens: int = 128  # 0 only with prompt_logprobs: score the prompt, generate nothing
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
@@ -81,10 +81,10 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     n: int = 1
-    # Logprobs of the target's raw distribution (vLLM's default "raw_logprobs" mode): None = off,
-    # N = the chosen token's logprob and the N most likely tokens' at each output position.
+    # None = off; N = the chosen token's logprob and the N most likely tokens' at each output position,
+    # in the engine's logprobs_mode (the raw target distribution by default: logprobs.py).
     logprobs: int | None = None
-    prompt_logprobs: int | None = None  # the same for the prompt's tokens (the first has none)
+    prompt_logprobs: int | None = None  # the same for the prompt's tokens (the first has none; always raw)
     presence_penalty: float = 0.0  # OpenAI: minus this once a token is in the output
     frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count in the output
     repetition_penalty: float = 1.0  # CTRL/vLLM: divide (or multiply, when < 0) logits of prompt+output tokens
@@ -97,8 +97,9 @@ class SamplingParams:
         if isinstance(self.logit_bias, dict):
             pairs = tuple(sorted((int(k), float(v)) for k, v in self.logit_bias.items()))
             object.__setattr__(self, "logit_bias", pairs)
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_new_tokens < 0 or (self.max_new_tokens == 0 and self.prompt_logprobs is None):
+            raise ValueError(f"max_new_tokens must be >= 1 (0 only with prompt_logprobs, to score a prompt), "
+                             f"got {self.max_new_tokens}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:

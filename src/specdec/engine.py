@@ -20,7 +20,7 @@ from specdec.budget import pass_width, plan_draft_lengths
 from specdec.config import SamplingParams
 from specdec.drafters.base import Drafter, DraftProposal
 from specdec.errors import ContextOverflowError
-from specdec.logprobs import TokenLogprob, token_logprobs
+from specdec.logprobs import LogprobsMode, TokenLogprob, output_logprobs, token_logprobs
 from specdec.monitor import Mode, SpecMonitor, draft_sample
 from specdec.processors import SequenceProcessors
 from specdec.runners.base import ModelRunner, SeqInput
@@ -111,9 +111,10 @@ class StepResult:
 class Engine:
     def __init__(
         self, runner: ModelRunner, draft_n_max: int = 8, draft_n_min: int = 0, adaptive: bool = True,
-        min_acceptance: float = 0.4,
+        min_acceptance: float = 0.4, logprobs_mode: LogprobsMode = LogprobsMode.RAW_LOGPROBS,
     ) -> None:
         self.runner = runner
+        self.logprobs_mode = LogprobsMode(logprobs_mode)  # which values logprobs report (logprobs.py)
         self.draft_n_max = draft_n_max
         self.draft_n_min = draft_n_min
         # Adaptive: each step's draft lengths follow from the measured cost of the batch's pass
@@ -148,6 +149,8 @@ class Engine:
                 seq.drafter.begin(seq.prompt_ids, seq.params)
             if seq.params.prompt_logprobs is not None:
                 seq.prompt_logprobs = [None]
+            if seq.params.max_new_tokens == 0:  # scoring a prompt (echo, max_tokens 0): the prefill is all
+                seq.finish_reason = "length"
         todo = [s for s in seqs if len(s.prompt_ids) > 1]
         if not todo:
             return 0.0
@@ -260,8 +263,9 @@ class Engine:
             if seq.processors.finished:
                 seq.finish_reason = "stop"
         logprobs: tuple[TokenLogprob, ...] = ()
-        if seq.params.logprobs is not None:  # row path[i] predicted token_ids[i]; raw logits (logprobs.py)
-            logprobs = tuple(token_logprobs(logits[result.path[: len(new)]], new, seq.params.logprobs))
+        if seq.params.logprobs is not None:  # row path[i] predicted token_ids[i] (logprobs.py: which values)
+            rows = result.path[: len(new)]
+            logprobs = tuple(output_logprobs(logits[rows], target[rows], new, seq.params, self.logprobs_mode))
             seq.logprobs.extend(logprobs)
         seq.tokens.extend(new)
         if seq.drafter is not None:
@@ -321,7 +325,7 @@ class Engine:
         """
         try:
             pass_seconds = self.start(seqs)
-            running = list(seqs)
+            running = [s for s in seqs if not s.finished]
             while running:
                 pass_seconds += self.step(running)[0].pass_seconds
                 for s in running:
@@ -358,6 +362,8 @@ def _rejected(tree: DraftTree, node: int) -> list[int]:
         node = tree.children[node][0]
         out.append(tree.tokens[node])
     return out
+
+
 def hidden_layers(seqs: list[Sequence]) -> tuple[int, ...]:
     """Target layers any of these sequences' drafters reads (sorted, the final state last: the
     order ``ModelRunner.run`` returns them in)."""

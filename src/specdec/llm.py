@@ -16,7 +16,7 @@ from specdec.drafters.registry import DraftResources
 from specdec.engine import Engine, Sequence, StepResult
 from specdec.errors import ModelLoadError
 from specdec.grammar import GrammarCompiler, GrammarError
-from specdec.logprobs import TokenLogprob
+from specdec.logprobs import LogprobsMode, TokenLogprob
 from specdec.processors import HistoryProcessor, SequenceProcessors
 from specdec.provenance import PieceStream, TokenPiece, step_origins
 from specdec.runners.load import load_runner
@@ -79,6 +79,8 @@ class LLM:
     ``backend``: "auto", "cpu-kernels" or "torch" (see ``model.backend``); default
     ``$SPECDEC_BACKEND`` or "auto". ``quantization``: "gguf" runs a GGUF file's blocks as they
     are, "none" dequantises them; default gguf for a GGUF file where the CPU kernels run.
+    ``logprobs_mode``: what ``SamplingParams.logprobs`` report, vLLM's names: "raw_logprobs" (default),
+    "raw_logits", "processed_logprobs", "processed_logits" (see ``specdec.logprobs``).
     """
 
     def __init__(
@@ -91,7 +93,9 @@ class LLM:
         max_num_seqs: int = 1,
         backend: str | None = None,
         quantization: str | None = None,
+        logprobs_mode: LogprobsMode | str = LogprobsMode.RAW_LOGPROBS,
     ) -> None:
+        self.logprobs_mode = _logprobs_mode(logprobs_mode)
         # The one place that reads the environment and sets torch's threads (see model.backend).
         backend = backend or os.environ.get("SPECDEC_BACKEND", "auto")
         self.runner, self.folder = load_runner(
@@ -123,7 +127,8 @@ class LLM:
         self.spec = spec
         self.drafts = drafts or DraftResources(spec, self.runner, self.tokenizer, self._max_num_seqs,
                                                self._dtype, self._device)
-        self.engine = Engine(self.runner, spec.draft_n_max, spec.draft_n_min, min_acceptance=spec.min_acceptance)
+        self.engine = Engine(self.runner, spec.draft_n_max, spec.draft_n_min, min_acceptance=spec.min_acceptance,
+                             logprobs_mode=self.logprobs_mode)
         return self.drafts
 
     # -- prompts -------------------------------------------------------------------------------
@@ -170,6 +175,9 @@ class LLM:
             logprobs = list(step.logprobs) if params.logprobs is not None else None
             yield StreamEvent(delta, step.token_ids, seq.finished, seq.finish_reason, stats, origins, pieces, step,
                               logprobs)
+        if params.max_new_tokens == 0:  # a scored prompt (prefill only) takes no step: one last, empty event
+            yield StreamEvent("", [], True, seq.finish_reason, seq.stats,
+                              logprobs=[] if params.logprobs is not None else None)
 
     def generate(
         self, prompts: str | list[int] | Seq[str | list[int]], params: SamplingParams | None = None
@@ -215,5 +223,13 @@ class LLM:
         self.close()
 
 
+def _logprobs_mode(value: LogprobsMode | str) -> LogprobsMode:
+    try:
+        return LogprobsMode(value)
+    except ValueError:
+        raise ValueError(f"unknown logprobs mode {value!r}; choose from: "
+                         f"{', '.join(m.value for m in LogprobsMode)}") from None
+
+
 __all__ = ["LLM", "Output", "Completion", "StreamEvent", "SamplingParams", "SpecConfig", "SpecType",
-           "ModelLoadError", "GrammarError", "StructuredOutput", "StructuredKind", "TokenLogprob"]
+           "ModelLoadError", "GrammarError", "StructuredOutput", "StructuredKind", "TokenLogprob", "LogprobsMode"]

@@ -1,48 +1,102 @@
-"""Per-token logprobs of the target's raw distribution.
+"""Per-token logprobs of committed tokens, in vLLM's four ``logprobs_mode`` s.
 
-Which distribution: the target's raw logits at the token's position, before
-penalties, logit_bias, the grammar mask, temperature and top-k/top-p/min-p. This is
-vLLM's default (``logprobs_mode="raw_logprobs"``): a token's logprob measures the
-model, not the sampler settings, so evaluation harnesses get the same numbers
-whatever they sample with.
+Which values (an engine setting, as vLLM's ``LLM(logprobs_mode=...)`` / ``--logprobs-mode``):
+
+- ``raw_logprobs`` (the default): log-softmax of the target's logits at the token's
+  position, before penalties, logit_bias, the grammar mask, temperature and
+  top-k/top-p/min-p. A token's logprob measures the model, not the sampler
+  settings, so evaluation harnesses get the same numbers whatever they sample with.
+- ``raw_logits``: those logits themselves.
+- ``processed_logprobs``: the log of the distribution the token was chosen from:
+  after every processor (``processors.py``) and, when sampling, temperature and
+  top-k/top-p/min-p (dropped tokens at -inf). Greedy decoding applies no
+  temperature, so it is the log-softmax of the processed logits.
+- ``processed_logits``: the logits of that distribution (``sampling.sampling_logits``).
+
+Prompt logprobs are always ``raw_logprobs``, as in vLLM: nothing is sampled there.
 
 Under speculation a committed token at position t is scored by row t of the
-verify pass that committed it; the target computes that row exactly as a plain
-decoding pass would (``model/kernels.py``: bit-identical rows), and each row's
-log-softmax reads that row only, so the logprobs equal plain decoding's bit for
-bit in float32.
+verify pass that committed it. The target computes that row exactly as a plain
+decoding pass would (``model/kernels.py``: bit-identical rows); the processors
+give it the history plain decoding would have (the drafted path before it); and
+every step below reads that row only. So the values equal plain decoding's bit
+for bit in float32, in every mode.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from specdec.config import SamplingParams
+from specdec.sampling import sampling_logits
+
+# What a logprob of -inf (a token the processed distribution excludes) becomes in JSON, which has no
+# infinities: vLLM's floor.
+JSON_LOGPROB_FLOOR = -9999.0
+
+
+class LogprobsMode(str, enum.Enum):
+    """What ``logprobs`` report (vLLM's ``logprobs_mode`` names); see the module docstring."""
+
+    RAW_LOGPROBS = "raw_logprobs"
+    RAW_LOGITS = "raw_logits"
+    PROCESSED_LOGPROBS = "processed_logprobs"
+    PROCESSED_LOGITS = "processed_logits"
+
 
 @dataclass(frozen=True)
 class TokenLogprob:
     token_id: int
-    logprob: float
+    logprob: float  # in the engine's LogprobsMode: a logprob, or a logit in the *_logits modes
     rank: int  # 1 = the most likely token (vLLM's rank)
     top: tuple[tuple[int, float], ...] = ()  # the k most likely (token id, logprob), most likely first
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: Sequence[int], k: int) -> list[TokenLogprob]:
-    """logits [T, V] (row t predicts token_ids[t]) -> one TokenLogprob per token, with the top k."""
+    """Raw logprobs: logits [T, V] (row t predicts token_ids[t]) -> one TokenLogprob per token, with the top k."""
     if not len(token_ids):
         return []
-    logprobs = torch.log_softmax(logits[: len(token_ids)].float(), dim=-1)  # [T, V]
+    return rank_tokens(torch.log_softmax(logits[: len(token_ids)].float(), dim=-1), token_ids, k)
+
+
+def output_logprobs(raw: torch.Tensor, processed: torch.Tensor, token_ids: Sequence[int], params: SamplingParams,
+                    mode: LogprobsMode) -> list[TokenLogprob]:
+    """Committed output tokens in ``mode``: raw [T, V] target logits and the same rows after the
+    processors (the logits the verifier read); row t predicts token_ids[t]."""
+    if not len(token_ids):
+        return []
+    k = params.logprobs or 0
+    if mode is LogprobsMode.RAW_LOGPROBS:
+        return token_logprobs(raw, token_ids, k)
+    if mode is LogprobsMode.RAW_LOGITS:
+        return rank_tokens(raw[: len(token_ids)].float(), token_ids, k)
+    values = sampling_logits(processed[: len(token_ids)], params)
+    if mode is LogprobsMode.PROCESSED_LOGPROBS:
+        values = torch.log_softmax(values, dim=-1)
+    return rank_tokens(values, token_ids, k)
+
+
+def rank_tokens(values: torch.Tensor, token_ids: Sequence[int], k: int) -> list[TokenLogprob]:
+    """values [T, V] (logprobs or logits; row t scores token_ids[t]) -> each token's value, rank and top k."""
     ids = torch.tensor(list(token_ids), dtype=torch.long)
-    chosen = logprobs.gather(1, ids[:, None])  # [T, 1]
-    ranks = ((logprobs > chosen).sum(dim=-1) + 1).tolist()
+    chosen = values.gather(1, ids[:, None])  # [T, 1]
+    ranks = ((values > chosen).sum(dim=-1) + 1).tolist()
     top_ids: list[list[int]] = [[] for _ in token_ids]
-    top_lps: list[list[float]] = [[] for _ in token_ids]
+    top_values: list[list[float]] = [[] for _ in token_ids]
     if k > 0:
-        top = torch.topk(logprobs, k, dim=-1)
-        top_ids, top_lps = top.indices.tolist(), top.values.tolist()
+        top = torch.topk(values, k, dim=-1)
+        top_ids, top_values = top.indices.tolist(), top.values.tolist()
     return [
-        TokenLogprob(tok, lp, rank, tuple(zip(ti, tl, strict=True)))
-        for tok, lp, rank, ti, tl in zip(list(token_ids), chosen[:, 0].tolist(), ranks, top_ids, top_lps, strict=True)
+        TokenLogprob(tok, value, rank, tuple(zip(ti, tv, strict=True)))
+        for tok, value, rank, ti, tv in zip(list(token_ids), chosen[:, 0].tolist(), ranks, top_ids, top_values,
+                                            strict=True)
     ]
+
+
+def json_logprob(value: float) -> float:
+    """A logprob as JSON can hold it: -inf becomes JSON_LOGPROB_FLOOR."""
+    return max(value, JSON_LOGPROB_FLOOR)

@@ -14,22 +14,44 @@ from specdec.config import SamplingParams
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """[N, V] float logits -> [N, V] probabilities after temperature/top-k/top-p/min-p."""
+    scaled, probs, drop = _filter(logits, params)
+    if drop is not None:
+        probs = probs.masked_fill(drop, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def sampling_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[N, V] float logits -> the logits ``probs_from_logits`` samples from: divided by the
+    temperature, with the tokens top-k/top-p/min-p drop at -inf (vLLM's "processed" logits).
+
+    Greedy parameters leave the logits as they are: argmax reads them unscaled.
+    """
+    if params.greedy:
+        return logits.float()
+    scaled, _, drop = _filter(logits, params)
+    return scaled if drop is None else scaled.masked_fill(drop, float("-inf"))
+
+
+def _filter(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(logits / temperature with top-k applied, their softmax, the tokens top-p and min-p drop or None)."""
     logits = logits.float() / max(params.temperature, 1e-5)
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
+    drop = None
     if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         # Drop a token when the mass strictly before it already reaches top_p (the top one stays).
         before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
         drop_sorted = before >= params.top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
     if params.min_p > 0.0:
+        # The top token is never dropped by top_p, so its probability is the same either way.
         top = probs.max(dim=-1, keepdim=True).values
-        probs = probs.masked_fill(probs < params.min_p * top, 0.0)
-    return probs / probs.sum(dim=-1, keepdim=True)
+        below = probs < params.min_p * top
+        drop = below if drop is None else drop | below
+    return logits, probs, drop
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:

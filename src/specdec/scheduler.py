@@ -286,6 +286,13 @@ class Scheduler:
             return
         if self.metrics is not None:
             self.metrics.prompt_tokens.inc(sum(len(s.prompt_ids) for s in req.seqs))
+        if req.done:  # max_new_tokens 0 (scoring the prompt: echo with max_tokens 0): the prefill was all
+            updates = [SeqUpdate(i, [], s.finish_reason, StepResult([], 0, 0, None, 0.0, 0.0, 0, s.finish_reason))
+                       for i, s in enumerate(req.seqs)]
+            self._release(req)
+            self._record_finish(req, _request_reason(req))
+            self._send(req, RequestEvent(updates, done=True, stats=self._merged_stats(req)))
+            return
         # The first token at once, from a pass of this request alone and without drafts: its
         # client must not wait for a verify pass of the whole batch (nor for later prefills).
         self._step([req], first_token=True)

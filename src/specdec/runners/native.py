@@ -93,6 +93,7 @@ class NativeRunner(ModelRunner):
             out_logits.append(logits[0])
             out_hidden.append([torch.cat(layer) for layer in zip(*hidden, strict=True)] if hidden_layers else [])
         return out_logits, out_hidden
+
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_rows(token_ids.cpu().long()).float().to(self.device)
 

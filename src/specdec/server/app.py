@@ -47,7 +47,6 @@ from specdec.server.protocol import (
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
-    DeltaToolCall,
     ModelCard,
     ModelList,
     SpecDecodeInfo,
@@ -55,7 +54,7 @@ from specdec.server.protocol import (
     dump_chunk,
 )
 from specdec.server.provenance import ChoiceProvenance
-from specdec.server.tools import forced_call, parse_tool_calls
+from specdec.server.tools import ToolReply, forced_call
 from specdec.server.web import PROTECTED_PATHS, add_web_routes
 from specdec.text import as_prompt_list, decode
 
@@ -306,6 +305,8 @@ def sampling_params(state: ServerState, body, prompt_len: int, chat: bool) -> Sa
     else:
         logprobs, structured = body.logprobs, body.structured
         prompt_logprobs = body.logprobs if body.echo else None
+        if max_tokens == 0 and prompt_logprobs is None:  # echo alone: the engine scores, nobody reads it
+            prompt_logprobs = 0
     try:
         return SamplingParams(
             max_new_tokens=max_tokens, temperature=body.temperature, top_k=max(body.top_k, 0), top_p=body.top_p,
@@ -371,8 +372,8 @@ async def serve(state: ServerState, request, body, prompts: list[list[int]], cha
 class Job:
     """One submitted request on the event-loop side: turns scheduler events into API responses.
 
-    Choice i answers prompt i // n. With tools in a chat request the reply may be a call, which
-    is known only once it is complete: such a choice streams as one chunk at its end.
+    Choice i answers prompt i // n. With tools in a chat request the reply may be a call:
+    ``tools.ToolReply`` decides what of it streams when (a forced call piece by piece).
     """
 
     def __init__(self, state: ServerState, req: Request, body, prompts: list[list[int]], chat: bool) -> None:
@@ -389,6 +390,9 @@ class Job:
         self.echo = not chat and body.echo
         self.echoed = [False for _ in req.seqs]
         self.tools = list(body.tools or []) if chat and body.template_tools else []
+        self.forced = bool(self.tools and body.forced_tools)  # the reply is a call, generated under its schema
+        self.replies = [ToolReply(self.tools, self.forced) for _ in req.seqs] if self.tools else []  # streamed
+        self.num_logprobs_sent = [0 for _ in req.seqs]  # streamed tool replies: logprobs entries sent
         self.wants_logprobs = (body.logprobs if chat else body.logprobs is not None) or False
         self.finished = False
         self.created = int(time.time())
@@ -471,11 +475,16 @@ class Job:
         return CompletionResponse(choices=choices, **common).model_dump()
 
     def _chat_choice(self, i: int, text: str) -> ChatChoice:
-        calls = parse_tool_calls(text, self.tools) if self.tools else []
-        message = AssistantMessage(content=None, tool_calls=calls) if calls else AssistantMessage(content=text)
         logprobs = chat_logprobs(self.token_texts, self.logprobs[i]) if self.wants_logprobs else None
+        if not self.tools:
+            return ChatChoice(index=i, message=AssistantMessage(content=text), logprobs=logprobs,
+                              finish_reason=self.reasons[i])
+        reply = ToolReply(self.tools, self.forced)
+        reply.push(text, final=True)
+        message = AssistantMessage(content=None, tool_calls=reply.calls) if reply.calls \
+            else AssistantMessage(content=text)
         return ChatChoice(index=i, message=message, logprobs=logprobs,
-                          finish_reason="tool_calls" if calls else self.reasons[i])
+                          finish_reason=reply.finish_reason(self.reasons[i]))
 
     def _echo(self, i: int) -> tuple[str, list[int], list]:
         """Choice i's echoed prompt: (its text, its token ids, their logprobs) once; empty afterwards."""
@@ -519,9 +528,10 @@ class Job:
     def _event_chunks(self, event) -> list:
         chunks = []
         for u, send in zip(event.updates, self._apply(event), strict=True):
-            if self.tools:  # a possible tool call: answered whole, at the end
-                if u.finish_reason is not None:
-                    chunks.append(self._final_tool_chunk(u.index))
+            if self.tools:  # the reply may be a tool call
+                chunk = self._tool_chunk(u, send)
+                if chunk is not None:
+                    chunks.append(chunk)
                 continue
             delta, extras = send if send is not None else ("", None)
             prefix, echo_ids, echo_entries = self._echo(u.index)
@@ -541,15 +551,25 @@ class Job:
         self.offsets[index] += sum(len(t) for t in out.tokens)
         return out
 
-    def _final_tool_chunk(self, index: int):
-        choice = self._chat_choice(index, self.choices[index].text)
-        calls = [DeltaToolCall(index=j, id=c.id, type="function", function=c.function)
-                 for j, c in enumerate(choice.message.tool_calls)]
-        delta = DeltaMessage(content=choice.message.content, tool_calls=calls or None)
-        stream_choice = ChatStreamChoice(index=index, delta=delta, logprobs=choice.logprobs,
-                                         finish_reason=choice.finish_reason)
-        return ChatCompletionChunk(choices=[stream_choice], id=self.req.id, created=self.created,
-                                   model=self.state.model_name)
+    def _tool_chunk(self, u, send):
+        """A chat choice with tools: what its ToolReply lets out of this step (None: nothing yet)."""
+        reply, i = self.replies[u.index], u.index
+        text, extras = send if send is not None else ("", None)
+        streaming_content = reply.content_mode
+        delta = reply.push(text, u.finish_reason is not None)
+        reason = None if u.finish_reason is None else reply.finish_reason(u.finish_reason)
+        if delta is None and reason is None:
+            return None
+        logprobs = None
+        if self.wants_logprobs:  # every entry not sent yet: held-back steps' too
+            logprobs = chat_logprobs(self.token_texts, self.logprobs[i][self.num_logprobs_sent[i] :])
+            self.num_logprobs_sent[i] = len(self.logprobs[i])
+        choice = ChatStreamChoice(index=i, delta=delta or DeltaMessage(), logprobs=logprobs, finish_reason=reason)
+        chunk = ChatCompletionChunk(choices=[choice], id=self.req.id, created=self.created,
+                                    model=self.state.model_name)
+        if reply.content_mode:  # provenance of the content: on its first chunk, of all the text held back
+            chunk.spec_decode = extras if streaming_content else self.choices[i].so_far()
+        return chunk
 
     def _chunk(self, index: int, text: str, finish_reason: str | None, role: bool = False, logprobs=None):
         common = dict(id=self.req.id, created=self.created, model=self.state.model_name)

@@ -10,7 +10,7 @@ import sys
 import uvicorn
 
 from specdec.budget import DraftBudget
-from specdec.cli_args import add_model_args, add_spec_args, positive_int, spec_from_args
+from specdec.cli_args import add_logprobs_mode_arg, add_model_args, add_spec_args, positive_int, spec_from_args
 from specdec.config import SpecConfig, SpecType
 from specdec.errors import UsageError
 from specdec.llm import LLM
@@ -35,6 +35,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-request-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES,
                    help="largest request body (413 beyond)")
     g.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    add_logprobs_mode_arg(g)
     s = p.add_argument_group("speculation under load")
     s.add_argument("--speculative-config", default=None,
                    help='vLLM-style JSON instead of --spec-type, e.g. \'{"method": "ngram", '
@@ -143,7 +144,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         return ray_serve.run(deployment_from_args(args, spec, budget), args.host, args.port, args.ray_address)
     llm = LLM(args.model, dtype=args.dtype, spec=spec, max_model_len=args.max_model_len, device=args.device,
-              max_num_seqs=args.max_batch_size, backend=args.backend, quantization=args.quantization)
+              max_num_seqs=args.max_batch_size, backend=args.backend, quantization=args.quantization,
+              logprobs_mode=args.logprobs_mode)
     llm.warmup()
     app = create_app(llm, served_model_name=args.served_model_name, api_key=args.api_key,
                      max_queue=args.max_queue, budget=budget, max_body_bytes=args.max_request_bytes)

@@ -1,10 +1,14 @@
-"""TokenLogprob lists -> OpenAI's two logprobs shapes (legacy completions, chat)."""
+"""TokenLogprob lists -> OpenAI's two logprobs shapes (legacy completions, chat).
+
+A processed logprobs mode reports -inf for tokens the sampler excludes; JSON has no
+infinities, so they go out as -9999.0 (vLLM's floor).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specdec.logprobs import TokenLogprob
+from specdec.logprobs import TokenLogprob, json_logprob
 from specdec.server.protocol import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
 
 
@@ -39,9 +43,9 @@ def completion_logprobs(texts: TokenTexts, token_ids: Sequence[int], entries: Se
             out.token_logprobs.append(None)
             out.top_logprobs.append(None)
             continue
-        out.token_logprobs.append(entry.logprob)
-        top = {texts(t): lp for t, lp in entry.top}
-        top.setdefault(text, entry.logprob)
+        out.token_logprobs.append(json_logprob(entry.logprob))
+        top = {texts(t): json_logprob(lp) for t, lp in entry.top}
+        top.setdefault(text, json_logprob(entry.logprob))
         out.top_logprobs.append(top)
     return out
 
@@ -49,7 +53,7 @@ def completion_logprobs(texts: TokenTexts, token_ids: Sequence[int], entries: Se
 def chat_logprobs(texts: TokenTexts, entries: Sequence[TokenLogprob]) -> ChatLogprobs:
     def top(token_id: int, logprob: float) -> TopLogprob:
         text = texts(token_id)
-        return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode("utf-8")))
+        return TopLogprob(token=text, logprob=json_logprob(logprob), bytes=list(text.encode("utf-8")))
 
     content = []
     for e in entries:

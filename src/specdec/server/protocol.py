@@ -178,6 +178,9 @@ def _from_structured_outputs(spec: dict[str, Any] | None) -> StructuredOutput | 
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
+    # 0 with echo: the prompt alone, with its logprobs (how evaluation harnesses score text)
+    max_tokens: int | None = Field(None, ge=0, le=UINT64_MAX)
+    max_completion_tokens: int | None = Field(None, ge=0, le=UINT64_MAX)
     echo: bool = False  # the prompt before the completion (with its logprobs when logprobs is set)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     best_of: int | None = None
@@ -189,6 +192,8 @@ class CompletionRequest(SamplingRequest):
             raise ValueError("suffix is not supported")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of is not supported (only best_of == n)")
+        if self.requested_max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 needs echo: true (it returns the prompt and, with logprobs, its logprobs)")
         return self
 
 
@@ -325,7 +330,16 @@ class TokenProvenance(BaseModel):
     steps: list[StepDetail] | None = None
 
 
-class SpecDecodeInfo(BaseModel):
+class _SetFieldsOnly(BaseModel):
+    """Serialized without the fields that are None (OpenAI omits them; clients that concatenate
+    streamed fields choke on nulls)."""
+
+    @model_serializer(mode="wrap")
+    def _only_set(self, handler) -> dict:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class SpecDecodeInfo(_SetFieldsOnly):
     """specdec's extras on a response or chunk; only the fields set are sent.
 
     The request's speculation stats (all its choices): on a response, a stream's
@@ -351,10 +365,6 @@ class SpecDecodeInfo(BaseModel):
     origins: list[str] | None = None
     steps: list[StepDetail] | None = None
     choices: list[TokenProvenance] | None = None
-
-    @model_serializer(mode="wrap")
-    def _only_set(self, handler) -> dict:
-        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class CompletionLogprobs(BaseModel):
@@ -421,11 +431,18 @@ class ChatCompletionResponse(BaseModel):
     spec_decode: SpecDecodeInfo | None = None
 
 
-class DeltaToolCall(BaseModel):
+class DeltaFunctionCall(_SetFieldsOnly):
+    name: str | None = None  # on a call's first chunk
+    arguments: str | None = None  # the next fragment of the arguments' JSON text
+
+
+class DeltaToolCall(_SetFieldsOnly):
+    """A streamed piece of tool call ``index``: id, type and name first, then argument fragments."""
+
     index: int
     id: str | None = None
     type: Literal["function"] | None = None
-    function: FunctionCall | None = None
+    function: DeltaFunctionCall | None = None
 
 
 class DeltaMessage(BaseModel):

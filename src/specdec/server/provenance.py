@@ -43,6 +43,11 @@ class ChoiceProvenance:
             self.record.steps.extend(steps)
         return text, SpecDecodeInfo(tokens=tokens, origins=origins, steps=steps if self.detail else None)
 
+    def so_far(self) -> SpecDecodeInfo:
+        """The extras of every token whose text was let out so far (for text first held back, then sent)."""
+        steps = list(self.record.steps) if self.record.steps is not None else None
+        return SpecDecodeInfo(tokens=list(self.record.tokens), origins=list(self.record.origins), steps=steps)
+
     def _detail(self, step: StepResult) -> StepDetail:
         rejected = [decode(self.tokenizer, [t]) for t in step.rejected_ids]
         return StepDetail(start=self.num_tokens, drafter=step.drafter, drafted=step.num_drafted,

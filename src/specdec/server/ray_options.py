@@ -46,6 +46,7 @@ class ReplicaSettings:
     max_queue: int = 64
     max_request_bytes: int = 16 * 1024 * 1024
     served_model_name: str | None = None
+    logprobs_mode: str = "raw_logprobs"
 
     @property
     def model_name(self) -> str:
@@ -108,7 +109,7 @@ def deployment_from_args(args: argparse.Namespace, spec: SpecConfig, budget: Dra
         model=args.model, spec=spec, budget=budget, dtype=args.dtype, device=args.device, backend=args.backend,
         quantization=args.quantization, max_model_len=args.max_model_len, max_batch_size=args.max_batch_size,
         max_queue=args.max_queue, max_request_bytes=args.max_request_bytes,
-        served_model_name=args.served_model_name,
+        served_model_name=args.served_model_name, logprobs_mode=args.logprobs_mode,
     )
     return RayDeployment(replica, scale_from_args(args), api_key=args.api_key, log_level=args.log_level)
 

@@ -65,7 +65,8 @@ class EngineReplica:
         # Built on this thread, as `specdec serve` does: LLM sets torch's (OpenMP) thread count, which
         # the scheduler thread started below inherits.
         llm = LLM(s.model, dtype=s.dtype, spec=s.spec, max_model_len=s.max_model_len, device=s.device,
-                  max_num_seqs=s.max_batch_size, backend=s.backend, quantization=s.quantization)
+                  max_num_seqs=s.max_batch_size, backend=s.backend, quantization=s.quantization,
+                  logprobs_mode=s.logprobs_mode)
         llm.warmup()
         # No API key here: only the ingress is reachable from outside, and it checks the key.
         self.app = create_app(llm, served_model_name=s.served_model_name, max_queue=s.max_queue,
