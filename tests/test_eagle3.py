@@ -137,6 +137,23 @@ def tiny(tiny_llama) -> LLM:
     return LLM(str(tiny_llama), max_model_len=512)
 
 
+def test_int8_drafting_copies_match_the_float_products(tiny):
+    """The head's CPU drafting copies (kernel layout I8: q + 128) give the float products within
+    int8 rounding: a wrong layout once made every draft of the default model's head garbage."""
+    head = tiny_head(tiny)
+    if not head.quantize_for_cpu():
+        pytest.skip("the integer-dot kernels do not load here")
+    torch.manual_seed(1)
+    for name, parts in (("fc", ("fc",)), ("qkv", ("q_proj", "k_proj", "v_proj")), ("lm_head", ("lm_head",))):
+        k = getattr(head, parts[0]).weight.shape[1]
+        x = torch.randn(3, k)
+        with torch.no_grad():
+            want = torch.cat([getattr(head, p)(x) for p in parts], dim=-1)
+            got = head._fast(name, x)
+        assert got is not None and got.shape == want.shape
+        assert (got - want).abs().max() <= 0.02 * want.abs().max(), name
+
+
 def eagle_spec(folder, topk: int, steps: int, n: int) -> SpecConfig:
     return SpecConfig(types=(SpecType.EAGLE3,), spec_model=str(folder), eagle_topk=topk, num_steps=steps,
                       num_draft_tokens=n, draft_n_max=n)

@@ -32,7 +32,7 @@ from torch import nn
 from specdec.config import ModelConfig
 from specdec.errors import ModelLoadError
 from specdec.model import kernels
-from specdec.model.quant import I8, QuantMatrix
+from specdec.model.quant import QuantMatrix, int8_rows
 from specdec.model.transformer import rope_table
 
 MAX_POSITIONS = 32768  # the head drafts at positions below this
@@ -264,16 +264,7 @@ class EagleHead(nn.Module):
 
 def quantize_q8(weight: torch.Tensor) -> QuantMatrix:
     """[rows, k] float -> int8 blocks of 32 with a float32 scale each (Q8_0's values, kernel layout)."""
-    w = weight.float().cpu().numpy()
-    rows, k = w.shape
-    if k % 32:
-        raise ValueError(f"int8 blocks need a multiple of 32 columns, got {k}")
-    blocks = w.reshape(rows, k // 32, 32)
-    scale = np.abs(blocks).max(axis=-1) / 127.0
-    scale[scale == 0] = 1.0
-    q = np.clip(np.rint(blocks / scale[..., None]), -127, 127).astype(np.int8).reshape(rows, k)
-    return QuantMatrix(q.view(np.uint8), scale.astype(np.float32), np.zeros((rows, 1), np.float32),
-                       np.full(rows, I8, dtype=np.int8), k, ("Q8_0",))
+    return int8_rows(weight.detach().float().cpu().numpy())
 
 
 class HeadCache:

@@ -165,10 +165,29 @@ def _q5_1(data, rows, k):
     return q, _f16(b[:, :, 0:2]).reshape(rows, -1), _f16(b[:, :, 2:4]).reshape(rows, -1), U8M
 
 
+def _biased(q: np.ndarray) -> np.ndarray:
+    """int8 values -> the I8/I8H layout's bytes, q + 128 (see qkernels.c)."""
+    return (q.astype(np.int16) + 128).astype(np.uint8)
+
+
 def _q8_0(data, rows, k):
     b = _blocks(data, rows, 34)
-    q = (b[:, :, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)  # biased: see qkernels.c
+    q = _biased(b[:, :, 2:].view(np.int8))
     return q.reshape(rows, -1), _f16(b[:, :, 0:2]).reshape(rows, -1), np.zeros((rows, 1)), I8
+
+
+def int8_rows(weight: np.ndarray) -> QuantMatrix:
+    """[rows, k] float32 -> Q8_0's values (int8 per 32-block, a float32 scale each) in kernel layout,
+    without a GGUF round trip (an EAGLE head's drafting copies). k must be a multiple of 64."""
+    rows, k = weight.shape
+    if k % 64:
+        raise ValueError(f"quantized rows need a multiple of 64 values, not {k}")
+    blocks = weight.reshape(rows, k // 32, 32)
+    scale = np.abs(blocks).max(axis=-1) / 127.0
+    scale[scale == 0] = 1.0
+    q = np.clip(np.rint(blocks / scale[..., None]), -127, 127).astype(np.int8).reshape(rows, k)
+    return QuantMatrix(_biased(q), scale.astype(np.float32), np.zeros((rows, 1), np.float32),
+                       np.full(rows, I8, dtype=np.int8), k, ("Q8_0",))
 
 
 def _k_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
