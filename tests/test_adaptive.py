@@ -143,8 +143,8 @@ def test_monitor_reprobes_with_growing_backoff_and_resets_on_success():
             steps += 1
         assert monitor.mode is Mode.PROBE and monitor.alpha == monitor.probe_alpha  # a fresh, hopeful look
         waits.append(steps)
-        for _ in range(3):
-            monitor.observe(rejected())
+        monitor.observe(rejected())
+        assert monitor.mode is Mode.OFF  # one probe draft with nothing kept fails it: probes stay cheap
     assert waits == [4, 8, 16] and monitor.num_probes == 3
     while monitor.mode is Mode.OFF:
         monitor.observe(None)

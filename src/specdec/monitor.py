@@ -77,7 +77,7 @@ def draft_sample(num_drafted: int, num_accepted: int, tested: int, seconds: floa
 class Mode(str, enum.Enum):
     ON = "on"  # drafting allowed, judged on the window
     OFF = "off"  # held off: plain decoding until the back-off ends
-    PROBE = "probe"  # drafting again to re-measure; judged after min_samples drafts
+    PROBE = "probe"  # drafting again to re-measure; judged after min_samples drafts (one with nothing kept fails)
 
 
 class SpecMonitor:
@@ -129,7 +129,11 @@ class SpecMonitor:
             self.sums.add(self._window[0], -1)
         self._window.append(sample)
         self.sums.add(sample)
-        if len(self._window) >= self.min_samples:
+        if self.mode is Mode.PROBE and sample.tested and not sample.accepted:
+            # A probe's draft with nothing kept answers "has the text turned repetitive?" at once:
+            # judging it on min_samples drafts made probes at T=1 cost three full drafts each.
+            self._switch_off()
+        elif len(self._window) >= self.min_samples:
             self._judge()
 
     def _judge(self) -> None:
@@ -137,13 +141,16 @@ class SpecMonitor:
         speedup = self.sums.speedup if self.sums.timed_steps >= self.min_samples else None
         failing = (alpha is not None and alpha < self.min_acceptance) or (speedup is not None and speedup < 1.0)
         if failing:
-            if self.mode is Mode.PROBE:  # a failed probe: wait twice as long next time
-                self.backoff = min(2 * self.backoff, self.max_backoff)
-            self.mode = Mode.OFF
-            self.num_switch_offs += 1
-            self._clear()
+            self._switch_off()
         elif self.mode is Mode.PROBE:
             self.mode, self.backoff = Mode.ON, self.base_backoff
+
+    def _switch_off(self) -> None:
+        if self.mode is Mode.PROBE:  # a failed probe: wait twice as long next time
+            self.backoff = min(2 * self.backoff, self.max_backoff)
+        self.mode = Mode.OFF
+        self.num_switch_offs += 1
+        self._clear()
 
     def _start_probe(self) -> None:
         self.mode, self.idle = Mode.PROBE, 0
