@@ -460,6 +460,26 @@ def test_train_cli_refuses_empty_data_and_unfinished_runs(tiny_llama, tmp_path, 
     assert rc == 2 and "no training state" in err
 
 
+
+def test_one_collection_serves_heads_on_any_subset_of_its_layers(tiny_llama, tmp_path, capsys):
+    """Data cached for layers 0,1 trains a head on layer 1 alone; an uncached layer is one error line."""
+    out = tmp_path / "run"
+    common = ["train", "eagle3", "--target", str(tiny_llama), "--out", str(out), "--samples", "3",
+              "--max-new-tokens", "6", "--threads", "1"]
+    assert specdec(capsys, *common, "--layers", "0,1", "--steps", "0")[0] == 0
+    both, one = train_data.SampleStore(out / "data"), train_data.SampleStore(out / "data", (1,))
+    H = both[0].features.shape[-1] // 2
+    assert torch.equal(one[0].features, both[0].features[:, H:])
+    rc, _, err = specdec(capsys, *common, "--layers", "1", "--steps", "2", "--eval-every", "2")
+    assert rc == 0, err
+    assert load_head(out).config.feature_layers == (1,)
+    assert train_data.read_manifest(out / "data")["layers"] == [0, 1]  # kept as collected
+    other = [*common[:4], "--out", str(tmp_path / "other"), *common[6:]]
+    assert specdec(capsys, *other, "--layers", "0", "--steps", "0")[0] == 0
+    rc, _, err = specdec(capsys, *other, "--layers", "1", "--steps", "2")
+    assert rc == 2 and "layers [0]" in err and err.count("specdec: error") == 1 and "Traceback" not in err
+
+
 # -- the Python API and the server, alone and chained after suffix ---------------------------------------
 
 

@@ -81,10 +81,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UsageError("the training data yields no examples (no prompt produced a response)")
     if args.steps == 0:
         return 0
-    store = train_data.SampleStore(out / "data")
-    if tuple(store.layers) != layers:
-        raise UsageError(f"{out}/data holds target layers {list(store.layers)}, not {list(layers)}")
-    head = _new_head(args, target, tokenizer, runner, store, layers) if not args.resume else load_head(out / "state")
+    head = load_head(out / "state") if args.resume else None
+    if head is not None:
+        layers = head.config.feature_layers  # a resumed head reads the layers it was built for
+    try:
+        store = train_data.SampleStore(out / "data", layers)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if head is None:
+        head = _new_head(args, target, tokenizer, runner, store, layers)
     head = head.to(device)
     V = target.vocab_size
     tables = Tables(embed=runner.embed(torch.arange(V)).to(device),
@@ -137,7 +142,10 @@ def _collect(args, runner, tokenizer, out: Path, layers: tuple[int, ...]) -> dic
     else:
         prompts = build_prompts(args.samples, args.seed)
         own = self_instruct_requests(args.samples, args.seed)
-    done = (train_data.read_manifest(out / "data") or {}).get("prompts_done", 0)
+    cached = train_data.read_manifest(out / "data") or {}
+    done = cached.get("prompts_done", 0)
+    if set(layers) <= set(cached.get("layers", ())):
+        layers = tuple(cached["layers"])  # data cached for more layers: extend it in kind
     bar = tqdm(total=len(prompts), initial=min(done, len(prompts)), desc="self-distil", unit="prompt",
                dynamic_ncols=True)
 

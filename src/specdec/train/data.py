@@ -206,14 +206,21 @@ class Sample:
 
 
 class SampleStore:
-    """Read access to every cached sequence under a data folder (shards opened lazily)."""
+    """Read access to every cached sequence under a data folder (shards opened lazily).
 
-    def __init__(self, folder: Path) -> None:
+    ``layers``: the target layers a sample's features concatenate, any subset of those cached
+    (default all), so one collection serves heads that read different layers.
+    """
+
+    def __init__(self, folder: Path, layers: Sequence[int] | None = None) -> None:
         self.folder = folder
         self.manifest = read_manifest(folder)
         if self.manifest is None:
             raise FileNotFoundError(f"no training data in {folder} (manifest.json missing)")
-        self.layers = tuple(self.manifest["layers"])
+        cached = tuple(self.manifest["layers"])
+        self.layers = cached if layers is None else tuple(layers)
+        if missing := [i for i in self.layers if i not in cached]:
+            raise ValueError(f"{folder} holds the states of target layers {list(cached)}, not of {missing}")
         self.index: list[tuple[str, int, int, int]] = []  # shard, start row, end row, prompt_len
         self.greedy: list[bool] = []
         self.tags: list[int] = []

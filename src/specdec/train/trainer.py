@@ -147,7 +147,8 @@ class Trainer:
                    mininterval=1 if sys.stderr.isatty() else 60)
         last: dict = {}
         while self.step < c.steps:
-            store = SampleStore(self.data)  # re-read: a collector may have added shards
+            # re-read: a collector may have added shards
+            store = SampleStore(self.data, self.head.config.feature_layers)
             train_ids, val_ids = split(store)
             if not train_ids:
                 raise ValueError(f"no training examples in {self.data}")
