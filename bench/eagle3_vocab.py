@@ -58,7 +58,7 @@ def main() -> int:
     head = load_head(args.head)
     # the premise: the trained head's LM head is the target's own rows (frozen in training)
     own = runner.output_rows(head.draft_to_target(torch.arange(head.config.draft_vocab_size))).float()
-    drift = float((head.lm_head.weight - own).abs().max() / own.abs().max())
+    drift = float((head.lm_head.weight.detach() - own).abs().max() / own.abs().max())
     print(f"head {args.head}: LM head vs the target's rows, max relative difference {drift:.4f}")
     store = SampleStore(Path(args.data), head.config.feature_layers)
     train_ids, val_ids = split(store)
