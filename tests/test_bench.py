@@ -216,6 +216,29 @@ def test_quick_run_on_tiny_model(tiny_llama, tmp_path, capsys):
     assert len(list(out.glob("*.png"))) >= 1
 
 
+
+def test_ignore_eos_runs_every_answer_to_the_limit(tiny_llama, tmp_path, monkeypatch, capsys):
+    """Sampled answers differ in length between methods; --ignore-eos makes cells compare equal lengths.
+    (The engine's own ignore_eos is tested with the lossless tests; here: the bench asks for it everywhere.)"""
+    asked = []
+    params = harness.MethodRunner.params
+
+    def spy(self, request, temperature):
+        asked.append(params(self, request, temperature))
+        return asked[-1]
+
+    monkeypatch.setattr(harness.MethodRunner, "params", spy)
+    out = tmp_path / "out"
+    rc = main(["bench", "--quick", "--model", str(tiny_llama), "--limit", "1", "--max-turns", "1",
+               "--max-new-tokens", "7", "--workloads", "qa,creative", "--methods", "none,ngram",
+               "--temperatures", "0,1", "--peers", "none", "--no-oracle", "--ignore-eos", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    assert asked and all(p.ignore_eos and p.max_new_tokens == 7 for p in asked)
+    assert {p.temperature for p in asked} == {0.0, 1.0}
+    runs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert all(r["new_tokens"] == 7 * r["requests"] for r in runs if r["kind"] == "specdec")
+    assert "max new tokens 7 (EOS ignored)" in (out / "report.md").read_text()
+
 def test_greedy_mismatch_fails_loudly(tiny_llama, tmp_path, monkeypatch, capsys):
     def corrupt(method, workload, outputs):
         if method != "ngram":

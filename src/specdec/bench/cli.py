@@ -94,6 +94,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-num-steps", type=positive_int, default=SpecConfig.num_steps)
     p.add_argument("--spec-num-draft-tokens", type=positive_int, default=SpecConfig.num_draft_tokens)
     p.add_argument("--seed", type=int, default=0, help="base seed of sampled runs")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="every answer runs to --max-new-tokens (equal lengths: sampled cells compare fairly)")
     p.add_argument("--no-oracle", action="store_true", help="skip the oracle replay")
 
 
@@ -128,6 +130,7 @@ def config_from_args(args: argparse.Namespace, argv: list[str] | None = None) ->
         max_model_len=args.max_model_len,
         batch_sizes=pick("batch_sizes"),
         temperatures=pick("temperatures"), max_new_tokens=pick("max_new_tokens"), limit=limit,
+        ignore_eos=args.ignore_eos,
         max_turns=max_turns, peers=peers, out=Path(args.out), quick=args.quick, usd_per_hour=args.usd_per_hour,
         draft_model=args.draft_model, draft_n_max=args.spec_draft_n_max, seed=args.seed,
         peer_threads=args.peer_threads, oracle=not args.no_oracle, command=command_line(argv),
@@ -184,7 +187,7 @@ def run_meta(cfg: BenchConfig, result, wall: float, code: str) -> dict:
         "command": cfg.command, "model": cfg.model or "SmolLM2-135M-Instruct (default)", "folder": result.folder,
         "dtype": cfg.dtype, "device": cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"),
         "machine": report.machine_info(), "max_new_tokens": cfg.max_new_tokens, "limit": cfg.limit,
-        "max_turns": cfg.max_turns,
+        "max_turns": cfg.max_turns, "ignore_eos": cfg.ignore_eos,
         "quick": cfg.quick, "draft_n_max": cfg.draft_n_max, "usd_per_hour": cfg.usd_per_hour,
         "requests": {w: len(r) for w, r in result.requests.items()},
         "specdec_threads": torch.get_num_threads(), "peer_threads": cfg.peer_threads or cfg.default_threads,

@@ -58,6 +58,7 @@ class BenchConfig:
     batch_sizes: list[int] = field(default_factory=lambda: [1])
     temperatures: list[float] = field(default_factory=lambda: [0.0])
     max_new_tokens: int = 128
+    ignore_eos: bool = False  # every answer exactly max_new_tokens: equal lengths to time (vLLM's option)
     limit: int | None = None
     max_turns: int | None = None
     peers: list[str] = field(default_factory=lambda: ["transformers"])

@@ -116,7 +116,7 @@ class MethodRunner:
         return Request(w.name, conv.id, turn, tuple(ids), self.cfg.seed + index)
 
     def params(self, request: Request, temperature: float) -> SamplingParams:
-        return request.params(temperature, self.cfg.max_new_tokens)
+        return request.params(temperature, self.cfg.max_new_tokens, self.cfg.ignore_eos)
 
     def _run_batch(self, chunk: list[Request], params: list[SamplingParams]) -> tuple[list[list[int]], SpecStats]:
         """One static batch through the engine; verify time counts each batched pass once."""

@@ -90,6 +90,8 @@ class TransformersPeer(Peer):
             attention_mask=torch.ones_like(x), max_new_tokens=params.max_new_tokens,
             eos_token_id=self.eos_ids, pad_token_id=self.eos_ids[0],
         )
+        if params.ignore_eos:
+            kwargs.update(min_new_tokens=params.max_new_tokens)
         if params.greedy:
             kwargs.update(do_sample=False)
         else:
@@ -137,7 +139,7 @@ class LlamaCppPeer(Peer):
         for tok in self.llama.generate(prompt_ids, temp=params.temperature, top_k=params.top_k,
                                        top_p=params.top_p, min_p=0.0, repeat_penalty=1.0, reset=True):
             out.append(int(tok))
-            if tok in self.eos_ids or len(out) >= params.max_new_tokens:
+            if (tok in self.eos_ids and not params.ignore_eos) or len(out) >= params.max_new_tokens:
                 break
         return out
 
@@ -184,7 +186,7 @@ def make_peers(result: BenchResult, llm: LLM) -> list[Peer]:
 
 def run_peer_cell(peer: Peer, result: BenchResult, workload: str, temperature: float, bar: tqdm) -> Cell:
     requests: list[Request] = result.requests[workload]
-    params = [req.params(temperature, result.config.max_new_tokens) for req in requests]
+    params = [req.params(temperature, result.config.max_new_tokens, result.config.ignore_eos) for req in requests]
     with torch_threads(result.config.peer_threads or result.config.default_threads):
         outputs, stats = peer.run([list(req.prompt_ids) for req in requests], params, bar.update)
     cell = Cell(peer.name, "peer", workload, 1, temperature, outputs, stats, peak_rss_bytes=peak_rss_bytes())

@@ -274,7 +274,8 @@ def render(records: list[dict], meta: dict, notes: list[str], plots: list[str]) 
         f"- Software: specdec {meta.get('code', '?')}; Python {m['python']}, torch {m['torch']}, "
         f"transformers {m['transformers']}",
         f"- Workloads: {', '.join(f'{TITLES.get(w, w)} ({n} requests)' for w, n in meta['requests'].items())}; "
-        f"max new tokens {meta['max_new_tokens']}; at most {meta['limit'] or 'all'} conversations per workload, "
+        f"max new tokens {meta['max_new_tokens']}{' (EOS ignored)' if meta.get('ignore_eos') else ''}; "
+        f"at most {meta['limit'] or 'all'} conversations per workload, "
         f"{meta.get('max_turns') or 'all'} turns each"
         + (" (--quick)" if meta["quick"] else ""),
         f"- Draft budget: {meta['draft_n_max']} tokens per step; cost at ${meta['usd_per_hour']:g}/hour; "
