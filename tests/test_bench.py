@@ -216,7 +216,6 @@ def test_quick_run_on_tiny_model(tiny_llama, tmp_path, capsys):
     assert len(list(out.glob("*.png"))) >= 1
 
 
-
 def test_ignore_eos_runs_every_answer_to_the_limit(tiny_llama, tmp_path, monkeypatch, capsys):
     """Sampled answers differ in length between methods; --ignore-eos makes cells compare equal lengths.
     (The engine's own ignore_eos is tested with the lossless tests; here: the bench asks for it everywhere.)"""
@@ -238,6 +237,7 @@ def test_ignore_eos_runs_every_answer_to_the_limit(tiny_llama, tmp_path, monkeyp
     runs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert all(r["new_tokens"] == 7 * r["requests"] for r in runs if r["kind"] == "specdec")
     assert "max new tokens 7 (EOS ignored)" in (out / "report.md").read_text()
+
 
 def test_greedy_mismatch_fails_loudly(tiny_llama, tmp_path, monkeypatch, capsys):
     def corrupt(method, workload, outputs):

@@ -460,7 +460,6 @@ def test_train_cli_refuses_empty_data_and_unfinished_runs(tiny_llama, tmp_path, 
     assert rc == 2 and "no training state" in err
 
 
-
 def test_one_collection_serves_heads_on_any_subset_of_its_layers(tiny_llama, tmp_path, capsys):
     """Data cached for layers 0,1 trains a head on layer 1 alone; an uncached layer is one error line."""
     out = tmp_path / "run"
@@ -474,6 +473,12 @@ def test_one_collection_serves_heads_on_any_subset_of_its_layers(tiny_llama, tmp
     assert rc == 0, err
     assert load_head(out).config.feature_layers == (1,)
     assert train_data.read_manifest(out / "data")["layers"] == [0, 1]  # kept as collected
+    # resumed without --layers: the head's own layers, though the default ones (1, 0, 0) are not all cached
+    alone = [*common[:4], "--out", str(tmp_path / "alone"), *common[6:]]
+    assert specdec(capsys, *alone, "--layers", "1", "--steps", "2", "--eval-every", "2")[0] == 0
+    rc, _, err = specdec(capsys, *alone, "--resume", "--steps", "3", "--eval-every", "3")
+    assert rc == 0, err
+    assert load_head(tmp_path / "alone" / "state").config.feature_layers == (1,)
     other = [*common[:4], "--out", str(tmp_path / "other"), *common[6:]]
     assert specdec(capsys, *other, "--layers", "0", "--steps", "0")[0] == 0
     rc, _, err = specdec(capsys, *other, "--layers", "1", "--steps", "2")

@@ -25,7 +25,7 @@ class Request:
     prompt_ids: tuple[int, ...]
     seed: int
 
-    def params(self, temperature: float, max_new_tokens: int, ignore_eos: bool = False) -> SamplingParams:
+    def params(self, temperature: float, max_new_tokens: int, ignore_eos: bool) -> SamplingParams:
         """The sampling settings every method and peer runs this request with (greedy: no seed)."""
         seed = None if temperature == GREEDY else self.seed
         return SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos)

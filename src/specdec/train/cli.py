@@ -75,15 +75,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     if target is None:
         raise UsageError("training a head needs a target the native runner supports (Llama, Qwen, Mistral, Gemma3)")
     tokenizer = load_tokenizer(folder)
-    layers = _layers(args.layers, target.num_layers)
+    head = load_head(out / "state") if args.resume else None
+    # a resumed head reads the layers it was built for, in collection too
+    layers = head.config.feature_layers if head is not None else _layers(args.layers, target.num_layers)
     manifest = _collect(args, runner, tokenizer, out, layers)
     if not manifest["shards"]:
         raise UsageError("the training data yields no examples (no prompt produced a response)")
     if args.steps == 0:
         return 0
-    head = load_head(out / "state") if args.resume else None
-    if head is not None:
-        layers = head.config.feature_layers  # a resumed head reads the layers it was built for
     try:
         store = train_data.SampleStore(out / "data", layers)
     except ValueError as exc:
