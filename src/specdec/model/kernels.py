@@ -192,8 +192,8 @@ def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no
 # Declared here, resolved by name when a quantized specialization is compiled: clib.load_qkernels()
 # must have loaded the library first (model.quant does, before any quantized weights exist).
 _i = types.intp
-_sd_prepare = types.ExternalFunction("sd_prepare", types.void(_i, _i, _i, _i, _i, _i, _i))
-_sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 16)))
+_sd_prepare = types.ExternalFunction("sd_prepare", types.void(*([_i] * 10)))
+_sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 19)))
 _sd_dequantize_rows = types.ExternalFunction("sd_dequantize_rows", types.void(*([_i] * 10)))
 _QCHUNKS = 16  # units of parallel work per quantized product
 _QROWS = 16  # activation rows per sweep over the weights
@@ -214,17 +214,21 @@ def qmatmul(q, s, m, fmt, x, out):  # pragma: no cover - compiled
     dx8 = np.empty((block, k // 4), dtype=np.float32)
     bs32 = np.empty((block, k // 32), dtype=np.float32)
     nxl = np.empty((block, k // 4), dtype=np.int32)
+    xk = np.empty((block, k), dtype=np.int8)  # the q8_K copy for K-quant rows (k % 256 == 0)
+    dk = np.empty((block, max(1, k // 256)), dtype=np.float32)
+    bk = np.empty((block, k // 16), dtype=np.int16)
     per = (n_out + _QCHUNKS - 1) // _QCHUNKS
     for r0 in range(0, rows, block):
         n_rows = min(block, rows - r0)
-        _sd_prepare(x[r0:].ctypes.data, n_rows, k, xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data, nxl.ctypes.data)
+        _sd_prepare(x[r0:].ctypes.data, n_rows, k, xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data, nxl.ctypes.data,
+                    xk.ctypes.data, dk.ctypes.data, bk.ctypes.data)
         dst = out[r0:]
         for chunk in prange(_QCHUNKS):
             n0, n1 = chunk * per, min(n_out, (chunk + 1) * per)
             if n0 < n1:
                 _sd_qmatmul(q.ctypes.data, s.ctypes.data, m.ctypes.data, fmt.ctypes.data, q.shape[1], s.shape[1],
-                            k, xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data, nxl.ctypes.data, n_rows,
-                            dst.ctypes.data, out.shape[1], n0, n1)
+                            k, xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data, nxl.ctypes.data, xk.ctypes.data,
+                            dk.ctypes.data, bk.ctypes.data, n_rows, dst.ctypes.data, out.shape[1], n0, n1)
 
 
 @njit(**_FLAGS)
@@ -246,13 +250,20 @@ def _product_impl(w, x, out):
 
 
 def layer_weight(w, layer):  # pragma: no cover - replaced by the overload below
-    """Layer ``layer``'s matrix of a stack: w[layer], or per array of a quantized tuple."""
+    """Layer ``layer``'s matrix of a stack: w[layer], or the (q, s, m, fmt) of a quantized stack
+    (``quant.stack``: q is every layer's bytes back to back, at w[4][layer], w[5][layer] wide)."""
 
 
 @overload(layer_weight, inline="always")
 def _layer_weight_impl(w, layer):
     if isinstance(w, types.BaseTuple):
-        return lambda w, layer: (w[0][layer], w[1][layer], w[2][layer], w[3][layer])
+
+        def quantized(w, layer):
+            rows = w[3].shape[1]
+            q = w[0][w[4][layer]:w[4][layer + 1]].reshape((rows, w[5][layer]))
+            return (q, w[1][layer], w[2][layer], w[3][layer])
+
+        return quantized
     return lambda w, layer: w[layer]
 
 
@@ -263,7 +274,7 @@ def stack_rows(w):  # pragma: no cover - replaced by the overload below
 @overload(stack_rows, inline="always")
 def _rows_impl(w):
     if isinstance(w, types.BaseTuple):
-        return lambda w: w[0].shape[1]
+        return lambda w: w[3].shape[1]
     return lambda w: w.shape[1]
 
 

@@ -8,11 +8,15 @@
  *        block 2p+1's value j in the high one); value = s[b] * q + m[b]  (Q4_0, Q4_1, Q4_K)
  *   U8M  one byte per q (0..31); value = s[b] * q + m[b]               (Q5_0, Q5_1, Q5_K)
  *   I8   one byte per q + 128; value = s[b] * q per 32-block           (Q8_0)
- *   I8H  one byte per q + 128; value = s[h] * q per 16 values          (Q6_K)
+ *   I8H  one byte per q + 128; value = s[h] * q per 16 values          (Q6_K, float checkpoints)
+ *   Q4K, Q5K, Q6K  the GGUF super-blocks themselves, byte for byte (144 / 176 / 210 bytes per
+ *        256 values: 4.5 / 5.5 / 6.5 bits a weight); s and m are unused
  *
  * Activation rows are quantized per 32-block to int8 (llama.cpp's q8_0 route: d = max|x| / 127),
  * so each block's product is one exact integer dot (vpdpbusd with VNNI, else vpmaddubsw +
- * vpmaddwd) scaled once in float. The +128 of I8/I8H is taken back inside the integer
+ * vpmaddwd) scaled once in float. For the K-quant super-blocks they are quantized a second time
+ * per 256 values (llama.cpp's q8_K route, with sums per 16): the 6-bit or 8-bit sub-block scales
+ * then multiply in the integer domain (vpmaddwd) and a super-block costs one float FMA. The +128 of I8/I8H is taken back inside the integer
  * accumulator (it starts at -128 x the activations' 4-byte sums), the min term of U4M/U8M uses
  * each block's sum of quantized x. AVX-512 (VNNI) takes two blocks per instruction, AVX2 one.
  *
@@ -36,7 +40,8 @@
 #define SD_VNNI 1
 #endif
 
-enum { FMT_U4M = 0, FMT_U8M = 1, FMT_I8 = 2, FMT_I8H = 3 };
+enum { FMT_U4M = 0, FMT_U8M = 1, FMT_I8 = 2, FMT_I8H = 3, FMT_Q4K = 4, FMT_Q5K = 5, FMT_Q6K = 6 };
+enum { QK = 256 };  /* values per K-quant super-block */
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -55,8 +60,11 @@ const char *sd_isa(void) {
 /* -- activations: x [rows, k] -> xq int8 [rows, k]; dx8 [rows, k/4] (each block's scale d =
  * max|x| / 127, 8 times: one per lane of its products); bs32 [rows, k/32] (d x the block's sum of
  * xq: the min term then sees the same x as the integer term, so an offset such as Q4_0's -8 s
- * cancels exactly); nxl [rows, k/4] (-128 x each 4 values' sum of xq, the I8 bias). -- */
-void sd_prepare(const float *x, int64_t rows, int64_t k, int8_t *xq, float *dx8, float *bs32, int32_t *nxl) {
+ * cancels exactly); nxl [rows, k/4] (-128 x each 4 values' sum of xq, the I8 bias). Where
+ * k % 256 == 0 also the q8_K copy for the K-quants: xk int8 [rows, k] (one scale per 256 values),
+ * dk [rows, k/256] those scales, bk int16 [rows, k/16] sums of xk per 16 values. -- */
+void sd_prepare(const float *x, int64_t rows, int64_t k, int8_t *xq, float *dx8, float *bs32, int32_t *nxl,
+                int8_t *xk, float *dk, int16_t *bk) {
     const int64_t nb = k / 32;
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t b = 0; b < nb; b++) {
@@ -82,6 +90,30 @@ void sd_prepare(const float *x, int64_t rows, int64_t k, int8_t *xq, float *dx8,
                 sum += lane;
             }
             bs32[r * nb + b] = d * (float)sum;
+        }
+    }
+    if (k % QK) return;  /* no K-quant row has this width */
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t b = 0; b < k / QK; b++) {
+            const float *v = x + r * k + QK * b;
+            int8_t *q = xk + r * k + QK * b;
+            float amax = 0.0f;
+            for (int i = 0; i < QK; i++) {
+                float a = fabsf(v[i]);
+                amax = a > amax ? a : amax;
+            }
+            const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            dk[r * (k / QK) + b] = amax / 127.0f;
+            for (int i = 0; i < QK; i++) {
+                float t = nearbyintf(v[i] * id);
+                t = t > 127.0f ? 127.0f : (t < -127.0f ? -127.0f : t);
+                q[i] = (int8_t)t;
+            }
+            for (int g = 0; g < QK / 16; g++) {
+                int32_t sum = 0;
+                for (int i = 0; i < 16; i++) sum += q[16 * g + i];
+                bk[r * (k / 16) + (QK / 16) * b + g] = (int16_t)sum;
+            }
         }
     }
 }
@@ -257,6 +289,322 @@ INLINE void tile(const int R, const int FMT, const uint8_t *q, const float *s, c
 }
 #endif
 
+/* -- K-quant super-blocks (Q4_K, Q5_K, Q6_K as GGUF stores them) against the q8_K activations --
+ * Per super-block and activation row: sumi = sum_j scale_j * dot(q_j, xk_j) in int32 (the mins'
+ * or Q6_K's -32 offset through the per-16 sums bk), then one float step acc += (d * dk) * sumi.
+ * As for the other layouts, a row's instruction sequence never depends on R or its place in the
+ * tile, so its bits equal its product alone. */
+INLINE float f16_to_f32(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if defined(SD_AVX2) && defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1F, f = h & 0x3FF;
+    uint32_t bits;
+    if (e == 0x1F) bits = sign | 0x7F800000u | (f << 13);
+    else if (e) bits = sign | ((e + 112) << 23) | (f << 13);
+    else if (!f) bits = sign;
+    else {  /* subnormal: normalise */
+        int shift = 0;
+        uint32_t m = f;
+        while (!(m & 0x400)) { m <<= 1; shift++; }
+        bits = sign | ((uint32_t)(113 - shift) << 23) | ((m & 0x3FF) << 13);
+    }
+    float out;
+    memcpy(&out, &bits, 4);
+    return out;
+#endif
+}
+
+/* Q4_K/Q5_K: 12 bytes -> 8 six-bit scales (bytes 0..7) and 8 six-bit mins (bytes 8..15), as
+ * llama.cpp's get_scale_min_k4 */
+INLINE void k4_scales(const uint8_t *packed, uint8_t out[16]) {
+    const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+    uint32_t u[4];
+    memcpy(u, packed, 12);
+    u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
+    const uint32_t a = u[1] & kmask1;
+    u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
+    u[2] = a;
+    u[0] &= kmask1;
+    memcpy(out, u, 16);
+}
+
+/* value e (0..255) of a super-block, unsigned (Q6_K's before its -32); *group: its scale's index */
+INLINE int32_t k_weight(const int FMT, const uint8_t *blk, int e, int *group) {
+    if (FMT == FMT_Q6K) {  /* e in 0..255 */
+        const int n = e / 128, l = e % 32, quarter = (e % 128) / 32;
+        const uint8_t lo = blk[64 * n + l + (quarter & 1) * 32];
+        const int low = (quarter < 2) ? (lo & 15) : (lo >> 4);
+        const int high = (blk[128 + 32 * n + l] >> (2 * quarter)) & 3;
+        *group = e / 16;
+        return low | (high << 4);
+    }
+    const int j = e / 32, l = e % 32;
+    const uint8_t *qs = blk + (FMT == FMT_Q5K ? 48 : 16);
+    int v = (j & 1) ? (qs[32 * (j / 2) + l] >> 4) : (qs[32 * (j / 2) + l] & 15);
+    if (FMT == FMT_Q5K) v |= ((blk[16 + l] >> j) & 1) << 4;
+    *group = j;
+    return v;
+}
+
+#if defined(SD_AVX2)
+INLINE float hsum8(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a);
+}
+
+/* R activation rows against one weight row of Q4_K (HIGH = 0) or Q5_K (HIGH = 1) super-blocks */
+INLINE void ktile45(const int R, const int HIGH, const uint8_t *q, int64_t k, const int8_t *xk, const float *dk,
+                    const int16_t *bk, float *out, int64_t out_stride) {
+    const int64_t nsb = k / QK, size = HIGH ? 176 : 144;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    __m256 acc[4], accm[4];
+    for (int j = 0; j < R; j++) acc[j] = accm[j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t *blk = q + size * b;
+        const float d = f16_to_f32(blk), dmin = f16_to_f32(blk + 2);
+        uint8_t sm[16];
+        k4_scales(blk + 4, sm);
+        const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
+        const __m256i scales = _mm256_permute2x128_si256(sm16, sm16, 0x00);  /* scales 0..7 in both halves */
+        /* each min twice (one per 16-sum of its sub-block) */
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(sm + 8)),
+                                                                     _mm_loadl_epi64((const __m128i *)(sm + 8))));
+        const uint8_t *qs = blk + (HIGH ? 48 : 16);
+        const __m256i hbits = HIGH ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+        __m256i sumi[4];
+        for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {  /* sub-blocks 2p (low nibbles) and 2p + 1 (high) */
+            const __m256i scale_l = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * p + 1) << 8 | 4 * p)));
+            const __m256i scale_h = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * p + 3) << 8 | (4 * p + 2))));
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
+            __m256i wl = _mm256_and_si256(bits, m4), wh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            if (HIGH) {
+                wl = _mm256_or_si256(wl, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * p), one), 4));
+                wh = _mm256_or_si256(wh, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * p + 1), one), 4));
+            }
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = xk + r * k + QK * b + 64 * p;
+                const __m256i pl = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(wl, _mm256_loadu_si256((const __m256i *)x)));
+                const __m256i ph = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(wh, _mm256_loadu_si256((const __m256i *)(x + 32))));
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(pl, ph));
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const float dx = dk[r * nsb + b];
+            const __m256i msum = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)(bk + r * (k / 16) + 16 * b)));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+            accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(msum), accm[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r * out_stride] = hsum8(acc[r]) - hsum8(accm[r]);
+}
+
+/* R activation rows against one weight row of Q6_K super-blocks: ql 128, qh 64, scales 16, d */
+INLINE void ktile6(const int R, const uint8_t *q, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                   float *out, int64_t out_stride) {
+    const int64_t nsb = k / QK;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    __m256 acc[4];
+    for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t *blk = q + 210 * b;
+        const float d = f16_to_f32(blk + 208);
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(blk + 192));
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        __m256i sumi[4];
+        for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
+        for (int n = 0; n < 2; n++) {  /* halves of 128 values: sub-blocks 4n .. 4n + 3 */
+            const __m256i b1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * n));
+            const __m256i b2 = _mm256_loadu_si256((const __m256i *)(blk + 64 * n + 32));
+            const __m256i bh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
+            __m256i w[4], s[4];
+            w[0] = _mm256_or_si256(_mm256_and_si256(b1, m4), _mm256_slli_epi16(_mm256_and_si256(bh, m2), 4));
+            w[1] = _mm256_or_si256(_mm256_and_si256(b2, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bh, 2), m2), 4));
+            w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bh, 4), m2), 4));
+            w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bh, 6), m2), 4));
+            for (int i = 0; i < 4; i++) {  /* scales of 16 values: 8n + 2i (lanes 0..7), 8n + 2i + 1 */
+                const int g = 8 * n + 2 * i;
+                s[i] = _mm256_set_m128i(_mm_set1_epi16((short)(int8_t)blk[192 + g + 1]),
+                                        _mm_set1_epi16((short)(int8_t)blk[192 + g]));
+            }
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = xk + r * k + QK * b + 128 * n;
+                __m256i t = _mm256_setzero_si256();
+                for (int i = 0; i < 4; i++)
+                    t = _mm256_add_epi32(t, _mm256_madd_epi16(s[i], _mm256_maddubs_epi16(
+                                                                    w[i], _mm256_loadu_si256((const __m256i *)(x + 32 * i)))));
+                sumi[r] = _mm256_add_epi32(sumi[r], t);
+            }
+        }
+        for (int r = 0; r < R; r++) {  /* values are q - 32: take 32 x sum_g scale_g x bk_g back */
+            const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(bk + r * (k / 16) + 16 * b)));
+            const __m256i total = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(off, 5));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dk[r * nsb + b]), _mm256_cvtepi32_ps(total), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r * out_stride] = hsum8(acc[r]);
+}
+#else  /* portable C: the same integers, one value at a time */
+INLINE void ktile(const int R, const int FMT, const uint8_t *q, int64_t k, const int8_t *xk, const float *dk,
+                  const int16_t *bk, float *out, int64_t out_stride) {
+    const int64_t nsb = k / QK, size = FMT == FMT_Q4K ? 144 : (FMT == FMT_Q5K ? 176 : 210);
+    for (int r = 0; r < R; r++) {
+        float acc = 0.0f, accm = 0.0f;
+        for (int64_t b = 0; b < nsb; b++) {
+            const uint8_t *blk = q + size * b;
+            const int8_t *x = xk + r * k + QK * b;
+            const int16_t *sums = bk + r * (k / 16) + 16 * b;
+            int32_t sumi = 0, msum = 0;
+            if (FMT == FMT_Q6K) {
+                for (int e = 0; e < QK; e++) {
+                    int g;
+                    const int32_t w = k_weight(FMT, blk, e, &g);
+                    sumi += (int8_t)blk[192 + g] * w * x[e];
+                }
+                for (int g = 0; g < 16; g++) sumi -= 32 * (int8_t)blk[192 + g] * sums[g];
+                acc = acc + (float)sumi * (f16_to_f32(blk + 208) * dk[r * nsb + b]);
+            } else {
+                uint8_t sm[16];
+                k4_scales(blk + 4, sm);
+                for (int e = 0; e < QK; e++) {
+                    int j;
+                    const int32_t w = k_weight(FMT, blk, e, &j);
+                    sumi += sm[j] * w * x[e];
+                }
+                for (int g = 0; g < 16; g++) msum += sm[8 + g / 2] * sums[g];
+                acc = acc + (float)sumi * (f16_to_f32(blk) * dk[r * nsb + b]);
+                accm = accm + (float)msum * (f16_to_f32(blk + 2) * dk[r * nsb + b]);
+            }
+        }
+        out[r * out_stride] = acc - accm;
+    }
+}
+#define ktile45(R, HIGH, ...) ktile(R, (HIGH) ? FMT_Q5K : FMT_Q4K, __VA_ARGS__)
+#define ktile6(R, ...) ktile(R, FMT_Q6K, __VA_ARGS__)
+#endif
+
+#if defined(SD_AVX512)
+/* AVX-512: two sub-blocks (64 values) per instruction; the same integers as the AVX2 route */
+INLINE void ktile45_512(const int R, const int HIGH, const uint8_t *q, int64_t k, const int8_t *xk, const float *dk,
+                        const int16_t *bk, float *out, int64_t out_stride) {
+    const int64_t nsb = k / QK, size = HIGH ? 176 : 144;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
+    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    __m256 acc[4], accm[4];
+    for (int j = 0; j < R; j++) acc[j] = accm[j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t *blk = q + size * b;
+        const float d = f16_to_f32(blk), dmin = f16_to_f32(blk + 2);
+        uint8_t sm[16];
+        k4_scales(blk + 4, sm);
+        const __m512i scales = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm)));
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(sm + 8)),
+                                                                     _mm_loadl_epi64((const __m128i *)(sm + 8))));
+        const uint8_t *qs = blk + (HIGH ? 48 : 16);
+        const __m512i hbits = HIGH ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
+                                   : _mm512_setzero_si512();
+        __m512i sumi[4];
+        for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
+        for (int p = 0; p < 4; p++) {  /* sub-blocks 2p (low 256 bits) and 2p + 1 (high) */
+            const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * p)), _mm256_set1_epi16((short)(2 * p + 1)), 1);
+            const __m512i sc = _mm512_permutexvar_epi16(idx, scales);
+            const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * p)));
+            __m512i w = _mm512_and_si512(_mm512_srlv_epi16(v, shift), m4);
+            if (HIGH) {
+                const __m512i hs = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * p)), _mm256_set1_epi16((short)(2 * p + 1)), 1);
+                w = _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hbits, hs), one), 4));
+            }
+            for (int r = 0; r < R; r++) {
+                const __m512i x = _mm512_loadu_si512((const void *)(xk + r * k + QK * b + 64 * p));
+                sumi[r] = _mm512_add_epi32(sumi[r], _mm512_madd_epi16(sc, _mm512_maddubs_epi16(w, x)));
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const float dx = dk[r * nsb + b];
+            const __m256i s256 = _mm256_add_epi32(_mm512_castsi512_si256(sumi[r]), _mm512_extracti64x4_epi64(sumi[r], 1));
+            const __m256i msum = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)(bk + r * (k / 16) + 16 * b)));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(s256), acc[r]);
+            accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(msum), accm[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r * out_stride] = hsum8(acc[r]) - hsum8(accm[r]);
+}
+
+INLINE void ktile6_512(const int R, const uint8_t *q, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                       float *out, int64_t out_stride) {
+    const int64_t nsb = k / QK;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+    const __m512i sh01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i sh23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    __m256 acc[4];
+    for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t *blk = q + 210 * b;
+        const float d = f16_to_f32(blk + 208);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        const __m512i sc512 = _mm512_castsi256_si512(sc16);
+        __m512i sumi[4];
+        for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
+        for (int n = 0; n < 2; n++) {  /* 128 values: sub-blocks 4n, 4n + 1 (w01) and 4n + 2, 4n + 3 (w23) */
+            const __m512i bits = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 64 * n))),
+                _mm256_loadu_si256((const __m256i *)(blk + 64 * n + 32)), 1);
+            const __m512i bh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n)));
+            const __m512i w01 = _mm512_or_si512(_mm512_and_si512(bits, m4),
+                                                _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(bh, sh01), m2), 4));
+            const __m512i w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(bits, 4), m4),
+                                                _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(bh, sh23), m2), 4));
+            /* i16 lane L of a product covers values 2L, 2L + 1: group 8n + L / 8 (+ 4 for w23) */
+            const __m512i g = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
+                                               1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+            const __m512i s01 = _mm512_permutexvar_epi16(_mm512_add_epi16(g, _mm512_set1_epi16((short)(8 * n))), sc512);
+            const __m512i s23 = _mm512_permutexvar_epi16(_mm512_add_epi16(g, _mm512_set1_epi16((short)(8 * n + 4))), sc512);
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = xk + r * k + QK * b + 128 * n;
+                const __m512i t = _mm512_add_epi32(
+                    _mm512_madd_epi16(s01, _mm512_maddubs_epi16(w01, _mm512_loadu_si512((const void *)x))),
+                    _mm512_madd_epi16(s23, _mm512_maddubs_epi16(w23, _mm512_loadu_si512((const void *)(x + 64)))));
+                sumi[r] = _mm512_add_epi32(sumi[r], t);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(bk + r * (k / 16) + 16 * b)));
+            const __m256i s256 = _mm256_add_epi32(_mm512_castsi512_si256(sumi[r]), _mm512_extracti64x4_epi64(sumi[r], 1));
+            const __m256i total = _mm256_sub_epi32(s256, _mm256_slli_epi32(off, 5));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dk[r * nsb + b]), _mm256_cvtepi32_ps(total), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r * out_stride] = hsum8(acc[r]);
+}
+#define ktile45 ktile45_512
+#define ktile6 ktile6_512
+#endif
+
+#define KTILES(NAME, CALL)                                                                                  \
+    static void NAME(int R, const uint8_t *q, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk, \
+                     float *out, int64_t os) {                                                              \
+        switch (R) {                                                                                        \
+        case 4: CALL(4); break;                                                                             \
+        case 3: CALL(3); break;                                                                             \
+        case 2: CALL(2); break;                                                                             \
+        default: CALL(1); break;                                                                            \
+        }                                                                                                   \
+    }
+#define CALL_Q4K(R) ktile45(R, 0, q, k, xk, dk, bk, out, os)
+#define CALL_Q5K(R) ktile45(R, 1, q, k, xk, dk, bk, out, os)
+#define CALL_Q6K(R) ktile6(R, q, k, xk, dk, bk, out, os)
+KTILES(tiles_q4k, CALL_Q4K)
+KTILES(tiles_q5k, CALL_Q5K)
+KTILES(tiles_q6k, CALL_Q6K)
+
 #define TILES(NAME, FMT)                                                                                    \
     static void NAME(int R, const uint8_t *q, const float *s, const float *m, int64_t k, const int8_t *xq,  \
                      const float *dx8, const float *bs32, const int32_t *nxl, float *out, int64_t os) {     \
@@ -274,10 +622,11 @@ TILES(tiles_i8h, FMT_I8H)
 
 /* out[r, n] = sum_k W[n, k] x[r, k] for weight rows n0 <= n < n1 and every activation row r.
  * q [N, q_stride] bytes, s and m [N, s_stride] floats, fmt [N] (a layout per row: a fused
- * q/k/v matrix may mix them); xq/dx8/bs32/nxl from sd_prepare; out [rows, out_stride]. */
+ * q/k/v matrix may mix them); xq/dx8/bs32/nxl and xk/dk/bk from sd_prepare; out [rows, out_stride]. */
 void sd_qmatmul(const uint8_t *q, const float *s, const float *m, const int8_t *fmt, int64_t q_stride,
                 int64_t s_stride, int64_t k, const int8_t *xq, const float *dx8, const float *bs32,
-                const int32_t *nxl, int64_t rows, float *out, int64_t out_stride, int64_t n0, int64_t n1) {
+                const int32_t *nxl, const int8_t *xk, const float *dk, const int16_t *bk, int64_t rows,
+                float *out, int64_t out_stride, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *qn = q + n * q_stride;
         const float *sn = s + n * s_stride, *mn = m + n * s_stride;
@@ -287,7 +636,13 @@ void sd_qmatmul(const uint8_t *q, const float *s, const float *m, const int8_t *
             const float *d = dx8 + r0 * (k / 4), *b32 = bs32 + r0 * (k / 32);
             const int32_t *l = nxl + r0 * (k / 4);
             float *o = out + r0 * out_stride + n;
+            const int8_t *xr = xk + r0 * k;
+            const float *dr = dk + r0 * (k / QK);
+            const int16_t *br = bk + r0 * (k / 16);
             switch (fmt[n]) {
+            case FMT_Q4K: tiles_q4k(R, qn, k, xr, dr, br, o, out_stride); break;
+            case FMT_Q5K: tiles_q5k(R, qn, k, xr, dr, br, o, out_stride); break;
+            case FMT_Q6K: tiles_q6k(R, qn, k, xr, dr, br, o, out_stride); break;
             case FMT_U4M: tiles_u4m(R, qn, sn, mn, k, x, d, b32, l, o, out_stride); break;
             case FMT_U8M: tiles_u8m(R, qn, sn, mn, k, x, d, b32, l, o, out_stride); break;
             case FMT_I8: tiles_i8(R, qn, sn, mn, k, x, d, b32, l, o, out_stride); break;
@@ -305,6 +660,24 @@ void sd_dequantize_rows(const uint8_t *q, const float *s, const float *m, const 
         const uint8_t *qn = q + n * q_stride;
         const float *sn = s + n * s_stride, *mn = m + n * s_stride;
         float *o = out + i * k;
+        if (fmt[n] >= FMT_Q4K) {
+            const int f = fmt[n];
+            const int64_t size = f == FMT_Q4K ? 144 : (f == FMT_Q5K ? 176 : 210);
+            for (int64_t b = 0; b < k / QK; b++) {
+                const uint8_t *blk = qn + size * b;
+                uint8_t sm[16];
+                k4_scales(blk + 4, sm);
+                for (int e = 0; e < QK; e++) {
+                    int g;
+                    const int32_t w = k_weight(f, blk, e, &g);
+                    if (f == FMT_Q6K)
+                        o[QK * b + e] = (f16_to_f32(blk + 208) * (float)(int8_t)blk[192 + g]) * (float)(w - 32);
+                    else
+                        o[QK * b + e] = (f16_to_f32(blk) * (float)sm[g]) * (float)w - f16_to_f32(blk + 2) * (float)sm[8 + g];
+                }
+            }
+            continue;
+        }
         for (int64_t e = 0; e < k; e++) {
             const int64_t b = e / 32, j = e % 32;
             switch (fmt[n]) {

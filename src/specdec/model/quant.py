@@ -2,9 +2,12 @@
 
 A GGUF stores each matrix row as blocks of 32 or 256 values: small integers and
 per-block scales (and mins). ``QuantMatrix.from_blocks`` keeps those integers and
-scales bit for bit, only moved into one of four layouts the kernels read (U4M, U8M,
-I8, I8H; see qkernels.c), with the scales widened to float32. Types outside
-``SUPPORTED`` are dequantised at load by the caller (one notice line).
+scales bit for bit. The 32-value types move into one of four layouts the kernels read
+(U4M, U8M, I8, I8H; see qkernels.c), with the scales widened to float32; the K-quants
+(Q4_K, Q5_K, Q6_K) stay the GGUF's own super-blocks byte for byte (layouts Q4K, Q5K,
+Q6K: 4.5, 5.5 and 6.5 bits a weight), their 6- and 8-bit sub-scales applied by the
+kernels in the integer domain. Types outside ``SUPPORTED`` are dequantised at load by
+the caller (one notice line).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf import quants
 
-U4M, U8M, I8, I8H = 0, 1, 2, 3
+U4M, U8M, I8, I8H, Q4K, Q5K, Q6K = 0, 1, 2, 3, 4, 5, 6
+SUPER_BLOCK = {Q4K: 144, Q5K: 176, Q6K: 210}  # bytes per 256 values of the K-quant layouts
 SUPPORTED = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
 # types a float checkpoint can be quantized to at load (gguf's own quantizers; it has none for K-quants)
 AT_LOAD = {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0, "q5_1": T.Q5_1}
@@ -42,10 +46,7 @@ class QuantMatrix:
     @property
     def nbytes(self) -> int:
         """Bytes a product reads: each row's own bytes (not the padding of a mixed stack)."""
-        q_bytes = np.where(self.fmt == U4M, self.k // 2, self.k).sum()
-        scales = np.where(self.fmt == I8H, self.k // 16, self.k // 32)
-        m_bytes = np.where((self.fmt == U4M) | (self.fmt == U8M), self.k // 32, 0).sum() * 4
-        return int(q_bytes + scales.sum() * 4 + m_bytes)
+        return int(row_bytes(self.fmt, self.k).sum())
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         return self.q, self.s, self.m, self.fmt
@@ -101,17 +102,32 @@ def quantize_weights(state: dict[str, torch.Tensor], qtype: T) -> dict[str, torc
     return out
 
 
-def stack(mats: list[QuantMatrix]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Layers' matrices of one kind as [layers, rows, *] arrays (padded to the widest layout)."""
-    q_w, s_w = max(x.q.shape[1] for x in mats), max(x.s.shape[1] for x in mats)
-    q = np.zeros((len(mats), mats[0].q.shape[0], q_w), dtype=np.uint8)
+def row_bytes(fmt: np.ndarray, k: int) -> np.ndarray:
+    """Bytes each row of layout ``fmt`` (per row) reads in a product over k values."""
+    per_32 = {U4M: 16 + 8, U8M: 32 + 8, I8: 32 + 4, I8H: 32 + 8}  # values, then float32 scales (and mins)
+    per_32 |= {f: size / 8 for f, size in SUPER_BLOCK.items()}
+    return np.vectorize(per_32.__getitem__)(fmt) * (k // 32)
+
+
+def stack(mats: list[QuantMatrix]) -> tuple[np.ndarray, ...]:
+    """Layers' matrices of one kind for the fused kernel: (q, s, m, fmt, q_at, q_width).
+
+    q holds every layer's [rows, width] bytes back to back (layer l at q_at[l], rows q_width[l]
+    wide), so a stack mixing Q4_K and Q6_K layers keeps each layer at its own size; s and m
+    [layers, rows, *] are padded to the widest (the K-quants use none); fmt [layers, rows].
+    """
+    s_w = max(x.s.shape[1] for x in mats)
     s = np.zeros((len(mats), mats[0].s.shape[0], s_w), dtype=np.float32)
     m = np.zeros_like(s)
     for i, x in enumerate(mats):
-        q[i, :, : x.q.shape[1]] = x.q
         s[i, :, : x.s.shape[1]] = x.s
         m[i, :, : x.m.shape[1]] = x.m
-    return q, s, m, np.stack([x.fmt for x in mats])
+    width = np.array([x.q.shape[1] for x in mats], dtype=np.int64)
+    at = np.concatenate([[0], np.cumsum(width * mats[0].q.shape[0])]).astype(np.int64)
+    q = np.empty(int(at[-1]), dtype=np.uint8)
+    for i, x in enumerate(mats):
+        q[at[i] : at[i + 1]] = x.q.reshape(-1)
+    return q, s, m, np.stack([x.fmt for x in mats]), at, width
 
 
 # -- repacking, one function per GGUF type: (q, s, m, layout) ------------------------------------
@@ -190,45 +206,19 @@ def int8_rows(weight: np.ndarray) -> QuantMatrix:
                        np.full(rows, I8, dtype=np.int8), k, ("Q8_0",))
 
 
-def _k_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K/Q5_K: 12 bytes -> 8 six-bit scales and 8 six-bit mins (llama.cpp's get_scale_min_k4)."""
-    d, m, md = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
-    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
-    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
-    return sc.astype(np.float32), mn.astype(np.float32)
+def _k_quant(layout: int):
+    """Q4_K, Q5_K, Q6_K: the super-blocks as they are (the kernels read GGUF's own packing)."""
 
+    def keep(data, rows, k):
+        if k % 256:
+            raise ValueError(f"K-quant rows hold whole super-blocks of 256 values, not {k}")
+        none = np.zeros((rows, 1), dtype=np.float32)
+        return data.reshape(rows, -1), none, none, layout
 
-def _q4_k(data, rows, k):
-    b = _blocks(data, rows, 144)
-    d, dmin = _f16(b[:, :, 0:2]), _f16(b[:, :, 2:4])
-    sc, mn = _k_scales(b[:, :, 4:16])
-    qs = b[:, :, 16:].reshape(rows, -1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1)
-    q = (qs & 15).reshape(rows, -1)  # 8 sub-blocks of 32 per 256, in order
-    return _nibbles(q), (d * sc).reshape(rows, -1), -(dmin * mn).reshape(rows, -1), U4M
-
-
-def _q5_k(data, rows, k):
-    b = _blocks(data, rows, 176)
-    d, dmin = _f16(b[:, :, 0:2]), _f16(b[:, :, 2:4])
-    sc, mn = _k_scales(b[:, :, 4:16])
-    qh, qs = b[:, :, 16:48], b[:, :, 48:]
-    low = (qs.reshape(rows, -1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1)) & 15
-    high = (qh.reshape(rows, -1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1
-    q = (low.reshape(rows, -1, 8, 32) | (high << 4)).reshape(rows, -1)
-    return q, (d * sc).reshape(rows, -1), -(dmin * mn).reshape(rows, -1), U8M
-
-
-def _q6_k(data, rows, k):
-    b = _blocks(data, rows, 210)
-    ql, qh, scales, d = b[:, :, 0:128], b[:, :, 128:192], b[:, :, 192:208], _f16(b[:, :, 208:210])
-    low = (ql.reshape(rows, -1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1)) & 15
-    high = (qh.reshape(rows, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)) & 3
-    q = (low.reshape(rows, -1, 8, 32) | (high.reshape(rows, -1, 8, 32) << 4)).astype(np.int16) - 32
-    s = d * scales.view(np.int8).astype(np.float32)  # [rows, blocks, 16], one per 16 values
-    return (q + 128).astype(np.uint8).reshape(rows, -1), s.reshape(rows, -1), np.zeros((rows, 1)), I8H
+    return keep
 
 
 _REPACK = {
     T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0,
-    T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
+    T.Q4_K: _k_quant(Q4K), T.Q5_K: _k_quant(Q5K), T.Q6_K: _k_quant(Q6K),
 }

@@ -79,8 +79,8 @@ def _stack(mats: list[torch.Tensor | QuantMatrix]) -> torch.Tensor | tuple[np.nd
     return torch.stack([m if isinstance(m, torch.Tensor) else torch.from_numpy(m.dense()) for m in mats])
 
 
-def _layer(stacked: torch.Tensor | tuple[np.ndarray, ...], i: int) -> torch.Tensor | tuple[np.ndarray, ...]:
-    return tuple(a[i] for a in stacked) if isinstance(stacked, tuple) else stacked[i]
+def _layer(stacked: torch.Tensor | tuple[np.ndarray, ...], i: int) -> torch.Tensor | None:
+    return None if isinstance(stacked, tuple) else stacked[i]  # quantized stacks: read by the fused kernel only
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -172,7 +172,7 @@ class Transformer(nn.Module):
         self.quantized_bytes = (head.nbytes if isinstance(head, QuantMatrix) else 0) + sum(
             w.nbytes for w in weights.values() if isinstance(w, QuantMatrix))
         # One tensor per kind of matrix, layers stacked: the fused kernel walks them in one call;
-        # quantized ones as (q, s, m, fmt) arrays [layers, rows, ...] (float where a layer is not).
+        # quantized ones as ``quant.stack``'s arrays (float where a layer is not).
         self.stacked: dict[str, torch.Tensor | tuple[np.ndarray, ...]] = {
             name: _stack([weights.pop(f"layers.{i}.{name}") for i in range(c.num_layers)]) for name in _STACKED
         }
