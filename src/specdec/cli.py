@@ -1,4 +1,4 @@
-"""`specdec` command line: generate, serve, bench, train, advise. A thin layer over the Python API.
+"""`specdec` command line: generate, serve, bench, train, advise, models. A thin layer over the Python API.
 
 Bad input never shows a traceback: it ends with one `specdec: error: ...` line
 on stderr and exit status 2.
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from specdec.bench.advise_cli import add_advise_args, cmd_advise
 from specdec.bench.cli import add_bench_args, cmd_bench
+from specdec.catalog_cli import add_models_args, cmd_models
 from specdec.cli_args import Parser, add_logprobs_mode_arg, add_model_args, add_spec_args, positive_int, spec_from_args
 from specdec.config import SamplingParams, SpecConfig, StructuredKind, StructuredOutput
 from specdec.errors import ModelLoadError, UsageError
@@ -56,6 +57,7 @@ def build_parser() -> Parser:
     add_bench_args(sub.add_parser("bench", help="benchmark methods and peers side by side"))
     add_train_args(sub.add_parser("train", help="train a drafter head (eagle3) for a target model"))
     add_advise_args(sub.add_parser("advise", help="measure a workload's prompts and say which method to run, and why"))
+    add_models_args(sub.add_parser("models", help="the models --model NAME accepts, and how to install each"))
     return parser
 
 
@@ -264,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_train(args)
         if args.command == "advise":
             return cmd_advise(args)
+        if args.command == "models":
+            return cmd_models(args)
         return cmd_bench(args)
     except (UsageError, ModelLoadError, ValueError) as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)

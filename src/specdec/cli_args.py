@@ -27,7 +27,7 @@ def positive_int(text: str) -> int:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", default=None,
-                   help="GGUF file, HF folder or hub id (default: SmolLM2-135M-Instruct)")
+                   help="a name from `specdec models`, GGUF file, HF folder or hub id (default: smollm2-135m)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--backend", default=None, choices=["auto", "cpu-kernels", "torch"],

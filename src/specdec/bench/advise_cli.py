@@ -8,6 +8,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from specdec import catalog
 from specdec.bench import advise
 from specdec.bench.config import parse_methods
 from specdec.bench.harness import GreedyMismatchError
@@ -60,7 +61,7 @@ def config_from_args(args: argparse.Namespace) -> advise.AdviseConfig:
     workload = read_workload(args.workload)
     temperature = args.temperature if args.temperature is not None else (workload.temperature or 0.0)
     workload = advise.first_requests(replace(workload, temperature=temperature), args.prompts)
-    with_head = args.spec_model is not None or (args.model is None and SHIPPED_HEAD.is_dir())
+    with_head = args.spec_model is not None or (catalog.is_default(args.model) and SHIPPED_HEAD.is_dir())
     return advise.AdviseConfig(
         workload=workload, temperature=temperature, batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens, draft_n_max=args.spec_draft_n_max, model=args.model, dtype=args.dtype,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from specdec import catalog
 from specdec.bench import harness, metrics, report
 from specdec.bench.accuracy import add_accuracy_args, cmd_accuracy
 from specdec.bench.config import DEFAULT_METHODS, HEAD_METHODS, PEER_NAMES, BenchConfig, parse_methods
@@ -106,7 +107,7 @@ def config_from_args(args: argparse.Namespace, argv: list[str] | None = None) ->
         base = SpecConfig(draft_n_max=args.spec_draft_n_max, draft_model=args.draft_model,
                           spec_model=args.spec_model, eagle_topk=args.spec_eagle_topk,
                           num_steps=args.spec_num_steps, num_draft_tokens=args.spec_num_draft_tokens)
-        defaults = DEFAULT_METHODS + (HEAD_METHODS if args.model is None or args.spec_model else ())
+        defaults = DEFAULT_METHODS + (HEAD_METHODS if catalog.is_default(args.model) or args.spec_model else ())
         text = args.methods or ",".join(defaults)
         text += ",draft-model" if args.draft_model and "draft-model" not in text else ""
         methods = parse_methods(text, base)

@@ -35,7 +35,7 @@ from specdec.bench.llama_cpp import LlamaServerPeer, server_peers
 from specdec.bench.records import GREEDY, BenchResult, Cell, Request, peak_rss_bytes
 from specdec.config import SamplingParams
 from specdec.llm import LLM
-from specdec.model.weights import default_model_path, resolve_model
+from specdec.model.weights import gguf_file, resolve_model
 from specdec.stats import SpecStats
 
 PROMPT_LOOKUP_TOKENS = 10  # transformers' and llama-cpp-python's documented default
@@ -144,12 +144,6 @@ class LlamaCppPeer(Peer):
         return out
 
 
-def gguf_path(model: str | None) -> Path | None:
-    if model is None:
-        return default_model_path()
-    return Path(model) if str(model).endswith(".gguf") else None
-
-
 def make_peers(result: BenchResult, llm: LLM) -> list[Peer]:
     """The requested peers that can run here; a note in the report for each one skipped."""
     cfg = result.config
@@ -162,7 +156,7 @@ def make_peers(result: BenchResult, llm: LLM) -> list[Peer]:
             assistant = load_transformers(resolve_model(cfg.draft_model), cfg.dtype)
             peers.append(TransformersPeer(model, eos, "assisted", assistant))
     if "llama-cpp" in cfg.peers:
-        gguf = gguf_path(cfg.model)
+        gguf = gguf_file(cfg.model)  # the default and catalog names are GGUF files too
         llama_server = server_peers(cfg, gguf, result.notes)  # or a notice saying why not
         peers += llama_server
         if importlib.util.find_spec("llama_cpp") is None:

