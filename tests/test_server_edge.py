@@ -6,10 +6,16 @@ uvicorn (no model needed); ``test_server.py`` checks the same on the real app.
 
 from __future__ import annotations
 
+import argparse
+import re
+from pathlib import Path
+
 import httpx
 import pytest
 from fastapi import FastAPI, Request
 
+from specdec.cli import build_parser
+from specdec.config import DEFAULT_SPEC_TYPES
 from specdec.server.edge import EdgePolicy, GuardMiddleware, split_host
 from tests.test_server import running_server
 
@@ -109,3 +115,64 @@ def test_chunked_body_limit(guarded):
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     r = httpx.post(url + "/v1/nowhere", content=chunks(11), headers=KEY)
     assert r.status_code == 413  # before routing: no 404 for an oversized body
+
+
+# -- docs/server.md states the flags' defaults ------------------------------------------------------
+DOC = Path(__file__).parents[1] / "docs" / "server.md"
+ROW = re.compile(r"^\| `(--[a-z0-9-]+)` \| ([^|]*) \|", re.M)
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]+")
+
+
+def specdec_text(doc: str) -> str:
+    """The prose, and of the code blocks the specdec command lines (bench scripts take flags of their own)."""
+    out, in_code = [], False
+    for line in doc.splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code:
+            out.append(line)
+        elif "specdec " in line:
+            out.append(line[line.index("specdec ") :])
+    return "\n".join(out)
+
+
+def options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """Every option string of ``parser`` and its subcommands -> its action."""
+    out = {}
+    for action in parser._actions:
+        out.update({opt: action for opt in action.option_strings})
+        for sub in getattr(action, "choices", None) or {}:
+            if isinstance(action.choices, dict):
+                out.update(options(action.choices[sub]))
+    return out
+
+
+def documented_default(flag: str, default) -> set[str]:
+    if flag == "--spec-type":
+        return {",".join(t.value for t in DEFAULT_SPEC_TYPES)}
+    if default is None or default == []:
+        return {"none", "", "model path", "auto", "$SPECDEC_API_KEY"}
+    if isinstance(default, bool):
+        return {"on" if default else "off"}
+    if isinstance(default, int) and default % 2**20 == 0:
+        return {f"{default // 2**20} MiB"}
+    return {str(default)}
+
+
+def test_server_doc_flags_table_matches_the_parser(monkeypatch):
+    monkeypatch.delenv("SPECDEC_API_KEY", raising=False)
+    parser = build_parser("serve")
+    serve = options(parser._subparsers._group_actions[0].choices["serve"])
+    text = DOC.read_text()
+    rows = dict(ROW.findall(text))
+    server_group = next(g for g in parser._subparsers._group_actions[0].choices["serve"]._action_groups
+                        if g.title == "server")
+    missing = [a.option_strings[0] for a in server_group._group_actions if a.option_strings[0] not in rows]
+    assert not missing, f"docs/server.md's flag table lacks {missing}"
+    for flag, cell in rows.items():
+        assert flag in serve, f"docs/server.md documents {flag}, which specdec serve does not take"
+        got = cell.strip().replace("`", "")
+        assert got in documented_default(flag, serve[flag].default), (flag, got, serve[flag].default)
+    known = options(build_parser())
+    stale = sorted(set(FLAG.findall(specdec_text(text))) - set(known))
+    assert not stale, f"docs/server.md names flags specdec does not have: {stale}"
