@@ -22,7 +22,7 @@ demo: install
 
 test: install
 	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -rs  # -rs: every skip says why (the browser test, the Ray tests)
 
 test-slow: install
 	$(VENV)/bin/pytest -q -m slow

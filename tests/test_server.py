@@ -77,12 +77,12 @@ def greedy(offline: LLM, prompt, max_tokens: int) -> str:
 
 
 def health(url: str) -> dict:
-    return httpx.get(url + "/health").json()
+    return httpx.get(url + "/health", headers=AUTH).json()  # with an API key, /health takes it too
 
 
 def metric_values(url: str) -> dict[tuple[str, tuple], float]:
     out = {}
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", headers=AUTH).text):
         for s in family.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
@@ -257,7 +257,7 @@ def test_forced_tool_calls(tiny, client):
 
 def test_parse_tool_calls_formats():
     from specdec.server.protocol import Tool
-    from specdec.server.tools import parse_tool_calls
+    from specdec.server.tools import ToolReply, parse_tool_calls
 
     tools = [Tool.model_validate(WEATHER)]
     assert parse_tool_calls('{"name": "get_weather", "arguments": {"city": "Oslo"}}', tools)[0].function.name \
@@ -267,6 +267,11 @@ def test_parse_tool_calls_formats():
     assert json.loads(wrapped[0].function.arguments) == {"city": "Oslo"}
     assert parse_tool_calls("It is sunny.", tools) == []
     assert parse_tool_calls('{"name": "other", "arguments": {}}', tools) == []
+    # A reply whose "name" is not a string is plain content, not a crash (it was a TypeError: unhashable list).
+    for text in ('{"name": ["get_weather"]}', '[{"name": {"a": 1}, "arguments": {}}]', '{"name": null}'):
+        assert parse_tool_calls(text, tools) == []
+        reply = ToolReply(tools, forced=False)
+        assert reply.push(text, final=True).content == text and reply.finish_reason("stop") == "stop"
 
 
 def test_raw_sse_ends_with_done(tiny):
@@ -478,13 +483,28 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "model": 3}, AUTH, 400,
      "invalid_value"),
     ("/v1/nothing-here", {"prompt": "hi"}, AUTH, 404, 404),
+    # "²".isdigit() but int("²") fails; a 20-digit id is outside the vocabulary
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"\u00b2": 1}}, AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"\u0661\u0662": 1}}, AUTH, 400, "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"9" * 20: 1}}, AUTH, 400, None),
+    *[("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function",
+       "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": function}}, AUTH, 400,
+       "invalid_value") for function in (["f"], "f", 3, {"name": ["f"]}, {"name": {"f": 1}})],
+    *[("/v1/completions", f'{{"prompt": "hi", "{field}": {value}}}'.encode(), AUTH, 400, "invalid_value")
+      for field in ("temperature", "top_p", "min_p", "presence_penalty") for value in ("NaN", "Infinity", "-Infinity")],
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', AUTH, 400,
+     "invalid_value"),
+    ("/metrics", None, {}, 401, "invalid_api_key"),
+    ("/health", None, {}, 401, "invalid_api_key"),
 ]
 
 
 @pytest.mark.parametrize("path,body,headers,status,code", BAD_REQUESTS)
 def test_bad_input_gets_openai_error(tiny, path, body, headers, status, code):
     url, llm, _ = tiny
-    if isinstance(body, bytes):
+    if body is None:
+        r = httpx.get(url + path, headers=headers)
+    elif isinstance(body, bytes):
         r = httpx.post(url + path, content=body, headers={**headers, "content-type": "application/json"})
     else:
         r = httpx.post(url + path, json=body, headers=headers)
@@ -496,6 +516,46 @@ def test_bad_input_gets_openai_error(tiny, path, body, headers, status, code):
     # The server still answers.
     ok = httpx.post(url + "/v1/completions", json={"prompt": "still there?", "max_tokens": 2}, headers=AUTH)
     assert ok.status_code == 200
+
+
+def test_chunked_upload_over_the_limit_gets_413(tiny):
+    """The body limit counts what arrives, not only Content-Length: a chunked upload (no length) past
+    16 MiB is refused with 413 (it reached the routes before); one under it is served."""
+    url, llm, _ = tiny
+    head, limit = b'{"prompt": "hi", "max_tokens": 2', 16 * 2**20
+
+    def body(size: int):  # JSON padded with whitespace to ``size`` bytes; only its last chunk crosses the limit
+        yield head
+        padding = size - len(head) - 1
+        while padding > 0:
+            yield b" " * min(padding, 2**20)
+            padding -= 2**20
+        yield b"}"
+
+    json_type = {**AUTH, "content-type": "application/json"}
+    r = httpx.post(url + "/v1/completions", content=body(limit + 1), headers=json_type, timeout=60)
+    assert "content-length" not in r.request.headers and r.request.headers["transfer-encoding"] == "chunked"
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text
+    r = httpx.post(url + "/v1/completions", content=body(limit), headers=json_type, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+
+
+def test_edge_hosts_origins_and_the_playground(tiny):
+    """DNS rebinding (a foreign Host) gets 400, another site's POST 403; the playground's own origin works."""
+    url, llm, _ = tiny
+    port = url.rsplit(":", 1)[1]
+    body = {"prompt": "hi", "max_tokens": 2}
+    for path in ("/", "/playground/config"):
+        assert httpx.get(url + path, headers={"host": f"attacker.example:{port}"}).status_code == 400
+    r = httpx.post(url + "/v1/completions", json=body, headers={**AUTH, "host": f"attacker.example:{port}"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_host"
+    r = httpx.post(url + "/v1/completions", json=body, headers={**AUTH, "origin": "https://attacker.example"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "invalid_origin"
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
+        r = httpx.post(url + "/v1/completions", json=body, headers={**AUTH, "host": host, "origin": f"http://{host}"})
+        assert r.status_code == 200, r.text
+    assert httpx.get(url + "/", headers={"host": f"localhost:{port}"}).status_code == 200
+    assert httpx.get(url + "/health").status_code == 401  # with a key, /health and /metrics take it
 
 
 def test_openai_client_raises_typed_errors(tiny, client):
@@ -674,6 +734,20 @@ PLAUSIBLE = {
     "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=3),
     "stream": st.booleans(),
     "seed": st.integers(-(2**70), 2**70),
+    # nested shapes: tools, tool_choice, response_format, logit_bias keys (unicode digits, up to 20 characters)
+    "tools": st.lists(st.fixed_dictionaries({"type": st.sampled_from(["function", "code"]), "function": (
+        st.fixed_dictionaries({"name": st.sampled_from(["f", "g", "", "a b"]) | JSON_VALUES},
+                              optional={"parameters": JSON_VALUES | st.just({"type": "object"})}) | JSON_VALUES)}),
+        max_size=2),
+    "tool_choice": st.sampled_from(["none", "auto", "required", "any"]) | st.fixed_dictionaries(
+        {"type": st.sampled_from(["function", "tool"]),
+         "function": st.fixed_dictionaries({"name": st.sampled_from(["f", "g"]) | JSON_VALUES}) | JSON_VALUES}),
+    "response_format": st.fixed_dictionaries(
+        {"type": st.sampled_from(["text", "json_object", "json_schema", "xml"]) | JSON_VALUES},
+        optional={"json_schema": st.fixed_dictionaries({}, optional={
+            "name": st.text(max_size=5), "schema": JSON_VALUES | st.just({"type": "object"})}) | JSON_VALUES}),
+    "logit_bias": st.dictionaries(st.text(alphabet=st.sampled_from("0123456789\u00b2\u0661\u096b\uff15 +-x"),
+                                          max_size=20), st.floats(-150, 150) | JSON_VALUES, max_size=3),
 }
 
 
@@ -699,6 +773,7 @@ def test_fuzz_request_schema_never_5xx(tiny, path, body):
     assert r.status_code < 500, r.text
     if r.status_code >= 400:
         assert set(r.json()["error"]) >= {"message", "type", "code"}
+    assert health(url)["status"] == "ok"  # and the server is still there
 
 
 # -- the real default model ----------------------------------------------------------------------
@@ -724,6 +799,10 @@ def test_default_model_greedy_with_ngram():
 def test_serve_flags_and_speculative_config():
     args = build_parser().parse_args(["serve"])
     assert args.host == "127.0.0.1" and args.port == 8000 and args.max_batch_size == 8
+    assert args.allowed_hosts == [] and args.allowed_origins == [] and not args.metrics_public
+    args = build_parser().parse_args(["serve", "--allowed-hosts", "a.example, b.example", "--allowed-origins",
+                                      "https://app.example", "--metrics-public"])
+    assert args.allowed_hosts == ["a.example", "b.example"] and args.allowed_origins == ["https://app.example"]
     spec, budget = serve_config(args)
     assert spec.types == (SpecType.ADAPTIVE,) and budget == DraftBudget(spec.draft_n_max)  # the engine plans
     assert serve_config(build_parser().parse_args(["serve", "--spec-type", "none"]))[0].enabled is False

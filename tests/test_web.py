@@ -101,7 +101,7 @@ def test_live_endpoint_needs_the_key_and_moves(web):
     assert sum(after["tokens"]) - sum(before["tokens"]) == 30
     gained = after["totals"]["accepted"] - before["totals"]["accepted"]
     assert gained == r.json()["spec_decode"]["accepted"] > 0
-    metrics = httpx.get(url + "/metrics").text
+    metrics = httpx.get(url + "/metrics", headers=AUTH).text  # with a key, /metrics takes it
     assert 'specdec:spec_decode_drafter_tokens_total{drafter="ngram",outcome="accepted"}' in metrics
 
 

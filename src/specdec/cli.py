@@ -1,4 +1,4 @@
-"""`specdec` command line: generate, serve, bench, train, advise, models. A thin layer over the Python API.
+"""`specdec` command line: generate, serve, bench, train, advise. A thin layer over the Python API.
 
 Bad input never shows a traceback: it ends with one `specdec: error: ...` line
 on stderr and exit status 2.
@@ -12,25 +12,74 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from specdec.bench.advise_cli import add_advise_args, cmd_advise
-from specdec.bench.cli import add_bench_args, cmd_bench
-from specdec.catalog_cli import add_models_args, cmd_models
 from specdec.cli_args import Parser, add_logprobs_mode_arg, add_model_args, add_spec_args, positive_int, spec_from_args
 from specdec.config import SamplingParams, SpecConfig, StructuredKind, StructuredOutput
 from specdec.errors import ModelLoadError, UsageError
-from specdec.llm import LLM
-from specdec.logprobs import TokenLogprob, json_logprob
 from specdec.server.cli import add_serve_args, cmd_serve
-from specdec.terminal import DraftPainter
-from specdec.train.cli import add_train_args, cmd_train
+
+if TYPE_CHECKING:
+    from specdec.llm import LLM
+    from specdec.logprobs import TokenLogprob
+
+Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 
 
-def build_parser() -> Parser:
+# The heavy subcommands' modules import torch (and numba, transformers) at their top: they load only
+# when their command is named, so `specdec --help`, `generate` and `serve` parse at once.
+def _bench() -> Command:
+    from specdec.bench.cli import add_bench_args, cmd_bench
+
+    return add_bench_args, cmd_bench
+
+
+def _train() -> Command:
+    from specdec.train.cli import add_train_args, cmd_train
+
+    return add_train_args, cmd_train
+
+
+def _advise() -> Command:
+    from specdec.bench.advise_cli import add_advise_args, cmd_advise
+
+    return add_advise_args, cmd_advise
+
+
+def _models() -> Command:
+    from specdec.catalog_cli import add_models_args, cmd_models
+
+    return add_models_args, cmd_models
+
+
+# name -> (help, its (add-arguments, run) functions)
+COMMANDS: dict[str, tuple[str, Callable[[], Command]]] = {
+    "generate": ("generate text from a prompt", lambda: (add_generate_args, cmd_generate)),
+    "serve": ("OpenAI-compatible HTTP server", lambda: (add_serve_args, cmd_serve)),
+    "bench": ("benchmark methods and peers side by side", _bench),
+    "train": ("train a drafter head (eagle3) for a target model", _train),
+    "advise": ("measure a workload's prompts and say which method to run, and why", _advise),
+    "models": ("the models --model NAME accepts, and how to install each", _models),
+}
+
+
+def build_parser(command: str | None = None) -> Parser:
+    """The whole parser; with ``command``, only that subcommand gets its arguments (the others'
+    modules stay unimported), which is all ``main`` needs to parse one command line."""
     parser = Parser(prog="specdec", description="Lossless speculative decoding for open LLMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    g = sub.add_parser("generate", help="generate text from a prompt")
+    for name, (help_, load) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_)
+        if command is None or command == name:
+            add_args, run = load()
+            add_args(p)
+            p.set_defaults(run=run)
+    return parser
+
+
+def add_generate_args(g: argparse.ArgumentParser) -> None:
     g.add_argument("prompt", nargs="?", help="prompt text")
     g.add_argument("--prompt-file", help="read the prompt from a file")
     g.add_argument("--prompts-file", help="JSONL file, one {\"prompt\": ...} per line")
@@ -53,12 +102,6 @@ def build_parser() -> Parser:
     add_processor_args(g)
     add_model_args(g)
     add_spec_args(g)
-    add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
-    add_bench_args(sub.add_parser("bench", help="benchmark methods and peers side by side"))
-    add_train_args(sub.add_parser("train", help="train a drafter head (eagle3) for a target model"))
-    add_advise_args(sub.add_parser("advise", help="measure a workload's prompts and say which method to run, and why"))
-    add_models_args(sub.add_parser("models", help="the models --model NAME accepts, and how to install each"))
-    return parser
 
 
 def add_processor_args(p: argparse.ArgumentParser) -> None:
@@ -143,8 +186,8 @@ def _read_text(path: str) -> str:
 
 
 # SamplingParams' field names in its errors -> the flags that set them
-_FIELD = re.compile(r"\b(max_new_tokens|top_k|top_p|min_p|prompt_logprobs|logprobs|presence_penalty|frequency_penalty|"
-                    r"repetition_penalty|logit_bias|min_tokens)\b")
+_FIELD = re.compile(r"\b(max_new_tokens|temperature|top_k|top_p|min_p|prompt_logprobs|logprobs|presence_penalty|"
+                    r"frequency_penalty|repetition_penalty|logit_bias|min_tokens)\b")
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
@@ -171,6 +214,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if value is not None and not args.json:
             raise UsageError(f"{flag} needs --json")
     spec = spec_from_args(args)
+    from specdec.llm import LLM  # torch and the model code: only once the arguments are known good
+
     llm = LLM(args.model, dtype=args.dtype, spec=spec, max_model_len=args.max_model_len, device=args.device,
               backend=args.backend, quantization=args.quantization, logprobs_mode=args.logprobs_mode)
     inputs: list[str | list[int]] = []
@@ -192,6 +237,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def write_outputs(args: argparse.Namespace, llm: LLM, inputs: list[str | list[int]], params: SamplingParams,
                   spec: SpecConfig) -> None:
     """Generate each input and print it: one JSON record per prompt, or the streamed text and a stats line."""
+    from specdec.terminal import DraftPainter
+
     painter = DraftPainter([t.value for t in llm.drafts.loaded()], sys.stdout, sys.stderr) if args.show_drafts \
         else None
     for prompt in inputs:
@@ -227,6 +274,8 @@ def write_outputs(args: argparse.Namespace, llm: LLM, inputs: list[str | list[in
 
 def logprobs_record(llm: LLM, entries: list[TokenLogprob | None]) -> list[dict | None]:
     """One object per token: its id, text, logprob, rank and the top tokens (None: the prompt's first token)."""
+    from specdec.logprobs import json_logprob
+
     def text(token_id: int) -> str:
         return llm.tokenizer.decode([token_id])
 
@@ -252,23 +301,15 @@ def stats_line(stats, spec: SpecConfig) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     if "TRANSFORMERS_VERBOSITY" not in os.environ:  # the user's own setting wins
-        # transformers reads the variable when first imported, which the module-level imports
-        # above may already have done (the runners import it): set its logger's level as well.
+        # transformers reads the variable when first imported; if a caller imported it before
+        # main, only its logger's level still takes effect: set both.
         os.environ["TRANSFORMERS_VERBOSITY"] = "error"
         logging.getLogger("transformers").setLevel(logging.ERROR)
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        args = build_parser().parse_args(argv)
-        if args.command == "generate":
-            return cmd_generate(args)
-        if args.command == "serve":
-            return cmd_serve(args)
-        if args.command == "train":
-            return cmd_train(args)
-        if args.command == "advise":
-            return cmd_advise(args)
-        if args.command == "models":
-            return cmd_models(args)
-        return cmd_bench(args)
+        command = next((a for a in argv if not a.startswith("-")), "")  # "" (none, or unknown): no arguments
+        args = build_parser(command).parse_args(argv)
+        return args.run(args)
     except (UsageError, ModelLoadError, ValueError) as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)
         return 2

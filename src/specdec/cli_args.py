@@ -1,16 +1,15 @@
 """Command-line pieces shared by `specdec generate`, `serve` and `bench`.
 
 A leaf of the CLI: ``cli.py``, ``server/cli.py`` and ``bench/cli.py`` import it, and
-it imports none of them.
+it imports none of them. It imports no torch either (``specdec --help`` stays instant).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from specdec.config import DEFAULT_SPEC_TYPES, SpecConfig, SpecType, parse_spec_types
+from specdec.config import DEFAULT_SPEC_TYPES, LogprobsMode, SpecConfig, SpecType, parse_spec_types
 from specdec.errors import UsageError
-from specdec.logprobs import LogprobsMode
 
 
 class Parser(argparse.ArgumentParser):

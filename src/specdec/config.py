@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field, replace
 
 
@@ -43,6 +44,15 @@ class ModelConfig:
 
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs; OpenAI allows 20 top_logprobs
+
+
+class LogprobsMode(str, enum.Enum):
+    """What ``logprobs`` report (vLLM's ``logprobs_mode`` names); see ``logprobs.py``."""
+
+    RAW_LOGPROBS = "raw_logprobs"
+    RAW_LOGITS = "raw_logits"
+    PROCESSED_LOGPROBS = "processed_logprobs"
+    PROCESSED_LOGITS = "processed_logits"
 
 
 class StructuredKind(str, enum.Enum):
@@ -100,8 +110,8 @@ class SamplingParams:
         if self.max_new_tokens < 0 or (self.max_new_tokens == 0 and self.prompt_logprobs is None):
             raise ValueError(f"max_new_tokens must be >= 1 (0 only with prompt_logprobs, to score a prompt), "
                              f"got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:  # NaN fails too
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:

@@ -25,27 +25,17 @@ for bit in float32, in every mode.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from specdec.config import SamplingParams
+from specdec.config import LogprobsMode, SamplingParams  # LogprobsMode lives in config: the CLI reads it without torch
 from specdec.sampling import sampling_logits
 
 # What a logprob of -inf (a token the processed distribution excludes) becomes in JSON, which has no
 # infinities: vLLM's floor.
 JSON_LOGPROB_FLOOR = -9999.0
-
-
-class LogprobsMode(str, enum.Enum):
-    """What ``logprobs`` report (vLLM's ``logprobs_mode`` names); see the module docstring."""
-
-    RAW_LOGPROBS = "raw_logprobs"
-    RAW_LOGITS = "raw_logits"
-    PROCESSED_LOGPROBS = "processed_logprobs"
-    PROCESSED_LOGITS = "processed_logits"
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ here: FastAPI reads the route annotations, which name classes imported inside
 """
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -33,6 +32,7 @@ from specdec.config import SamplingParams, SpecType, parse_spec_types
 from specdec.grammar import GrammarError
 from specdec.llm import LLM
 from specdec.scheduler import QueueFullError, Request, Scheduler
+from specdec.server.edge import DEFAULT_MAX_BODY_BYTES, EdgePolicy, GuardMiddleware, error_body
 from specdec.server.logprob_format import TokenTexts, chat_logprobs, completion_logprobs
 from specdec.server.metrics import ServerMetrics
 from specdec.server.protocol import (
@@ -55,12 +55,11 @@ from specdec.server.protocol import (
 )
 from specdec.server.provenance import ChoiceProvenance
 from specdec.server.tools import ToolReply, forced_call
-from specdec.server.web import PROTECTED_PATHS, add_web_routes
+from specdec.server.web import add_web_routes
 from specdec.text import as_prompt_list, decode
 
 logger = logging.getLogger("specdec.server")
 
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 
 
@@ -74,10 +73,6 @@ class APIError(Exception):
 
     def body(self) -> dict:
         return error_body(self.message, self.type, self.code, self.param)
-
-
-def error_body(message: str, type_: str, code: str | int | None = None, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 # -- the application -----------------------------------------------------------------------------
@@ -99,8 +94,12 @@ def create_app(
     max_queue: int = 64,
     budget: DraftBudget | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    edge: EdgePolicy | None = None,
 ):
     """A FastAPI app serving ``llm`` (a specdec.llm.LLM; its ``max_num_seqs`` is the batch limit).
+
+    ``edge``: the hosts and origins it answers and whether /metrics and /health need the key
+    (``edge.py``; default: a server bound to 127.0.0.1, as ``specdec serve``).
 
     The scheduler thread starts and stops with the app's lifespan; at its end ``llm.close()`` saves
     what drafters learned (--spec-ngram-cache-file).
@@ -135,7 +134,8 @@ def create_app(
 
     app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.specdec = state
-    app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes)
+    app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes,
+                       edge=edge or EdgePolicy.for_bind("127.0.0.1"))
 
     @app.exception_handler(APIError)
     async def _api_error(_req, exc: APIError):
@@ -184,44 +184,6 @@ def create_app(
 
     add_web_routes(app, state, api_key_required=bool(api_key))
     return app
-
-
-class GuardMiddleware:
-    """Plain ASGI middleware: the API key on every /v1 route and data endpoint, and a request size limit.
-
-    Written against ASGI directly (not BaseHTTPMiddleware) so streamed responses
-    and client disconnects pass through untouched.
-    """
-
-    def __init__(self, app, api_key: str | None, max_body_bytes: int) -> None:
-        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-            if self.api_key and scope["path"].startswith(PROTECTED_PATHS):
-                given = headers.get("authorization", "")
-                token = given[7:] if given[:7].lower() == "bearer " else ""
-                if not hmac.compare_digest(token.encode(), self.api_key.encode()):
-                    body = error_body("invalid or missing API key (send 'Authorization: Bearer KEY')",
-                                      "authentication_error", "invalid_api_key")
-                    await _send_json(send, 401, body, {"www-authenticate": "Bearer"})
-                    return
-            length = headers.get("content-length", "")
-            if length.isdigit() and int(length) > self.max_body_bytes:
-                body = error_body(f"request body too large ({length} bytes > {self.max_body_bytes})",
-                                  "invalid_request_error", "request_too_large")
-                await _send_json(send, 413, body)
-                return
-        await self.app(scope, receive, send)
-
-
-async def _send_json(send, status: int, body: dict, extra_headers: dict | None = None) -> None:
-    data = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-    headers += [(k.encode(), v.encode()) for k, v in (extra_headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": data})
 
 
 def describe_validation_errors(errors) -> tuple[str, str | None]:

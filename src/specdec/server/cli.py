@@ -1,4 +1,7 @@
-"""`specdec serve`: the command's flags, vLLM's --speculative-config, and starting uvicorn."""
+"""`specdec serve`: the command's flags, vLLM's --speculative-config, and starting uvicorn.
+
+The model code, FastAPI and uvicorn load inside ``cmd_serve``: the flags parse without them.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +10,16 @@ import json
 import os
 import sys
 
-import uvicorn
-
 from specdec.budget import DraftBudget
 from specdec.cli_args import add_logprobs_mode_arg, add_model_args, add_spec_args, positive_int, spec_from_args
 from specdec.config import SpecConfig, SpecType
 from specdec.errors import UsageError
-from specdec.llm import LLM
-from specdec.server.app import DEFAULT_MAX_BODY_BYTES, create_app
+from specdec.server.edge import DEFAULT_MAX_BODY_BYTES, EdgePolicy
 from specdec.server.ray_options import check_ray_args, deployment_from_args
+
+
+def _names(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -25,8 +29,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     g.add_argument("--port", type=int, default=8000)
     g.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on every /v1 route and /metrics/live "
+                   help="require 'Authorization: Bearer KEY' on every /v1 route, /metrics and /health "
                         "(default: $SPECDEC_API_KEY)")
+    g.add_argument("--allowed-hosts", type=_names, default=[], metavar="NAME,...",
+                   help="Host header names answered besides localhost, IP addresses and --host; '*' = any "
+                        "(others get 400: DNS rebinding cannot read replies)")
+    g.add_argument("--allowed-origins", type=_names, default=[], metavar="ORIGIN,...",
+                   help="origins (https://app.example) whose pages may POST besides the server's own; '*' = any "
+                        "(others get 403)")
+    g.add_argument("--metrics-public", action="store_true",
+                   help="with --api-key: /metrics and /health open without the key")
     g.add_argument("--served-model-name", default=None, help="model id reported and accepted by the API")
     g.add_argument("--max-batch-size", type=positive_int, default=8,
                    help="most sequences decoded together (one KV cache slot each)")
@@ -143,12 +155,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from specdec.server import ray_serve  # Ray is an optional extra: import it only when asked for
 
         return ray_serve.run(deployment_from_args(args, spec, budget), args.host, args.port, args.ray_address)
+    import uvicorn
+
+    from specdec.llm import LLM
+    from specdec.server.app import create_app
+
+    edge = EdgePolicy.for_bind(args.host, args.allowed_hosts, args.allowed_origins, args.metrics_public)
     llm = LLM(args.model, dtype=args.dtype, spec=spec, max_model_len=args.max_model_len, device=args.device,
               max_num_seqs=args.max_batch_size, backend=args.backend, quantization=args.quantization,
               logprobs_mode=args.logprobs_mode)
     llm.warmup()
     app = create_app(llm, served_model_name=args.served_model_name, api_key=args.api_key,
-                     max_queue=args.max_queue, budget=budget, max_body_bytes=args.max_request_bytes)
+                     max_queue=args.max_queue, budget=budget, max_body_bytes=args.max_request_bytes,
+                     edge=edge)
     print(f"specdec: serving {args.served_model_name or llm.model_name} on http://{args.host}:{args.port}/v1 "
           f"(batch {args.max_batch_size}, spec {','.join(t.value for t in spec.types)}, "
           f"backend {llm.runner.backend}); playground http://{args.host}:{args.port}/, dashboard /dashboard",

@@ -83,7 +83,7 @@ class SamplingRequest(SpecDecodeOptions):
     @model_validator(mode="after")
     def _check_sampling(self) -> SamplingRequest:
         for key, bias in (self.logit_bias or {}).items():
-            if not key.strip().isdigit():
+            if not (key.strip().isascii() and key.strip().isdigit()):  # "²".isdigit(), but int("²") fails
                 raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
             if not -100 <= bias <= 100:
                 raise ValueError("logit_bias values must be in [-100, 100]")
@@ -276,8 +276,9 @@ class ChatCompletionRequest(SamplingRequest):
         if len(set(names)) != len(names):
             raise ValueError("tools have duplicate function names")
         if isinstance(self.tool_choice, dict):
-            name = (self.tool_choice.get("function") or {}).get("name")
-            if self.tool_choice.get("type") != "function" or name not in names:
+            function = self.tool_choice.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
+            if self.tool_choice.get("type") != "function" or not isinstance(name, str) or name not in names:
                 raise ValueError("tool_choice must name a function given in tools")
         elif self.tool_choice == "required" and not names:
             raise ValueError('tool_choice "required" needs tools')

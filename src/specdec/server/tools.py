@@ -52,7 +52,7 @@ def parse_tool_calls(text: str, tools: list[Tool]) -> list[ToolCall]:
         except json.JSONDecodeError:
             return []
         for item in obj if isinstance(obj, list) else [obj]:
-            if not isinstance(item, dict) or item.get("name") not in names:
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str) or item["name"] not in names:
                 return []
             args = item.get("arguments", item.get("parameters", {}))
             if not isinstance(args, dict):
