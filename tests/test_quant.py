@@ -196,3 +196,104 @@ def test_long_prompt_runs_in_chunks_with_the_bits_of_one_pass(tiny_model_factory
     runner.truncate(slot, 600)
     step = runner.run([SeqInput(slot, ids[600:])])
     assert torch.equal(step.logits[0][-1], out.logits[0][-1])
+
+
+K_ARCHS = {"llama": dict(model_type="llama"), "qwen2": dict(model_type="qwen2"),
+           "gemma3": dict(model_type="gemma3_text", sliding_window=8, layer_types=None, query_pre_attn_scalar=64)}
+
+
+def _write_k_quant_gguf(folder, arch: str) -> tuple:
+    """A random model of ``arch`` whose every matrix is a K-quant (rows of 256 and 512 values), the
+    types rotating over tensors and layers: q/k/v of one layer mix Q4_K, Q5_K and Q6_K in one fused
+    matrix and stacked layers differ in width. Returns (GGUF path, our config)."""
+    from transformers import AutoConfig
+
+    extra = dict(K_ARCHS[arch])
+    hf = AutoConfig.for_model(extra.pop("model_type"), vocab_size=1024, hidden_size=256, intermediate_size=512,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                              max_position_embeddings=512, tie_word_embeddings=arch != "qwen2", **extra)
+    hf.save_pretrained(folder)
+    cfg, _ = read_model_config(folder)
+    rng = np.random.default_rng(len(arch))
+    writer = GGUFWriter(str(folder / "k.gguf"), arch)
+    types = [T.Q4_K, T.Q5_K, T.Q6_K]
+
+    def matrix(name: str, rows: int, k: int, qtype: T) -> None:
+        data = _random_blocks(qtype, rows, k, rng)
+        scale = 2e-4 if qtype == T.Q6_K else 1e-3  # keep activations finite over the layers
+        field = slice(208, 210) if qtype == T.Q6_K else slice(0, 2)
+        blocks = data.reshape(rows, k // 256, -1)
+        blocks[:, :, field] = (rng.random((rows, k // 256)) * scale + scale / 10).astype(np.float16).view(
+            np.uint8).reshape(rows, -1, 2)
+        writer.add_tensor(name, blocks.reshape(rows, -1), raw_dtype=qtype)
+
+    def vector(name: str, n: int, mean: float = 1.0) -> None:
+        writer.add_tensor(name, (mean + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    h, i_size, q, kv = 256, 512, 4 * 64, 2 * 64
+    matrix("token_embd.weight", 1024, h, T.Q4_K)
+    vector("output_norm.weight", h, 0.0 if arch == "gemma3" else 1.0)
+    if not hf.tie_word_embeddings:
+        matrix("output.weight", 1024, h, T.Q6_K)
+    for layer in range(2):
+        p = f"blk.{layer}."
+        for j, (name, rows, k) in enumerate([("attn_q", q, h), ("attn_k", kv, h), ("attn_v", kv, h),
+                                             ("attn_output", h, q), ("ffn_gate", i_size, h),
+                                             ("ffn_up", i_size, h), ("ffn_down", h, i_size)]):
+            matrix(p + name + ".weight", rows, k, types[(j + layer) % 3])
+        norm = 0.0 if arch == "gemma3" else 1.0
+        for name in ("attn_norm", "ffn_norm", *(("post_attention_norm", "post_ffw_norm") if arch == "gemma3" else ())):
+            vector(p + name + ".weight", h, norm)
+        if arch == "qwen2":
+            for name, n in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
+                vector(p + name + ".bias", n, 0.0)
+        if arch == "gemma3":
+            vector(p + "attn_q_norm.weight", 64, 0.0)
+            vector(p + "attn_k_norm.weight", 64, 0.0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return folder / "k.gguf", cfg
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_k_quant_model_verify_rows_bit_identical(tmp_path, arch):
+    """Q4_K/Q5_K/Q6_K super-blocks kept as they are, at model level: a GGUF file of each layout
+    whose matrices are all K-quants (mixed within fused q/k/v and across layers) loads in its
+    compact form and a token's logits in chain, tree, batched and wide passes have the bits of
+    decoding it alone."""
+    path, cfg = _write_k_quant_gguf(tmp_path, arch)
+    weights = load_gguf_weights(path, cfg)
+    stacked = Transformer(cfg, weights, CPU_KERNELS, 256)
+    assert set(stacked.block_types) == {"Q4_K", "Q5_K", "Q6_K"}
+    # the super-blocks' own bytes (144 / 176 / 210 per 256 values), not widened scales; stacked layers
+    # keep their own widths (ffn_down: Q4_K in layer 0, Q5_K in layer 1)
+    assert list(stacked._fused["wqkv"][5]) == [210, 210]
+    assert list(stacked._fused["w_down"][5]) == [2 * 144, 2 * 176]
+    assert stacked._fused["w_down"][0].nbytes == 256 * (2 * 144 + 2 * 176)
+    runner = NativeRunner(stacked, cfg, torch.float32, torch.device("cpu"), 256, num_slots=2)
+    logits = runner.run([SeqInput(runner.allocate(), [3, 40, 500])]).logits[0]
+    assert torch.isfinite(logits).all() and logits.std() > 0
+    runner.free(0)
+    assert_verify_rows_bit_identical(runner)
+
+
+@pytest.mark.parametrize("isa, flags", [("avx2", "-mno-avx512f -mno-avxvnni"), ("scalar", "-mno-avx2 -mno-avx512f")])
+def test_k_quant_model_bit_identity_on_the_narrower_paths(isa, flags):
+    """The same model-level check with the kernels built for AVX2 alone (what most CPUs run) and
+    for none (portable C), each in a process of its own: an AVX-512 machine tests them too."""
+    import os
+    import subprocess
+    import sys
+
+    if isa == "avx2" and clib.isa() == "scalar":
+        pytest.skip("no AVX2 on this CPU")
+    code = (f"import sys, pytest; from specdec.model import clib; assert clib.isa() == {isa!r}, clib.isa(); "
+            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', "
+            "'tests/test_quant.py::test_k_quant_model_verify_rows_bit_identical']))")
+    env = {**os.environ, "SPECDEC_QKERNELS_CFLAGS": flags}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "3 passed" in done.stdout

@@ -1,24 +1,26 @@
 /* Products of GGUF-quantized weight rows with a few activation rows, as integer dot products.
  *
  * Compiled on first use for the CPU at hand (cc -O3 -march=native, see clib.py) and called
- * from the numba layer stack (kernels.qmatmul). Weights keep their blocks' integers and scales,
- * repacked at load (quant.py) into one of four layouts; a row has K values, K a multiple of 64:
+ * from the numba layer stack (kernels.qmatmul). Weights keep their blocks' integers and scales
+ * (quant.py), in one of six layouts; a row has K values, K a multiple of 64:
  *
  *   U4M  4-bit q; 32 bytes per two 32-blocks (byte j: block 2p's value j in the low nibble,
- *        block 2p+1's value j in the high one); value = s[b] * q + m[b]  (Q4_0, Q4_1, Q4_K)
- *   U8M  one byte per q (0..31); value = s[b] * q + m[b]               (Q5_0, Q5_1, Q5_K)
+ *        block 2p+1's value j in the high one); value = s[b] * q + m[b]  (Q4_0, Q4_1)
+ *   U8M  one byte per q (0..31); value = s[b] * q + m[b]               (Q5_0, Q5_1)
  *   I8   one byte per q + 128; value = s[b] * q per 32-block           (Q8_0)
- *   I8H  one byte per q + 128; value = s[h] * q per 16 values          (Q6_K, float checkpoints)
  *   Q4K, Q5K, Q6K  the GGUF super-blocks themselves, byte for byte (144 / 176 / 210 bytes per
  *        256 values: 4.5 / 5.5 / 6.5 bits a weight); s and m are unused
  *
  * Activation rows are quantized per 32-block to int8 (llama.cpp's q8_0 route: d = max|x| / 127),
  * so each block's product is one exact integer dot (vpdpbusd with VNNI, else vpmaddubsw +
- * vpmaddwd) scaled once in float. For the K-quant super-blocks they are quantized a second time
- * per 256 values (llama.cpp's q8_K route, with sums per 16): the 6-bit or 8-bit sub-block scales
- * then multiply in the integer domain (vpmaddwd) and a super-block costs one float FMA. The +128 of I8/I8H is taken back inside the integer
- * accumulator (it starts at -128 x the activations' 4-byte sums), the min term of U4M/U8M uses
- * each block's sum of quantized x. AVX-512 (VNNI) takes two blocks per instruction, AVX2 one.
+ * vpmaddwd) scaled once in float. The +128 of I8 is taken back inside the integer accumulator
+ * (it starts at -128 x the activations' 4-byte sums), the min term of U4M/U8M uses each block's
+ * sum of quantized x. AVX-512 (VNNI) takes two blocks per instruction, AVX2 one.
+ *
+ * For the K-quant super-blocks the activations are quantized a second time, per 256 values
+ * (llama.cpp's q8_K route, with sums per 16): the 6-bit (Q4_K/Q5_K) or 8-bit (Q6_K) sub-block
+ * scales then multiply in the integer domain (vpmaddwd after vpmaddubsw), the mins and Q6_K's
+ * -32 offset go through the per-16 sums, and a super-block costs one float FMA per row.
  *
  * Bit-identity: every output element (weight row n, activation row r) is computed by the
  * same instruction sequence whatever the number of rows in the pass and wherever r sits in
@@ -40,7 +42,7 @@
 #define SD_VNNI 1
 #endif
 
-enum { FMT_U4M = 0, FMT_U8M = 1, FMT_I8 = 2, FMT_I8H = 3, FMT_Q4K = 4, FMT_Q5K = 5, FMT_Q6K = 6 };
+enum { FMT_U4M = 0, FMT_U8M = 1, FMT_I8 = 2, FMT_Q4K = 4, FMT_Q5K = 5, FMT_Q6K = 6 };
 enum { QK = 256 };  /* values per K-quant super-block */
 
 #define INLINE static inline __attribute__((always_inline))
@@ -150,7 +152,6 @@ INLINE void tile(const int R, const int FMT, const uint8_t *q, const float *s, c
     const int64_t np = k / 64;
     const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
     const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m512i quad_idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     __m512 acc[4];
     for (int j = 0; j < R; j++) acc[j] = _mm512_setzero_ps();
     for (int64_t p = 0; p < np; p++) {
@@ -162,14 +163,11 @@ INLINE void tile(const int R, const int FMT, const uint8_t *q, const float *s, c
         } else {
             w = _mm512_loadu_si512((const void *)(q + 64 * p));
         }
-        if (FMT == FMT_I8H)
-            sv = _mm512_permutexvar_ps(quad_idx, _mm512_castps128_ps512(_mm_loadu_ps(s + 4 * p)));
-        else
-            sv = _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(
-                     _mm_castpd_ps(_mm_load_sd((const double *)(s + 2 * p)))));
+        sv = _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(
+                 _mm_castpd_ps(_mm_load_sd((const double *)(s + 2 * p)))));
         for (int j = 0; j < R; j++) {
             const __m512i xv = _mm512_loadu_si512((const void *)(xq + j * k + 64 * p));
-            const __m512i init = (FMT == FMT_I8 || FMT == FMT_I8H)
+            const __m512i init = FMT == FMT_I8
                 ? _mm512_loadu_si512((const void *)(nxl + j * (k / 4) + 16 * p)) : _mm512_setzero_si512();
             const __m512i dot = _mm512_dpbusd_epi32(init, w, xv);
             const __m512 scale = _mm512_mul_ps(sv, _mm512_loadu_ps(dx8 + j * (k / 4) + 16 * p));
@@ -202,9 +200,9 @@ INLINE float min_dot(const float *m, const float *bs, int64_t n) {
     return hsum(a);
 }
 
-/* the exact integer dot of one 32-block: weights w (u8, or q + 128 for I8/I8H), activations xv */
+/* the exact integer dot of one 32-block: weights w (u8, or q + 128 for I8), activations xv */
 INLINE __m256i block_dot(const int FMT, __m256i w, __m256i xv, const int32_t *nxl) {
-    const int is_signed = FMT == FMT_I8 || FMT == FMT_I8H;
+    const int is_signed = FMT == FMT_I8;
 #if defined(SD_VNNI)
     const __m256i init = is_signed ? _mm256_loadu_si256((const __m256i *)nxl) : _mm256_setzero_si256();
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -238,10 +236,7 @@ INLINE void tile(const int R, const int FMT, const uint8_t *q, const float *s, c
         } else {
             w = _mm256_loadu_si256((const __m256i *)(q + 32 * b));
         }
-        if (FMT == FMT_I8H)
-            sv = _mm256_set_m128(_mm_set1_ps(s[2 * b + 1]), _mm_set1_ps(s[2 * b]));
-        else
-            sv = _mm256_set1_ps(s[b]);
+        sv = _mm256_set1_ps(s[b]);
         for (int j = 0; j < R; j++) {
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + j * k + 32 * b));
             const __m256i dot = block_dot(FMT, w, xv, nxl + j * (k / 4) + 8 * b);
@@ -272,15 +267,9 @@ INLINE void tile(const int R, const int FMT, const uint8_t *q, const float *s, c
         float acc = 0.0f;
         for (int64_t b = 0; b < nb; b++) {
             const int8_t *x = xq + j * k + 32 * b;
-            int32_t isum[2] = {0, 0};
-            for (int i = 0; i < 32; i++) isum[i / 16] += weight_at(FMT, q, 32 * b + i) * x[i];
-            const float d = dx8[j * (k / 4) + 8 * b];
-            if (FMT == FMT_I8H) {
-                acc = acc + (float)isum[0] * (s[2 * b] * d);
-                acc = acc + (float)isum[1] * (s[2 * b + 1] * d);
-            } else {
-                acc = acc + (float)(isum[0] + isum[1]) * (s[b] * d);
-            }
+            int32_t isum = 0;
+            for (int i = 0; i < 32; i++) isum += weight_at(FMT, q, 32 * b + i) * x[i];
+            acc = acc + (float)isum * (s[b] * dx8[j * (k / 4) + 8 * b]);
         }
         if (FMT == FMT_U4M || FMT == FMT_U8M)
             for (int64_t b = 0; b < nb; b++) acc = acc + m[b] * bs32[j * nb + b];
@@ -618,7 +607,6 @@ KTILES(tiles_q6k, CALL_Q6K)
 TILES(tiles_u4m, FMT_U4M)
 TILES(tiles_u8m, FMT_U8M)
 TILES(tiles_i8, FMT_I8)
-TILES(tiles_i8h, FMT_I8H)
 
 /* out[r, n] = sum_k W[n, k] x[r, k] for weight rows n0 <= n < n1 and every activation row r.
  * q [N, q_stride] bytes, s and m [N, s_stride] floats, fmt [N] (a layout per row: a fused
@@ -645,8 +633,7 @@ void sd_qmatmul(const uint8_t *q, const float *s, const float *m, const int8_t *
             case FMT_Q6K: tiles_q6k(R, qn, k, xr, dr, br, o, out_stride); break;
             case FMT_U4M: tiles_u4m(R, qn, sn, mn, k, x, d, b32, l, o, out_stride); break;
             case FMT_U8M: tiles_u8m(R, qn, sn, mn, k, x, d, b32, l, o, out_stride); break;
-            case FMT_I8: tiles_i8(R, qn, sn, mn, k, x, d, b32, l, o, out_stride); break;
-            default: tiles_i8h(R, qn, sn, mn, k, x, d, b32, l, o, out_stride); break;
+            default: tiles_i8(R, qn, sn, mn, k, x, d, b32, l, o, out_stride); break;
             }
         }
     }
@@ -685,8 +672,7 @@ void sd_dequantize_rows(const uint8_t *q, const float *s, const float *m, const 
                 o[e] = sn[b] * (float)((b & 1) ? (qn[32 * (b / 2) + j] >> 4) : (qn[32 * (b / 2) + j] & 15)) + mn[b];
                 break;
             case FMT_U8M: o[e] = sn[b] * (float)qn[e] + mn[b]; break;
-            case FMT_I8: o[e] = sn[b] * (float)((int32_t)qn[e] - 128); break;
-            default: o[e] = sn[e / 16] * (float)((int32_t)qn[e] - 128); break;
+            default: o[e] = sn[b] * (float)((int32_t)qn[e] - 128); break;
             }
         }
     }

@@ -3,7 +3,7 @@
 A GGUF stores each matrix row as blocks of 32 or 256 values: small integers and
 per-block scales (and mins). ``QuantMatrix.from_blocks`` keeps those integers and
 scales bit for bit. The 32-value types move into one of four layouts the kernels read
-(U4M, U8M, I8, I8H; see qkernels.c), with the scales widened to float32; the K-quants
+(U4M, U8M, I8; see qkernels.c), with the scales widened to float32; the K-quants
 (Q4_K, Q5_K, Q6_K) stay the GGUF's own super-blocks byte for byte (layouts Q4K, Q5K,
 Q6K: 4.5, 5.5 and 6.5 bits a weight), their 6- and 8-bit sub-scales applied by the
 kernels in the integer domain. Types outside ``SUPPORTED`` are dequantised at load by
@@ -19,7 +19,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf import quants
 
-U4M, U8M, I8, I8H, Q4K, Q5K, Q6K = 0, 1, 2, 3, 4, 5, 6
+U4M, U8M, I8, Q4K, Q5K, Q6K = 0, 1, 2, 4, 5, 6
 SUPER_BLOCK = {Q4K: 144, Q5K: 176, Q6K: 210}  # bytes per 256 values of the K-quant layouts
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)  # super-blocks of 256 values
 SUPPORTED = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, *K_QUANTS)
@@ -31,7 +31,7 @@ _MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
 @dataclass
 class QuantMatrix:
     """A [rows, k] matrix in kernel layout: q [rows, *] uint8, s and m [rows, *] float32
-    (per 32 values, or per 16 for I8H), fmt [rows] int8 (rows may mix layouts)."""
+    (per 32 values; unused by the K-quant layouts), fmt [rows] int8 (rows may mix layouts)."""
 
     q: np.ndarray
     s: np.ndarray
@@ -105,7 +105,7 @@ def quantize_weights(state: dict[str, torch.Tensor], qtype: T) -> dict[str, torc
 
 def row_bytes(fmt: np.ndarray, k: int) -> np.ndarray:
     """Bytes each row of layout ``fmt`` (per row) reads in a product over k values."""
-    per_32 = {U4M: 16 + 8, U8M: 32 + 8, I8: 32 + 4, I8H: 32 + 8}  # values, then float32 scales (and mins)
+    per_32 = {U4M: 16 + 8, U8M: 32 + 8, I8: 32 + 4}  # values, then float32 scales (and mins)
     per_32 |= {f: size / 8 for f, size in SUPER_BLOCK.items()}
     return np.vectorize(per_32.__getitem__)(fmt) * (k // 32)
 
@@ -184,7 +184,7 @@ def _q5_1(data, rows, k):
 
 
 def _biased(q: np.ndarray) -> np.ndarray:
-    """int8 values -> the I8/I8H layout's bytes, q + 128 (see qkernels.c)."""
+    """int8 values -> the I8 layout's bytes, q + 128 (see qkernels.c)."""
     return (q.astype(np.int16) + 128).astype(np.uint8)
 
 
