@@ -39,6 +39,8 @@ def add_passes_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=positive_int, default=300, help="tokens already in the cache (default 300)")
     p.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="pass widths (default 1,2,4,8,16,32)")
     p.add_argument("--rounds", type=positive_int, default=15, help="rounds over all widths (median kept)")
+    p.add_argument("--parts", action="store_true",
+                   help="also time each part of a pass alone (products by matrix kind, attention, LM head, the rest)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
 
@@ -118,6 +120,8 @@ def cmd_passes(args: argparse.Namespace) -> int:
     floor_times = times.pop(0)
     floor = statistics.median(floor_times)
     costs = {w: statistics.median(ts) for w, ts in times.items()}
+    parts = _parts(runner, context, [w for w in widths if w in (1, 8)] or widths[:1], args.rounds) if args.parts else {}
+    parts = {w: {**p, "rest": costs[w] - sum(p.values())} for w, p in parts.items()}
     one = costs[widths[0]]
     result = {
         "model": llm.model_name, "dtype": args.dtype, "backend": runner.backend, "device": str(runner.device),
@@ -128,6 +132,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
         "vs_one_token": {w: c / one for w, c in costs.items()},
         "one_token_vs_floor": one / floor, "peak_rss_bytes": peak_rss_bytes(), "rss_bytes": rss_bytes(),
         "kv_bytes": runner.kv_bytes(), "weights": runner.weights_label, "model_file_bytes": _file_bytes(args.model),
+        "parts_ms": {w: {k: v * 1e3 for k, v in p.items()} for w, p in parts.items()},
         "torch_threads": torch.get_num_threads(), "machine": machine_info(),
     }
     if args.json:
@@ -142,15 +147,35 @@ def cmd_passes(args: argparse.Namespace) -> int:
           f"{lo:.1f}-{hi:.1f} ms over the rounds, timed between the passes); "
           f"peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB")
     if result["model_file_bytes"]:
-        limit = 2 * result["model_file_bytes"] + result["kv_bytes"]
-        print(f"RSS after the passes {result['rss_bytes'] / 2**20:.0f} MiB; 2x the model file + KV cache = "
+        limit = result["model_file_bytes"] + result["kv_bytes"] + 500 * 2**20
+        print(f"RSS after the passes {result['rss_bytes'] / 2**20:.0f} MiB; the model file + KV cache + 500 MiB = "
               f"{limit / 2**20:.0f} MiB")
     print("| tokens in the pass | ms per pass | x 1-token pass | x read floor |")
     print("|---:|---:|---:|---:|")
     for w in widths:
         print(f"| {w} | {costs[w] * 1e3:.1f} | {costs[w] / one:.2f} | {costs[w] / floor:.2f} |")
+    for w, p in parts.items():
+        print(f"\n{w}-token pass by part (each timed alone; rest = the pass minus the parts):")
+        print("| part | ms | share of the pass |")
+        print("|---|---:|---:|")
+        for name, sec in p.items():
+            print(f"| {name} | {sec * 1e3:.1f} | {sec / costs[w]:.0%} |")
     sys.stdout.flush()
     return 0
+
+
+def _parts(runner: ModelRunner, context: list[int], widths: list[int], rounds: int) -> dict[int, dict[str, float]]:
+    """Each width's pass by part (``pass_parts``), after the same context; fused runners only."""
+    from specdec.bench.pass_parts import part_costs
+
+    if getattr(runner.model, "_fused", None) is None:
+        raise UsageError("--parts needs the fused CPU kernels (--backend cpu-kernels)")
+    slot = runner.allocate()
+    try:
+        runner.run([SeqInput(slot, context, all_logits=False)])
+        return {w: part_costs(runner, slot, w, rounds) for w in widths}
+    finally:
+        runner.free(slot)
 
 
 def rss_bytes() -> int:

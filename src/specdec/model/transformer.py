@@ -154,7 +154,11 @@ class Transformer(nn.Module):
         super().__init__()
         c = self.config = config
         self.backend = backend
-        weights = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in weights.items()}
+        # ``weights`` is consumed (emptied as the stacks are built): a caller's reference to it must
+        # not keep every per-layer matrix alive beside the stacks
+        for k, v in weights.items():
+            if isinstance(v, torch.Tensor):
+                weights[k] = v.to(device)
         self._check_names(weights)
         embed = weights.pop("embed")
         head = embed if c.tie_word_embeddings else weights.pop("lm_head")

@@ -62,6 +62,8 @@ def load_runner(
     elif keep_blocks:
         from specdec.model.gguf_weights import load_gguf_weights
 
+        _fixed_mmap_threshold()
+
         state = load_gguf_weights(source, config)  # type: ignore[arg-type]
         state = {k: v.to(torch_dtype) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
     else:
@@ -70,6 +72,16 @@ def load_runner(
     del state
     _return_freed_memory()
     return NativeRunner(net, config, torch_dtype, dev, max_seq_len, num_slots), folder
+
+
+def _fixed_mmap_threshold() -> None:
+    """Every allocation over 1 MiB gets its own mapping, handed back to the OS when freed. glibc's
+    default threshold grows to the largest block freed (a layer's matrix, ~15 MB), after which the
+    loader's per-layer copies land in the heap and its peak is the model twice, not once."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _return_freed_memory() -> None:
