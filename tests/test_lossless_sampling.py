@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from specdec.adaptive import PassCost
 from specdec.config import SamplingParams
+from specdec.drafters.adaptive import AdaptiveDrafter
 from specdec.drafters.base import Drafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.engine import Engine, Sequence
@@ -146,6 +148,7 @@ def _count_steps(engine: Engine, out: Samples) -> None:
 
 def assert_lossless(s: Samples, micro: Micro, trees: bool = False) -> None:
     pvalue = chi2_pvalue(s.counts, micro.dist)
+    print(f"p = {pvalue:.3g}, {s.drafted} drafted, {s.accepted} accepted, {s.deep} deep, {s.trees} trees")
     assert pvalue > ALPHA, f"p = {pvalue:.3g}: the output distribution is not the target's"
     assert_speculated(s, trees)
 
@@ -174,4 +177,27 @@ def test_draft_model_with_p_min_and_n_min_keeps_the_distribution(micro):
     its sampled tokens; dropping a chain shorter than n-min then made whether x1 is verified
     depend on x1 (issue 22: p = 0.0001 at 3 tokens). Short sampled drafts are verified now."""
     s = sample(micro, draft_model(micro, p_min=0.6), draft_n_min=3)
+    assert_lossless(s, micro)
+
+
+# -- adaptive with a sampled member ----------------------------------------------------------------
+
+
+def fixed_cost() -> PassCost:
+    """A pass-cost table that never changes (the engine times into the runner's own, not this one):
+    one drafted token never pays (c(2) = 2.5 c(1)), three do (c(4) = 1.2 c(1)). Priced on the draft's
+    own shape, a chain that p-min stopped after x1 was dropped and a longer one verified: the n-min
+    bias again, inside ``choose``."""
+    cost = PassCost(max_age=1 << 30)
+    cost.seconds = {1: 1.0, 2: 2.5, 4: 1.2}
+    return cost
+
+
+def adaptive(micro: Micro, members: Callable[[], list[Drafter]]) -> Callable[[], Drafter]:
+    # min_acceptance 0: a member's monitor never switches it off, whatever it drew
+    return lambda: AdaptiveDrafter(members(), cost=fixed_cost(), min_acceptance=0.0)
+
+
+def test_adaptive_with_a_draft_model_member_keeps_the_distribution(micro):
+    s = sample(micro, adaptive(micro, lambda: [DraftModelDrafter(micro.draft, 0.6)]))
     assert_lossless(s, micro)
