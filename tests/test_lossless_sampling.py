@@ -21,15 +21,19 @@ from pathlib import Path
 import pytest
 import torch
 
+import specdec.verify as verify_mod
 from specdec.adaptive import PassCost
 from specdec.config import SamplingParams
 from specdec.drafters.adaptive import AdaptiveDrafter
-from specdec.drafters.base import Drafter
+from specdec.drafters.base import Drafter, DraftProposal
 from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.dynamic_tree import sampled_children
+from specdec.drafters.eagle import EagleDrafter
 from specdec.engine import Engine, Sequence
+from specdec.model.eagle_head import EagleHead, EagleHeadConfig
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.runners.load import load_runner
-from specdec.sampling import probs_from_logits
+from specdec.sampling import make_generator, probs_from_logits
 from tests.test_lossless import chi2_pvalue
 
 VOCAB, OUT_LEN, TOP_K, N_SAMPLES, BATCH = 32, 5, 3, 4000, 1000
@@ -66,6 +70,7 @@ class Micro:
     target: ModelRunner
     draft: ModelRunner  # close to the target: a perturbed, flatter copy
     dist: dict[tuple, float]  # the target's exact distribution of OUT_LEN-token outputs after PROMPT
+    head: EagleHead | None = None  # an EAGLE-3 head for the target, built on first use
 
 
 @pytest.fixture(scope="module")
@@ -146,16 +151,18 @@ def _count_steps(engine: Engine, out: Samples) -> None:
     engine.step, engine._draft = counted, drafted
 
 
-def assert_lossless(s: Samples, micro: Micro, trees: bool = False) -> None:
+def assert_lossless(s: Samples, micro: Micro, trees: bool = False, deep: bool = True) -> None:
     pvalue = chi2_pvalue(s.counts, micro.dist)
     print(f"p = {pvalue:.3g}, {s.drafted} drafted, {s.accepted} accepted, {s.deep} deep, {s.trees} trees")
     assert pvalue > ALPHA, f"p = {pvalue:.3g}: the output distribution is not the target's"
-    assert_speculated(s, trees)
+    assert_speculated(s, trees, deep)
 
 
-def assert_speculated(s: Samples, trees: bool = False) -> None:
-    assert s.drafted > N_SAMPLES and s.accepted > N_SAMPLES // 2, (s.drafted, s.accepted)
-    assert s.deep > 100, f"only {s.deep} steps accepted >= 3 drafted tokens"
+def assert_speculated(s: Samples, trees: bool = False, deep: bool = True) -> None:
+    """Drafts were verified and accepted (deep: >= 3 deep in 100 steps; False for the random EAGLE
+    head, which is right now and then only), and with ``trees``, most drafts were trees."""
+    assert s.drafted > N_SAMPLES and s.accepted > (N_SAMPLES // 2 if deep else 200), (s.drafted, s.accepted)
+    assert not deep or s.deep > 100, f"only {s.deep} steps accepted >= 3 drafted tokens"
     if trees:
         assert s.trees > N_SAMPLES, f"only {s.trees} tree drafts"
 
@@ -201,3 +208,92 @@ def adaptive(micro: Micro, members: Callable[[], list[Drafter]]) -> Callable[[],
 def test_adaptive_with_a_draft_model_member_keeps_the_distribution(micro):
     s = sample(micro, adaptive(micro, lambda: [DraftModelDrafter(micro.draft, 0.6)]))
     assert_lossless(s, micro)
+
+
+def test_adaptive_with_an_eagle_member_keeps_the_distribution(micro):
+    """An EAGLE tree's shape follows its own draws, so it is cut by its planned length, like a chain."""
+    s = sample(micro, adaptive(micro, lambda: [eagle(micro)]))
+    assert_lossless(s, micro, trees=True, deep=False)
+
+
+# -- a tree: an EAGLE-3 head's sampled tree ------------------------------------------------------------
+
+
+def tiny_head(micro: Micro) -> EagleHead:
+    """A random head over the whole 32-token vocabulary, its LM head the target's own rows: drafts
+    near the target's p (accepted often), sharpened so its q differs from p (rejected often)."""
+    if micro.head is None:
+        config = EagleHeadConfig.for_target(micro.target.config, VOCAB)
+        head = EagleHead(config)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p in head.parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, 0.05)
+            head.set_vocab(torch.arange(VOCAB))
+            head.lm_head.weight.copy_(2.0 * micro.target.output_rows(torch.arange(VOCAB)))
+        micro.head = head
+    return micro.head
+
+
+def eagle(micro: Micro, topk: int = 2, steps: int = 4, n: int = 4) -> EagleDrafter:
+    return EagleDrafter(tiny_head(micro), micro.target, topk=topk, num_steps=steps, num_draft_tokens=n)
+
+
+def test_eagle_tree_keeps_the_distribution(micro):
+    s = sample(micro, lambda: eagle(micro))
+    assert_lossless(s, micro, trees=True, deep=False)
+
+
+class DraftModelTree(Drafter):
+    """Test drafter: a sampled tree from the draft model's q, which is close to the target's: the
+    root's first two children drawn without replacement (Gumbel top-k, as EAGLE draws them, child 2
+    carrying q without child 1), then a chain under child 1. Width 2 and depth max_tokens - 1 with
+    a fixed shape, so its paths are accepted 3 deep, which the random EAGLE head's are not.
+
+    Example (max_tokens 4): tokens [c1, c2, d, e], parents [0, 0, 1, 3]."""
+
+    name = "draft-model-tree"
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+
+    def begin(self, prompt_ids, sampling):
+        self.params, self.generator = sampling, make_generator(sampling.seed + 1, "cpu")
+
+    def _q(self, tokens: list[int]) -> torch.Tensor:
+        slot = self.runner.allocate()
+        logits = self.runner.run([SeqInput(slot, tokens, all_logits=False)]).logits[0]
+        self.runner.free(slot)
+        return probs_from_logits(logits, self.params)[0]
+
+    def propose(self, context, max_tokens):
+        children = sampled_children(self.generator)(self._q(list(context)), min(2, max_tokens))
+        token_ids, parents, qs = [c.token for c in children], [0] * len(children), [c.q for c in children]
+        path = token_ids[:1]
+        while len(token_ids) < max_tokens:
+            q = self._q([*context, *path])
+            token_ids.append(int(torch.multinomial(q, 1, generator=self.generator)))
+            parents.append(1 if len(path) == 1 else len(token_ids) - 1)
+            qs.append(q)
+            path.append(token_ids[-1])
+        proposal = DraftProposal.from_tree(token_ids, parents)
+        proposal.probs = torch.stack(qs)
+        return proposal
+
+
+def test_sampled_tree_keeps_the_distribution(micro):
+    s = sample(micro, lambda: DraftModelTree(micro.draft))
+    assert_lossless(s, micro, trees=True)
+
+
+# -- the same harness catches a broken verifier, on chains and on trees -----------------------------------
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_harness_catches_resampling_from_p(micro, monkeypatch, shape):
+    """The classic bug: after a rejection, sample from p instead of norm(max(0, p - q))."""
+    monkeypatch.setattr(verify_mod, "_residual", lambda p, q, x: p)
+    s = sample(micro, draft_model(micro) if shape == "chain" else lambda: DraftModelTree(micro.draft))
+    assert_speculated(s, trees=shape == "tree")
+    assert chi2_pvalue(s.counts, micro.dist) < ALPHA
