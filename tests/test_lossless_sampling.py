@@ -297,3 +297,24 @@ def test_harness_catches_resampling_from_p(micro, monkeypatch, shape):
     s = sample(micro, draft_model(micro) if shape == "chain" else lambda: DraftModelTree(micro.draft))
     assert_speculated(s, trees=shape == "tree")
     assert chi2_pvalue(s.counts, micro.dist) < ALPHA
+
+
+class OneToken(Drafter):
+    """Test drafter: one token, deterministic (q one-hot) or drawn with q (uniform)."""
+
+    name = "one-token"
+
+    def __init__(self, sampled: bool) -> None:
+        self.sampled = sampled
+
+    def propose(self, context, max_tokens):
+        q = torch.full((1, VOCAB), 1 / VOCAB)
+        return DraftProposal([7], probs=q if self.sampled else None)
+
+
+def test_n_min_drops_short_deterministic_drafts_only(micro):
+    """A short deterministic draft is a function of the context: dropped. A short sampled one is
+    verified (its length may follow its tokens)."""
+    for sampled in (False, True):
+        s = sample(micro, lambda sampled=sampled: OneToken(sampled), n=8, draft_n_min=2)
+        assert (s.drafted > 0) == sampled
