@@ -8,11 +8,12 @@ table, so the decisions are exact whatever the machine's load.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from specdec.adaptive import PassCost, expected_tokens
 from specdec.budget import DraftBudget, pass_width, plan_draft_lengths
 from specdec.config import SamplingParams, SpecConfig, SpecType, parse_spec_types
-from specdec.drafters.adaptive import AdaptiveDrafter, DraftTrie, Offer, choose, replay
+from specdec.drafters.adaptive import AdaptiveDrafter, DraftTrie, Offer, choose, planned_length, replay
 from specdec.drafters.base import Drafter, DraftProposal
 from specdec.drafters.registry import DraftResources, adaptive_members
 from specdec.engine import Engine, Sequence
@@ -321,3 +322,19 @@ def test_batch_of_four_never_drafts_more_than_the_cost_model_allows(bigram, monk
             assert sum(plan) == 0
     alone = Sequence(PROMPTS[0], params, drafter=resources.new_drafter())
     assert sum(sum(d) for _, d in run_planned(bigram, engine, [alone])) > 0  # the same sequence alone drafts
+
+
+def test_a_sampled_offer_is_cut_by_its_plan_never_by_its_drawn_length():
+    """verify.py's rule: a sampled draft's length follows its own tokens (p-min), so whether it is
+    verified must not. Here one drafted token never pays and three do: a sampled chain that came
+    out one token long was dropped (its trie's rate), a longer one kept. Now both are verified."""
+    cost = PassCost(max_age=1 << 30)
+    cost.seconds = {1: 1.0, 2: 2.5, 4: 1.2}
+    assert planned_length(0.8, 4, cost)[0] == 4
+    q = torch.full((8,), 1 / 8)
+    short, long = DraftProposal([5], probs=q.expand(1, 8)), DraftProposal([5, 6, 7], probs=q.expand(3, 8))
+    for proposal in (short, long):
+        picked = choose([Offer("draft-model", 0.8, proposal)], 4, cost, greedy=False)
+        assert picked.token_ids == proposal.token_ids and picked.probs is not None
+    assert planned_length(0.8, 1, cost)[0] == 0  # one token never pays: the member is not verified
+    assert len(choose([Offer("draft-model", 0.8, short)], 1, cost, greedy=False)) == 0

@@ -214,7 +214,8 @@ def smol_plain(smol) -> dict[str, tuple[list[int], list[int]]]:
 
 @pytest.mark.parametrize("kind", [*TOKEN_DRAFTERS, SpecType.DRAFT_MODEL])
 def test_greedy_identity_on_default_model(smol, smol_plain, kind, tiny_llama):
-    engine = Engine(smol.runner, draft_n_max=8)
+    # Not adaptive: timed on a busy machine the cost model may draft nothing, and this asserts acceptance.
+    engine = Engine(smol.runner, draft_n_max=8, adaptive=False)
     accepted = 0
     for text, (prompt, plain) in zip(REAL_PROMPTS.values(), smol_plain.values(), strict=True):
         draft = str(tiny_llama) if kind is SpecType.DRAFT_MODEL else None

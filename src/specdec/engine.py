@@ -226,7 +226,14 @@ class Engine:
             self.runner.max_seq_len - cache_len - 2,
         )
         proposal, seconds = DraftProposal([]), 0.0
-        if seq.drafter is not None and room > 0:
+        # n-min is decided twice, both times without looking at a sampled token (verify.py's rule):
+        # before drafting, from the room alone; after, for deterministic drafts only. A draft with
+        # q is verified however short it came out: its length follows its own tokens (p-min stops
+        # where q after x1 is unsure, a grammar cuts after an invalid x1), so dropping it would
+        # make whether x1 is verified depend on x1 (issue 22: q = (.5, .25, .25), p = (.2, .8, 0)
+        # gave P(a) = .25, not .2). A deterministic draft is a function of the context, and the
+        # verifier is exact given its tokens, so dropping it by length is safe.
+        if seq.drafter is not None and room > 0 and room >= self.draft_n_min:
             t0 = time.perf_counter()
             proposal = seq.drafter.propose(seq.tokens, room)
             seconds = time.perf_counter() - t0
@@ -237,7 +244,7 @@ class Engine:
                 proposal = proposal.first_path()
             if seq.processors is not None:
                 proposal = seq.processors.cut(proposal)
-            if len(proposal) < self.draft_n_min:
+            if len(proposal) < self.draft_n_min and proposal.probs is None:
                 proposal = DraftProposal([])
             elif not proposal.drafter:
                 proposal = replace(proposal, drafter=seq.drafter.name)

@@ -15,6 +15,31 @@ Inputs use the tree layout of ``specdec.tree``: node 0 is the root (the newest
 committed token), nodes 1..N are drafted tokens; ``target_logits[i]`` is the
 target's prediction for the token after node i. A chain is the tree where node
 i's parent is i - 1.
+
+The rule every drafter, cut and merge must keep (else the output is biased however
+exact this routine is): **whether a drafted node is verified may depend only on its
+ancestors' tokens and on what was drawn before it in the order the verifier assumes
+(earlier siblings), never on the node's own token or its descendants.** Put exactly:
+given its ancestors, the event "node c is in the tree" must be independent of c's
+token, so that c's token, given it is verified, is still a draw from the q it carries.
+Worked counter-example (issue 22): a grammar cuts a sampled chain after an invalid x1,
+and n-min 2 then drops the one-token draft. With q = (.5, .25, .25), p = (.2, .8, 0):
+x1 = c (.25) is cut to [c] and dropped, and plain sampling gives a with .2; x1 = a (.5)
+is accepted with .2 / .5. P(a) = .25 * .2 + .5 * .4 = .25, not .2. What holds the rule today:
+- engine (``Engine._draft``): n-min drops deterministic drafts only, and skips drafting
+  when the room is below it; the padded-batch cut and the room come from cache lengths.
+- grammar cuts (``grammar.GrammarMatcher.cut``): a draft with q keeps its first invalid
+  token (rejected with probability 1 here) and drops only its descendants.
+- draft model: p-min stops after token i on q_{i+1}, a function of tokens 1..i.
+- EAGLE trees (``dynamic_tree``): a slot is scored by rank, not by its token; children
+  are taken in draw order; the first n nodes (any truncation) are a token-blind prefix.
+- adaptive: a sampled member is priced and cut by ``planned_length`` (alpha, budget,
+  pass costs), never by its drawn shape; it is never merged.
+- runners without trees (``DraftProposal.first_path``): the first child at each node.
+- monitors and the cost model read past steps only.
+Deterministic drafts (q one-hot, ``draft_probs`` None) are free of the rule: their
+tokens are fixed by the context, and this routine is exact given any fixed tree with
+distinct siblings, so any cut by their tokens (reach, length) is safe.
 """
 
 from __future__ import annotations

@@ -26,15 +26,18 @@ more than its tokens save, is not asked until its back-off ends (``SpecMonitor``
 Losslessness: the verifier decides, as for any drafter. Deterministic proposals
 (q one-hot) merge freely: siblings are distinct tokens, and recursive rejection
 over one-hot q is sampling without replacement. A sampled proposal (a draft
-model's q) is never merged with others when the target samples, since its q
-would not describe the merged node; under greedy verification q is unused.
+model's or an EAGLE head's q) is never merged with others when the target
+samples, since its q would not describe the merged node; under greedy
+verification q is unused. Nor is it priced by its trie: whether and how much of
+it is verified follows from its member's alpha, the budget and the pass costs
+(``planned_length``), fixed before it drew a token (verify.py's rule).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -109,17 +112,14 @@ class DraftTrie:
     def __len__(self) -> int:
         return len(self.tokens) - 1
 
-    def best(self, max_nodes: int, cost: PassCost | None, prefix_only: bool = False) -> tuple[list[int], float]:
+    def best(self, max_nodes: int, cost: PassCost | None) -> tuple[list[int], float]:
         """The nodes to verify and their expected tokens per second of the pass.
 
         The n most likely nodes for the best n <= max_nodes (none when plain decoding is
-        faster; ``prefix_only``: the first n in order, which a sampled proposal needs). Before
-        pass costs are measured: all max_nodes of them, rated by expected tokens alone.
+        faster). Before pass costs are measured: all max_nodes of them, rated by expected
+        tokens alone. For deterministic proposals only (a sampled one: ``planned_length``).
         """
-        order = list(range(1, len(self.tokens)))
-        if not prefix_only:
-            order.sort(key=lambda node: (-self.reach[node], node))
-        order = order[:max_nodes]
+        order = sorted(range(1, len(self.tokens)), key=lambda node: (-self.reach[node], node))[:max_nodes]
         if not measured(cost):
             return sorted(order), 1.0 + sum(self.reach[node] for node in order)
         best_n, best_rate, tokens = 0, 1.0 / cost.estimate(1), 1.0
@@ -130,8 +130,8 @@ class DraftTrie:
                 best_n, best_rate = n, rate
         return sorted(order[:best_n]), best_rate
 
-    def proposal(self, nodes: list[int], offers: Sequence[Offer]) -> DraftProposal:
-        """The chosen nodes (sorted, so parents first) as one proposal with each token's drafter."""
+    def proposal(self, nodes: list[int]) -> DraftProposal:
+        """The chosen nodes (sorted, so parents first) as one deterministic proposal with each token's drafter."""
         if not nodes:
             return EMPTY
         index = {node: i + 1 for i, node in enumerate(nodes)}  # trie node -> proposal node (root 0)
@@ -140,9 +140,6 @@ class DraftTrie:
         names = list(dict.fromkeys(owners))
         out.drafter = "+".join(names)
         out.origins = owners if len(names) > 1 else None
-        probs = [offers[self.sources[n][0]].proposal.probs for n in nodes]
-        if all(p is not None for p in probs):  # one sampled offer alone: keep its q rows
-            out.probs = torch.stack([p[self.sources[n][1]] for p, n in zip(probs, nodes, strict=True)])
         return out
 
 
@@ -153,19 +150,50 @@ def measured(cost: PassCost | None) -> bool:
 
 def choose(offers: Sequence[Offer], max_tokens: int, cost: PassCost | None, greedy: bool) -> DraftProposal:
     """The draft from these offers (best alpha first) with most expected tokens per second; EMPTY
-    when plain decoding is worth more. Sampled offers stay alone unless verification is greedy."""
+    when plain decoding is worth more. Sampled offers stay alone unless verification is greedy.
+
+    A sampled offer is priced and cut by ``planned_length`` (its alpha, ``max_tokens`` and the pass
+    costs: all known before it drew a token), never by its trie: its length and an EAGLE tree's shape
+    follow its own sampled tokens, so a rate read from them made whether x1 is verified depend on x1
+    (verify.py's rule; a chain that p-min stopped after x1 was dropped where a longer one was kept).
+    Deterministic offers are functions of the context, so their trie may decide freely."""
     offers = sorted(offers, key=lambda o: -o.alpha)
     if greedy:
         offers = [Offer(o.drafter, o.alpha, _without_probs(o.proposal)) for o in offers]
-    mergeable = [o for o in offers if o.proposal.probs is None]
-    groups = ([mergeable] if mergeable else []) + [[o] for o in offers if o.proposal.probs is not None]
     best, best_rate = EMPTY, float("-inf")
-    for group in groups:
-        trie = DraftTrie.merge(group)
-        nodes, rate = trie.best(max_tokens, cost, prefix_only=group[0].proposal.probs is not None)
-        if nodes and rate > best_rate:
-            best, best_rate = trie.proposal(nodes, group), rate
+    mergeable = [o for o in offers if o.proposal.probs is None]
+    if mergeable:
+        trie = DraftTrie.merge(mergeable)
+        nodes, best_rate = trie.best(max_tokens, cost)
+        best = trie.proposal(nodes) if nodes else EMPTY
+        best_rate = best_rate if nodes else float("-inf")
+    for o in offers:
+        if o.proposal.probs is None:
+            continue
+        n, rate = planned_length(o.alpha, max_tokens, cost)
+        if n and rate > best_rate:
+            # The first n nodes: a prefix in node order, and a node's index never depends on its
+            # own token (a chain's trivially; an EAGLE tree takes nodes by rank, see dynamic_tree).
+            best, best_rate = replace(o.proposal.truncate(n), drafter=o.drafter, origins=None), rate
     return best
+
+
+def planned_length(alpha: float, max_tokens: int, cost: PassCost | None) -> tuple[int, float]:
+    """(n, rate) for a sampled member: the n <= max_tokens maximising expected tokens per second
+    of a chain kept with ``alpha`` per token (0: plain decoding is faster), and that rate; all
+    max_tokens, rated by expected tokens, before pass costs are measured. An EAGLE tree is priced
+    as the chain of its size (low, for a tree): the price must not read the tree's drawn shape.
+
+    Example: alpha 0.5, costs c(1) = 1, c(2) = 1.2, c(3) = 1.6: n = 1 (1.5 / 1.2 = 1.25 > 1 and
+    > 1.75 / 1.6)."""
+    if not measured(cost):
+        return max_tokens, expected_tokens(alpha, max_tokens)
+    best_n, best_rate = 0, 1.0 / cost.estimate(1)
+    for n in range(1, max_tokens + 1):
+        rate = expected_tokens(alpha, n) / cost.estimate(n + 1)
+        if rate > best_rate:
+            best_n, best_rate = n, rate
+    return best_n, best_rate
 
 
 def _without_probs(p: DraftProposal) -> DraftProposal:
@@ -192,6 +220,7 @@ class Member:
     draft_seconds: float = 0.0  # recent seconds per propose (a running mean)
     offered: DraftProposal | None = None  # this step's proposal (None: not asked, or nothing)
     asked: bool = False
+    sampled: bool = False  # its last proposal carried q (a model drafting for a sampled request)
 
 
 class AdaptiveDrafter(Drafter):
@@ -219,6 +248,7 @@ class AdaptiveDrafter(Drafter):
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         self.greedy = sampling.greedy
         for m in self.members:
+            m.sampled = False
             m.drafter.begin(prompt_ids, sampling)
 
     def observe(self, target_hidden: Mapping[int, torch.Tensor]) -> None:
@@ -233,9 +263,15 @@ class AdaptiveDrafter(Drafter):
             m.offered, m.asked = None, self._worth_asking(m, max_tokens)
             if not m.asked:
                 continue
+            # A sampled member is asked for what ``choose`` will keep of it, known before it draws.
+            k = planned_length(m.monitor.alpha, max_tokens, self.cost)[0] if m.sampled else max_tokens
+            if k == 0:
+                m.asked = False
+                continue
             t0 = time.perf_counter()
-            proposal = m.drafter.propose(context, max_tokens)
+            proposal = m.drafter.propose(context, k)
             m.draft_seconds += 0.3 * (time.perf_counter() - t0 - m.draft_seconds)
+            m.sampled = proposal.probs is not None and not self.greedy
             if len(proposal):
                 m.offered = proposal
                 offers.append(Offer(m.drafter.name, m.monitor.alpha, proposal))

@@ -1,0 +1,320 @@
+"""Sampled output keeps the target's exact distribution: 5-token outputs on micro models, 4000 samples.
+
+The models are really tiny (a 32-token vocabulary, one layer of width 16, no tokenizer), so
+the exact distribution of 5-token outputs under top-k 3 (243 sequences) is enumerated, and
+4000 samples go through the engine's batch path in a few seconds. Every test drafts with
+the cost policy off (``Engine(adaptive=False)``, and a fixed cost table where the adaptive
+drafter prices drafts) and asserts that drafts were verified at depth >= 3 and accepted: a
+test that passes by not speculating proves nothing. The same harness must catch a broken
+verifier (resample-from-p) on chains and on trees, or a pass would prove nothing either.
+
+Cost on 2 busy cores: ~10-40 s per 4000 samples (the draft model drafts one token per pass).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdec.verify as verify_mod
+from specdec.adaptive import PassCost
+from specdec.config import SamplingParams
+from specdec.drafters.adaptive import AdaptiveDrafter
+from specdec.drafters.base import Drafter, DraftProposal
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.dynamic_tree import sampled_children
+from specdec.drafters.eagle import EagleDrafter
+from specdec.engine import Engine, Sequence
+from specdec.model.eagle_head import EagleHead, EagleHeadConfig
+from specdec.runners.base import ModelRunner, SeqInput
+from specdec.runners.load import load_runner
+from specdec.sampling import make_generator, probs_from_logits
+from tests.test_lossless import chi2_pvalue
+
+VOCAB, OUT_LEN, TOP_K, N_SAMPLES, BATCH = 32, 5, 3, 4000, 1000
+PROMPT = [3, 4, 5]
+PARAMS = SamplingParams(max_new_tokens=OUT_LEN, temperature=1.0, top_k=TOP_K, ignore_eos=True)
+ALPHA = 1e-3  # a lossless test passes above it, a broken verifier must fall below it
+
+
+def build_micro(folder: Path, seed: int, noise: float = 0.0, head_scale: float = 1.0) -> Path:
+    """A random one-layer Llama over 32 tokens. With ``noise``/``head_scale`` the model of ``seed``
+    is perturbed: a draft model close to the target (accepted often, rejected often)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        "llama", vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=64,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(1.0, 0.1) if "norm" in name else p.normal_(0.0, 0.5)
+        gen = torch.Generator().manual_seed(seed + 1000)
+        for p in model.parameters():
+            p.add_(noise * torch.randn(p.shape, generator=gen))
+        model.lm_head.weight.mul_(head_scale)
+    model.save_pretrained(folder)
+    return folder
+
+
+@dataclass
+class Micro:
+    target: ModelRunner
+    draft: ModelRunner  # close to the target: a perturbed, flatter copy
+    dist: dict[tuple, float]  # the target's exact distribution of OUT_LEN-token outputs after PROMPT
+    head: EagleHead | None = None  # an EAGLE-3 head for the target, built on first use
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory) -> Micro:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: threads only add overhead (and contend on a busy machine)
+    root = tmp_path_factory.mktemp("micro")
+    runners = []
+    for name, kw in (("target", {}), ("draft", dict(head_scale=0.5))):
+        folder = build_micro(root / name, seed=0, **kw)
+        runners.append(load_runner(str(folder), max_seq_len=16, num_slots=BATCH, backend="torch")[0])
+    yield Micro(runners[0], runners[1], exact_distribution(runners[0], PROMPT, PARAMS))
+    torch.set_num_threads(threads)
+
+
+def exact_distribution(runner: ModelRunner, prompt: list[int], params: SamplingParams) -> dict[tuple, float]:
+    """P(output) for every OUT_LEN-token output, by enumerating prefixes (one batched pass per depth)."""
+    dist: dict[tuple, float] = {(): 1.0}
+    for _ in range(OUT_LEN):
+        prefixes = list(dist)
+        slots = [runner.allocate() for _ in prefixes]
+        out = runner.run([SeqInput(s, [*prompt, *pre], all_logits=False) for s, pre in zip(slots, prefixes,
+                                                                                           strict=True)])
+        for s in slots:
+            runner.free(s)
+        nxt = {}
+        for prefix, logits in zip(prefixes, out.logits, strict=True):
+            p = probs_from_logits(logits, params)[0]
+            for tok in torch.nonzero(p).flatten().tolist():
+                nxt[(*prefix, tok)] = dist[prefix] * float(p[tok])
+        dist = nxt
+    return dist
+
+
+@dataclass
+class Samples:
+    counts: Counter
+    drafted: int
+    accepted: int
+    deep: int  # steps that accepted >= 3 drafted tokens
+    trees: int  # steps whose draft was a tree of width >= 2
+
+
+def sample(micro: Micro, make_drafter: Callable[[], Drafter], n: int = N_SAMPLES, draft_n_min: int = 0,
+           draft_n_max: int = 4, seed: int = 0) -> Samples:
+    """n outputs through ``Engine.run_batch`` in batches, the cost policy off (each step drafts its cap)."""
+    engine = Engine(micro.target, draft_n_max=draft_n_max, draft_n_min=draft_n_min, adaptive=False)
+    out = Samples(Counter(), 0, 0, 0, 0)
+    _count_steps(engine, out)
+    for start in range(0, n, BATCH):
+        # seeds two apart: a draft model seeds its generator with the request's seed + 1
+        seqs = [Sequence(PROMPT, SamplingParams(**{**PARAMS.__dict__, "seed": seed + 2 * i}), drafter=make_drafter())
+                for i in range(start, min(start + BATCH, n))]
+        engine.run_batch(seqs)
+        for s in seqs:
+            out.counts[tuple(s.output_ids)] += 1
+            out.drafted += s.stats.drafted
+            out.accepted += s.stats.accepted
+    return out
+
+
+def _count_steps(engine: Engine, out: Samples) -> None:
+    """Wrap the engine's step to count deep acceptances and tree-shaped drafts."""
+    step = engine.step
+
+    def counted(seqs, draft_budget=None):
+        results = step(seqs, draft_budget)
+        out.deep += sum(r.num_accepted >= 3 for r in results)
+        return results
+
+    draft = engine._draft
+
+    def drafted(seq, k):
+        d = draft(seq, k)
+        out.trees += not d.proposal.is_chain
+        return d
+
+    engine.step, engine._draft = counted, drafted
+
+
+def assert_lossless(s: Samples, micro: Micro, trees: bool = False, deep: bool = True) -> None:
+    pvalue = chi2_pvalue(s.counts, micro.dist)
+    print(f"p = {pvalue:.3g}, {s.drafted} drafted, {s.accepted} accepted, {s.deep} deep, {s.trees} trees")
+    assert pvalue > ALPHA, f"p = {pvalue:.3g}: the output distribution is not the target's"
+    assert_speculated(s, trees, deep)
+
+
+def assert_speculated(s: Samples, trees: bool = False, deep: bool = True) -> None:
+    """Drafts were verified and accepted (deep: >= 3 deep in 100 steps; False for the random EAGLE
+    head, which is right now and then only), and with ``trees``, most drafts were trees."""
+    assert s.drafted > N_SAMPLES and s.accepted > (N_SAMPLES // 2 if deep else 200), (s.drafted, s.accepted)
+    assert not deep or s.deep > 100, f"only {s.deep} steps accepted >= 3 drafted tokens"
+    if trees:
+        assert s.trees > N_SAMPLES, f"only {s.trees} tree drafts"
+
+
+def draft_model(micro: Micro, p_min: float = 0.0) -> Callable[[], Drafter]:
+    return lambda: DraftModelDrafter(micro.draft, p_min)
+
+
+# -- the draft model: plain, and with p-min / n-min ------------------------------------------------
+
+
+def test_draft_model_keeps_the_distribution(micro):
+    s = sample(micro, draft_model(micro))
+    assert_lossless(s, micro)
+
+
+def test_draft_model_with_p_min_and_n_min_keeps_the_distribution(micro):
+    """p-min stops the chain where the draft's own q is unsure, so a chain's length depends on
+    its sampled tokens; dropping a chain shorter than n-min then made whether x1 is verified
+    depend on x1 (issue 22: p = 0.0001 at 3 tokens). Short sampled drafts are verified now."""
+    s = sample(micro, draft_model(micro, p_min=0.6), draft_n_min=3)
+    assert_lossless(s, micro)
+
+
+# -- adaptive with a sampled member ----------------------------------------------------------------
+
+
+def fixed_cost() -> PassCost:
+    """A pass-cost table that never changes (the engine times into the runner's own, not this one):
+    one drafted token never pays (c(2) = 2.5 c(1)), three do (c(4) = 1.2 c(1)). Priced on the draft's
+    own shape, a chain that p-min stopped after x1 was dropped and a longer one verified: the n-min
+    bias again, inside ``choose``."""
+    cost = PassCost(max_age=1 << 30)
+    cost.seconds = {1: 1.0, 2: 2.5, 4: 1.2}
+    return cost
+
+
+def adaptive(micro: Micro, members: Callable[[], list[Drafter]]) -> Callable[[], Drafter]:
+    # min_acceptance 0: a member's monitor never switches it off, whatever it drew
+    return lambda: AdaptiveDrafter(members(), cost=fixed_cost(), min_acceptance=0.0)
+
+
+def test_adaptive_with_a_draft_model_member_keeps_the_distribution(micro):
+    s = sample(micro, adaptive(micro, lambda: [DraftModelDrafter(micro.draft, 0.6)]))
+    assert_lossless(s, micro)
+
+
+def test_adaptive_with_an_eagle_member_keeps_the_distribution(micro):
+    """An EAGLE tree's shape follows its own draws, so it is cut by its planned length, like a chain."""
+    s = sample(micro, adaptive(micro, lambda: [eagle(micro)]))
+    assert_lossless(s, micro, trees=True, deep=False)
+
+
+# -- a tree: an EAGLE-3 head's sampled tree ------------------------------------------------------------
+
+
+def tiny_head(micro: Micro) -> EagleHead:
+    """A random head over the whole 32-token vocabulary, its LM head the target's own rows: drafts
+    near the target's p (accepted often), sharpened so its q differs from p (rejected often)."""
+    if micro.head is None:
+        config = EagleHeadConfig.for_target(micro.target.config, VOCAB)
+        head = EagleHead(config)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p in head.parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, 0.05)
+            head.set_vocab(torch.arange(VOCAB))
+            head.lm_head.weight.copy_(2.0 * micro.target.output_rows(torch.arange(VOCAB)))
+        micro.head = head
+    return micro.head
+
+
+def eagle(micro: Micro, topk: int = 2, steps: int = 4, n: int = 4) -> EagleDrafter:
+    return EagleDrafter(tiny_head(micro), micro.target, topk=topk, num_steps=steps, num_draft_tokens=n)
+
+
+def test_eagle_tree_keeps_the_distribution(micro):
+    s = sample(micro, lambda: eagle(micro))
+    assert_lossless(s, micro, trees=True, deep=False)
+
+
+class DraftModelTree(Drafter):
+    """Test drafter: a sampled tree from the draft model's q, which is close to the target's: the
+    root's first two children drawn without replacement (Gumbel top-k, as EAGLE draws them, child 2
+    carrying q without child 1), then a chain under child 1. Width 2 and depth max_tokens - 1 with
+    a fixed shape, so its paths are accepted 3 deep, which the random EAGLE head's are not.
+
+    Example (max_tokens 4): tokens [c1, c2, d, e], parents [0, 0, 1, 3]."""
+
+    name = "draft-model-tree"
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+
+    def begin(self, prompt_ids, sampling):
+        self.params, self.generator = sampling, make_generator(sampling.seed + 1, "cpu")
+
+    def _q(self, tokens: list[int]) -> torch.Tensor:
+        slot = self.runner.allocate()
+        logits = self.runner.run([SeqInput(slot, tokens, all_logits=False)]).logits[0]
+        self.runner.free(slot)
+        return probs_from_logits(logits, self.params)[0]
+
+    def propose(self, context, max_tokens):
+        children = sampled_children(self.generator)(self._q(list(context)), min(2, max_tokens))
+        token_ids, parents, qs = [c.token for c in children], [0] * len(children), [c.q for c in children]
+        path = token_ids[:1]
+        while len(token_ids) < max_tokens:
+            q = self._q([*context, *path])
+            token_ids.append(int(torch.multinomial(q, 1, generator=self.generator)))
+            parents.append(1 if len(path) == 1 else len(token_ids) - 1)
+            qs.append(q)
+            path.append(token_ids[-1])
+        proposal = DraftProposal.from_tree(token_ids, parents)
+        proposal.probs = torch.stack(qs)
+        return proposal
+
+
+def test_sampled_tree_keeps_the_distribution(micro):
+    s = sample(micro, lambda: DraftModelTree(micro.draft))
+    assert_lossless(s, micro, trees=True)
+
+
+# -- the same harness catches a broken verifier, on chains and on trees -----------------------------------
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_harness_catches_resampling_from_p(micro, monkeypatch, shape):
+    """The classic bug: after a rejection, sample from p instead of norm(max(0, p - q))."""
+    monkeypatch.setattr(verify_mod, "_residual", lambda p, q, x: p)
+    s = sample(micro, draft_model(micro) if shape == "chain" else lambda: DraftModelTree(micro.draft))
+    assert_speculated(s, trees=shape == "tree")
+    assert chi2_pvalue(s.counts, micro.dist) < ALPHA
+
+
+class OneToken(Drafter):
+    """Test drafter: one token, deterministic (q one-hot) or drawn with q (uniform)."""
+
+    name = "one-token"
+
+    def __init__(self, sampled: bool) -> None:
+        self.sampled = sampled
+
+    def propose(self, context, max_tokens):
+        q = torch.full((1, VOCAB), 1 / VOCAB)
+        return DraftProposal([7], probs=q if self.sampled else None)
+
+
+def test_n_min_drops_short_deterministic_drafts_only(micro):
+    """A short deterministic draft is a function of the context: dropped. A short sampled one is
+    verified (its length may follow its tokens)."""
+    for sampled in (False, True):
+        s = sample(micro, lambda sampled=sampled: OneToken(sampled), n=8, draft_n_min=2)
+        assert (s.drafted > 0) == sampled
