@@ -346,6 +346,17 @@ INLINE float hsum8(__m256 v) {
     return _mm_cvtss_f32(a);
 }
 
+/* acc + the pairwise products of a and b (int16 -> int32): one vpdpwssd with VNNI; exact either way */
+INLINE __m256i madd_acc(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpwssd_epi32(acc, a, b);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
 /* R activation rows against one weight row of Q4_K (HIGH = 0) or Q5_K (HIGH = 1) super-blocks */
 INLINE void ktile45(const int R, const int HIGH, const uint8_t *q, int64_t k, const int8_t *xk, const float *dk,
                     const int16_t *bk, float *out, int64_t out_stride) {
@@ -378,9 +389,8 @@ INLINE void ktile45(const int R, const int HIGH, const uint8_t *q, int64_t k, co
             }
             for (int r = 0; r < R; r++) {
                 const int8_t *x = xk + r * k + QK * b + 64 * p;
-                const __m256i pl = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(wl, _mm256_loadu_si256((const __m256i *)x)));
-                const __m256i ph = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(wh, _mm256_loadu_si256((const __m256i *)(x + 32))));
-                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(pl, ph));
+                sumi[r] = madd_acc(sumi[r], scale_l, _mm256_maddubs_epi16(wl, _mm256_loadu_si256((const __m256i *)x)));
+                sumi[r] = madd_acc(sumi[r], scale_h, _mm256_maddubs_epi16(wh, _mm256_loadu_si256((const __m256i *)(x + 32))));
             }
         }
         for (int r = 0; r < R; r++) {
@@ -426,11 +436,8 @@ INLINE void ktile6(const int R, const uint8_t *q, int64_t k, const int8_t *xk, c
             }
             for (int r = 0; r < R; r++) {
                 const int8_t *x = xk + r * k + QK * b + 128 * n;
-                __m256i t = _mm256_setzero_si256();
                 for (int i = 0; i < 4; i++)
-                    t = _mm256_add_epi32(t, _mm256_madd_epi16(s[i], _mm256_maddubs_epi16(
-                                                                    w[i], _mm256_loadu_si256((const __m256i *)(x + 32 * i)))));
-                sumi[r] = _mm256_add_epi32(sumi[r], t);
+                    sumi[r] = madd_acc(sumi[r], s[i], _mm256_maddubs_epi16(w[i], _mm256_loadu_si256((const __m256i *)(x + 32 * i))));
             }
         }
         for (int r = 0; r < R; r++) {  /* values are q - 32: take 32 x sum_g scale_g x bk_g back */
@@ -513,7 +520,7 @@ INLINE void ktile45_512(const int R, const int HIGH, const uint8_t *q, int64_t k
             }
             for (int r = 0; r < R; r++) {
                 const __m512i x = _mm512_loadu_si512((const void *)(xk + r * k + QK * b + 64 * p));
-                sumi[r] = _mm512_add_epi32(sumi[r], _mm512_madd_epi16(sc, _mm512_maddubs_epi16(w, x)));
+                sumi[r] = _mm512_dpwssd_epi32(sumi[r], sc, _mm512_maddubs_epi16(w, x));
             }
         }
         for (int r = 0; r < R; r++) {
@@ -558,10 +565,8 @@ INLINE void ktile6_512(const int R, const uint8_t *q, int64_t k, const int8_t *x
             const __m512i s23 = _mm512_permutexvar_epi16(_mm512_add_epi16(g, _mm512_set1_epi16((short)(8 * n + 4))), sc512);
             for (int r = 0; r < R; r++) {
                 const int8_t *x = xk + r * k + QK * b + 128 * n;
-                const __m512i t = _mm512_add_epi32(
-                    _mm512_madd_epi16(s01, _mm512_maddubs_epi16(w01, _mm512_loadu_si512((const void *)x))),
-                    _mm512_madd_epi16(s23, _mm512_maddubs_epi16(w23, _mm512_loadu_si512((const void *)(x + 64)))));
-                sumi[r] = _mm512_add_epi32(sumi[r], t);
+                sumi[r] = _mm512_dpwssd_epi32(sumi[r], s01, _mm512_maddubs_epi16(w01, _mm512_loadu_si512((const void *)x)));
+                sumi[r] = _mm512_dpwssd_epi32(sumi[r], s23, _mm512_maddubs_epi16(w23, _mm512_loadu_si512((const void *)(x + 64))));
             }
         }
         for (int r = 0; r < R; r++) {
