@@ -44,6 +44,12 @@
 
 enum { FMT_U4M = 0, FMT_U8M = 1, FMT_I8 = 2, FMT_Q4K = 4, FMT_Q5K = 5, FMT_Q6K = 6 };
 enum { QK = 256 };  /* values per K-quant super-block */
+/* activation rows per Q4_K/Q5_K tile: AVX-512's 32 registers hold 8 rows' accumulators */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX2__) && defined(__FMA__)
+#define KROWS 8
+#else
+#define KROWS 4
+#endif
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -362,8 +368,8 @@ INLINE void ktile45(const int R, const int HIGH, const uint8_t *q, int64_t k, co
                     const int16_t *bk, float *out, int64_t out_stride) {
     const int64_t nsb = k / QK, size = HIGH ? 176 : 144;
     const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-    __m256 acc[4], accm[4];
-    for (int j = 0; j < R; j++) acc[j] = accm[j] = _mm256_setzero_ps();
+    __m256 acc[KROWS];
+    for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = q + size * b;
         const float d = f16_to_f32(blk), dmin = f16_to_f32(blk + 2);
@@ -376,7 +382,7 @@ INLINE void ktile45(const int R, const int HIGH, const uint8_t *q, int64_t k, co
                                                                      _mm_loadl_epi64((const __m128i *)(sm + 8))));
         const uint8_t *qs = blk + (HIGH ? 48 : 16);
         const __m256i hbits = HIGH ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
-        __m256i sumi[4];
+        __m256i sumi[KROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {  /* sub-blocks 2p (low nibbles) and 2p + 1 (high) */
             const __m256i scale_l = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * p + 1) << 8 | 4 * p)));
@@ -393,14 +399,14 @@ INLINE void ktile45(const int R, const int HIGH, const uint8_t *q, int64_t k, co
                 sumi[r] = madd_acc(sumi[r], scale_h, _mm256_maddubs_epi16(wh, _mm256_loadu_si256((const __m256i *)(x + 32))));
             }
         }
-        for (int r = 0; r < R; r++) {
-            const float dx = dk[r * nsb + b];
+        const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(dmin);
+        for (int r = 0; r < R; r++) {  /* (d x sumi - dmin x mins . sums) x the row's dx: one FMA into acc */
             const __m256i msum = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)(bk + r * (k / 16) + 16 * b)));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-            accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(msum), accm[r]);
+            const __m256 t = _mm256_fmsub_ps(vd, _mm256_cvtepi32_ps(sumi[r]), _mm256_mul_ps(vm, _mm256_cvtepi32_ps(msum)));
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(dk + r * nsb + b), t, acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r * out_stride] = hsum8(acc[r]) - hsum8(accm[r]);
+    for (int r = 0; r < R; r++) out[r * out_stride] = hsum8(acc[r]);
 }
 
 /* R activation rows against one weight row of Q6_K super-blocks: ql 128, qh 64, scales 16, d */
@@ -408,14 +414,14 @@ INLINE void ktile6(const int R, const uint8_t *q, int64_t k, const int8_t *xk, c
                    float *out, int64_t out_stride) {
     const int64_t nsb = k / QK;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-    __m256 acc[4];
+    __m256 acc[KROWS];
     for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = q + 210 * b;
-        const float d = f16_to_f32(blk + 208);
+        const __m256 vd = _mm256_set1_ps(f16_to_f32(blk + 208));
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)(blk + 192));
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-        __m256i sumi[4];
+        __m256i sumi[KROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int n = 0; n < 2; n++) {  /* halves of 128 values: sub-blocks 4n .. 4n + 3 */
             const __m256i b1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * n));
@@ -443,7 +449,7 @@ INLINE void ktile6(const int R, const uint8_t *q, int64_t k, const int8_t *xk, c
         for (int r = 0; r < R; r++) {  /* values are q - 32: take 32 x sum_g scale_g x bk_g back */
             const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(bk + r * (k / 16) + 16 * b)));
             const __m256i total = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(off, 5));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dk[r * nsb + b]), _mm256_cvtepi32_ps(total), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(dk + r * nsb + b), _mm256_mul_ps(vd, _mm256_cvtepi32_ps(total)), acc[r]);
         }
     }
     for (int r = 0; r < R; r++) out[r * out_stride] = hsum8(acc[r]);
@@ -494,8 +500,8 @@ INLINE void ktile45_512(const int R, const int HIGH, const uint8_t *q, int64_t k
     const int64_t nsb = k / QK, size = HIGH ? 176 : 144;
     const __m512i m4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
     const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    __m256 acc[4], accm[4];
-    for (int j = 0; j < R; j++) acc[j] = accm[j] = _mm256_setzero_ps();
+    __m256 acc[KROWS];
+    for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = q + size * b;
         const float d = f16_to_f32(blk), dmin = f16_to_f32(blk + 2);
@@ -507,7 +513,7 @@ INLINE void ktile45_512(const int R, const int HIGH, const uint8_t *q, int64_t k
         const uint8_t *qs = blk + (HIGH ? 48 : 16);
         const __m512i hbits = HIGH ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
                                    : _mm512_setzero_si512();
-        __m512i sumi[4];
+        __m512i sumi[KROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
         for (int p = 0; p < 4; p++) {  /* sub-blocks 2p (low 256 bits) and 2p + 1 (high) */
             const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * p)), _mm256_set1_epi16((short)(2 * p + 1)), 1);
@@ -523,15 +529,15 @@ INLINE void ktile45_512(const int R, const int HIGH, const uint8_t *q, int64_t k
                 sumi[r] = _mm512_dpwssd_epi32(sumi[r], sc, _mm512_maddubs_epi16(w, x));
             }
         }
+        const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(dmin);
         for (int r = 0; r < R; r++) {
-            const float dx = dk[r * nsb + b];
             const __m256i s256 = _mm256_add_epi32(_mm512_castsi512_si256(sumi[r]), _mm512_extracti64x4_epi64(sumi[r], 1));
             const __m256i msum = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)(bk + r * (k / 16) + 16 * b)));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(s256), acc[r]);
-            accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(msum), accm[r]);
+            const __m256 t = _mm256_fmsub_ps(vd, _mm256_cvtepi32_ps(s256), _mm256_mul_ps(vm, _mm256_cvtepi32_ps(msum)));
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(dk + r * nsb + b), t, acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r * out_stride] = hsum8(acc[r]) - hsum8(accm[r]);
+    for (int r = 0; r < R; r++) out[r * out_stride] = hsum8(acc[r]);
 }
 
 INLINE void ktile6_512(const int R, const uint8_t *q, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
@@ -540,14 +546,14 @@ INLINE void ktile6_512(const int R, const uint8_t *q, int64_t k, const int8_t *x
     const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
     const __m512i sh01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
     const __m512i sh23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
-    __m256 acc[4];
+    __m256 acc[KROWS];
     for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = q + 210 * b;
-        const float d = f16_to_f32(blk + 208);
+        const __m256 vd = _mm256_set1_ps(f16_to_f32(blk + 208));
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
         const __m512i sc512 = _mm512_castsi256_si512(sc16);
-        __m512i sumi[4];
+        __m512i sumi[KROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
         for (int n = 0; n < 2; n++) {  /* 128 values: sub-blocks 4n, 4n + 1 (w01) and 4n + 2, 4n + 3 (w23) */
             const __m512i bits = _mm512_inserti64x4(
@@ -573,7 +579,7 @@ INLINE void ktile6_512(const int R, const uint8_t *q, int64_t k, const int8_t *x
             const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(bk + r * (k / 16) + 16 * b)));
             const __m256i s256 = _mm256_add_epi32(_mm512_castsi512_si256(sumi[r]), _mm512_extracti64x4_epi64(sumi[r], 1));
             const __m256i total = _mm256_sub_epi32(s256, _mm256_slli_epi32(off, 5));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dk[r * nsb + b]), _mm256_cvtepi32_ps(total), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(dk + r * nsb + b), _mm256_mul_ps(vd, _mm256_cvtepi32_ps(total)), acc[r]);
         }
     }
     for (int r = 0; r < R; r++) out[r * out_stride] = hsum8(acc[r]);
@@ -586,6 +592,10 @@ INLINE void ktile6_512(const int R, const uint8_t *q, int64_t k, const int8_t *x
     static void NAME(int R, const uint8_t *q, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk, \
                      float *out, int64_t os) {                                                              \
         switch (R) {                                                                                        \
+        case 8: if (KROWS >= 8) CALL(KROWS >= 8 ? 8 : 1); break;                                           \
+        case 7: if (KROWS >= 8) CALL(KROWS >= 8 ? 7 : 1); break;                                           \
+        case 6: if (KROWS >= 8) CALL(KROWS >= 8 ? 6 : 1); break;                                           \
+        case 5: if (KROWS >= 8) CALL(KROWS >= 8 ? 5 : 1); break;                                           \
         case 4: CALL(4); break;                                                                             \
         case 3: CALL(3); break;                                                                             \
         case 2: CALL(2); break;                                                                             \
@@ -623,8 +633,10 @@ void sd_qmatmul(const uint8_t *q, const float *s, const float *m, const int8_t *
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *qn = q + n * q_stride;
         const float *sn = s + n * s_stride, *mn = m + n * s_stride;
-        for (int64_t r0 = 0; r0 < rows; r0 += 4) {
-            const int R = rows - r0 < 4 ? (int)(rows - r0) : 4;
+        /* activation rows per tile (Q6_K's unpacked weights leave no room for 8 rows' accumulators) */
+        const int step = fmt[n] == FMT_Q4K || fmt[n] == FMT_Q5K ? KROWS : 4;
+        for (int64_t r0 = 0; r0 < rows; r0 += step) {
+            const int R = rows - r0 < step ? (int)(rows - r0) : step;
             const int8_t *x = xq + r0 * k;
             const float *d = dx8 + r0 * (k / 4), *b32 = bs32 + r0 * (k / 32);
             const int32_t *l = nxl + r0 * (k / 4);
