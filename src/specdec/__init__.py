@@ -8,12 +8,13 @@ torch, numba and transformers.
 import os
 
 # Before any OpenMP runtime starts (numba's layer stack and torch both use one): a thread waiting at
-# a barrier spins 3000 rounds, then sleeps. libgomp's default (300000) turns one other busy process
-# on a 2-core machine into 10-20x slower passes; sleeping at once costs ~25% on an idle machine
-# (Qwen2.5-Coder-1.5B 1-token pass, idle / beside a busy core: default 41 / 845 ms, passive 44 /
-# 62 ms, 3000 rounds 35 / 39-90 ms; docs/performance.md). The user's own setting wins.
+# a barrier spins 30000 rounds, then sleeps. Measured on Qwen2.5-Coder-1.5B (docs/performance.md),
+# a decode step idle / beside one busy process of the same priority: libgomp's default 42 / ~600 ms
+# (and 845 ms a pass beside a niced test run), 30000 rounds 38 / 170-270 ms, sleeping at once
+# (OMP_WAIT_POLICY=passive: the better choice on a shared machine) 55 / 62 ms. The user's own
+# setting wins.
 if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-    os.environ["GOMP_SPINCOUNT"] = "3000"
+    os.environ["GOMP_SPINCOUNT"] = "30000"
 
 from specdec.config import SamplingParams, SpecConfig, SpecType  # noqa: E402
 

@@ -63,6 +63,10 @@ def cell_record(cell, baseline_tps: float | None, usd_per_hour: float) -> dict:
         "seconds": round(s.seconds, 4),
         "tokens_per_s": round(tps, 3),
         "speedup": round(tps / baseline_tps, 4) if baseline_tps else None,
+        # the same tokens over the time after prefill: llama-server's predicted_n / predicted_ms
+        "prefill_seconds": round(s.prefill_seconds, 4),
+        "decode_tokens_per_s": round(s.new_tokens / (s.seconds - s.prefill_seconds), 3)
+        if s.seconds > s.prefill_seconds else None,
         "target_forwards": s.target_forwards,
         "decode_passes": s.decode_passes,
         "tau": round(s.mean_accepted_len, 4) if cell.kind == "specdec" else None,
@@ -110,6 +114,7 @@ def overall(records: Iterable[dict], workloads: list[str] | None = None) -> dict
         acc = sums[key]
         for name in ("new_tokens", "seconds", "decode_passes", "draft_seconds", "target_seconds"):
             acc[name] += r[name]
+        acc["prefill_seconds"] += r.get("prefill_seconds") or 0.0
         acc["kind"] = r["kind"]
         acc["workloads"] += 1
         acc.setdefault("names", []).append(r["workload"])
@@ -119,6 +124,8 @@ def overall(records: Iterable[dict], workloads: list[str] | None = None) -> dict
         tau = acc["new_tokens"] / acc["decode_passes"] if acc["decode_passes"] else None
         out[key] = {"kind": acc["kind"], "new_tokens": int(acc["new_tokens"]), "seconds": acc["seconds"],
                     "tokens_per_s": tps, "tau": tau if acc["kind"] == "specdec" else None,
+                    "decode_tokens_per_s": acc["new_tokens"] / (acc["seconds"] - acc["prefill_seconds"])
+                    if acc["prefill_seconds"] and acc["seconds"] > acc["prefill_seconds"] else None,
                     "workloads": list(acc["names"]),
                     "draft_share": acc["draft_seconds"] / acc["seconds"] if acc["seconds"] else 0.0,
                     "target_share": acc["target_seconds"] / acc["seconds"] if acc["seconds"] else 0.0}

@@ -87,13 +87,15 @@ def leaderboard(records: list[dict], temperature: float, batch: int) -> list[str
             and r["kind"] in ("specdec", "peer")]
     workloads = list(dict.fromkeys(r["workload"] for r in runs if r["kind"] == "specdec"))
     totals = metrics.overall(runs, workloads)
-    header = ["Method", *[TITLES.get(w, w) for w in workloads], "Overall", "τ (mean accepted)", "tok/s"]
+    header = ["Method", *[TITLES.get(w, w) for w in workloads], "Overall", "τ (mean accepted)", "tok/s",
+              "decode tok/s (after prefill)"]
     rows = []
     for name in _rows_order(runs):
         cells = {r["workload"]: r for r in runs if r["method"] == name}
         tot = totals.get((name, batch, temperature), {})
         rows.append([f"`{name}`", *[_x(cells[w]["speedup"]) if w in cells else "—" for w in workloads],
-                     _x(tot.get("speedup")), _f(tot.get("tau")), _f(tot.get("tokens_per_s"), 1)])
+                     _x(tot.get("speedup")), _f(tot.get("tau")), _f(tot.get("tokens_per_s"), 1),
+                     _f(tot.get("decode_tokens_per_s"), 1)])
     return _table(header, rows)
 
 
