@@ -4,7 +4,7 @@
                                       [--shapes chain-3,tree-4x4-7]
 
 Greedy, batch 1, the default model, chat-formatted prompts; the fixed draft shapes below
-(the engine's adaptive draft length off, so every step drafts the full shape). Each
+(the engine's draft planning off, ``Engine(plan_drafts=False)``, so every step drafts the full shape). Each
 speculative output is checked token for token against plain decoding. Prints one row per
 shape: tau (tokens per target pass), alpha (kept / drafted), the share of steps whose
 draft had its depth-d token accepted, and drafting milliseconds per step.
@@ -43,7 +43,7 @@ def main() -> int:
     prompts = [json.loads(line)["prompt"] for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     ids = [llm.chat_prompt([{"role": "user", "content": text}]) for text in prompts]
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    engine = Engine(llm.runner, draft_n_max=16, adaptive=False)
+    engine = Engine(llm.runner, draft_n_max=16, plan_drafts=False)
     plain = [run(engine, x, params, None).output_ids for x in ids]
     print(f"{len(prompts)} prompts, {sum(map(len, plain))} tokens, head: {args.head or 'shipped'}")
     print("| shape | tau | alpha | accepted at depth 1..5 (share of steps) | draft ms / step |")

@@ -51,7 +51,7 @@ def main() -> None:
     for dtype, backend in [(d, b) for d in args.dtypes.split(",") for b in args.backend.split(",")]:
         spec = SpecConfig(types=parse_spec_types(args.spec_type), draft_n_max=8)
         llm = LLM(args.model, dtype=dtype, spec=spec, backend=backend)
-        llm.engine.adaptive = False  # always draft: the point is to exercise wide passes
+        llm.engine.plan_drafts = False  # always draft: the point is to exercise wide passes
         same, where = 0, []
         for text in prompts:
             ids = llm.chat_prompt([{"role": "user", "content": text}])

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from specdec.adaptive import PassCost
 from specdec.bench import advise
 from specdec.bench.workloads import Conversation, Workload
 from specdec.cli import main
+from specdec.pass_cost import PassCost
 
 
 def costs(table: dict[int, float]) -> PassCost:

@@ -363,8 +363,8 @@ def test_training_lowers_the_loss_and_checkpoints_reload(trained, peaked):
 def test_greedy_identity_trained_head(trained, peaked, topk, steps, n):
     out, _, _ = trained
     prompt, _, _ = sampling_case(peaked)
-    # Not adaptive: timed on a busy machine, dynamic K may decide that drafting does not pay.
-    engine = Engine(peaked.runner, draft_n_max=n, adaptive=False)
+    # Drafts not planned: timed on a busy machine, dynamic K may decide that drafting does not pay.
+    engine = Engine(peaked.runner, draft_n_max=n, plan_drafts=False)
     accepted = 0
     for p in (prompt, [*prompt[:4], 301], [310, 311]):
         plain = run(engine, p, greedy(24), None).output_ids

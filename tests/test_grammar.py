@@ -97,7 +97,7 @@ class InvalidTailDrafter(Drafter):
 
 def generate(llm: LLM, prompt: list[int], params: SamplingParams, drafter: Drafter | None, k: int = 6) -> Sequence:
     seq = Sequence(prompt, params, drafter=drafter, processors=llm.processors(prompt, params))
-    for _ in Engine(llm.runner, draft_n_max=k, adaptive=False).generate(seq):  # always draft: cuts are tested
+    for _ in Engine(llm.runner, draft_n_max=k, plan_drafts=False).generate(seq):  # always draft: cuts are tested
         pass
     return seq
 

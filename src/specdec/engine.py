@@ -16,12 +16,13 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from specdec.budget import pass_width, plan_draft_lengths
+from specdec.budget import plan_draft_lengths
 from specdec.config import SamplingParams
 from specdec.drafters.base import Drafter, DraftProposal
 from specdec.errors import ContextOverflowError
 from specdec.logprobs import LogprobsMode, TokenLogprob, output_logprobs, token_logprobs
 from specdec.monitor import Mode, SpecMonitor, draft_sample
+from specdec.pass_cost import pass_width
 from specdec.processors import SequenceProcessors
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator
@@ -110,17 +111,17 @@ class StepResult:
 
 class Engine:
     def __init__(
-        self, runner: ModelRunner, draft_n_max: int = 8, draft_n_min: int = 0, adaptive: bool = True,
+        self, runner: ModelRunner, draft_n_max: int = 8, draft_n_min: int = 0, plan_drafts: bool = True,
         min_acceptance: float = 0.4, logprobs_mode: LogprobsMode = LogprobsMode.RAW_LOGPROBS,
     ) -> None:
         self.runner = runner
         self.logprobs_mode = LogprobsMode(logprobs_mode)  # which values logprobs report (logprobs.py)
         self.draft_n_max = draft_n_max
         self.draft_n_min = draft_n_min
-        # Adaptive: each step's draft lengths follow from the measured cost of the batch's pass
+        # plan_drafts: each step's draft lengths follow from the measured cost of the batch's pass
         # (budget.py), and a sequence's monitor switches speculation off where it does not pay
         # (monitor.py). Off: every sequence with a drafter drafts up to the cap (tests that must draft).
-        self.adaptive = adaptive
+        self.plan_drafts = plan_drafts
         self.min_acceptance = min_acceptance
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -210,8 +211,8 @@ class Engine:
 
     def _plan(self, seqs: list[Sequence], cap: int) -> list[int]:
         """Each sequence's draft budget: none while its monitor holds speculation off, else what
-        pays at the batch's measured pass cost (adaptive; see ``budget.plan_draft_lengths``)."""
-        if not self.adaptive:
+        pays at the batch's measured pass cost (``plan_drafts``; see ``budget.plan_draft_lengths``)."""
+        if not self.plan_drafts:
             return [cap if s.drafter is not None else 0 for s in seqs]
         caps = [cap if s.drafter is not None and s.monitor.allows_draft else 0 for s in seqs]
         alphas = [s.monitor.alpha if c else None for s, c in zip(seqs, caps, strict=True)]

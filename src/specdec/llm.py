@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 import torch
 from threadpoolctl import threadpool_limits
 
-from specdec.adaptive import PassCost
 from specdec.config import SamplingParams, SpecConfig, SpecType, StructuredKind, StructuredOutput, parse_spec_types
 from specdec.drafters.registry import DraftResources
 from specdec.engine import Engine, Sequence, StepResult
 from specdec.errors import ModelLoadError
 from specdec.grammar import GrammarCompiler, GrammarError
 from specdec.logprobs import LogprobsMode, TokenLogprob
+from specdec.pass_cost import PassCost
 from specdec.processors import HistoryProcessor, SequenceProcessors
 from specdec.provenance import PieceStream, TokenPiece, step_origins
 from specdec.runners.load import load_runner
@@ -213,7 +213,7 @@ class LLM:
         """One short generation so timings exclude first-call costs (allocations, kernel picks).
 
         Its pass timings are forgotten: first calls are slow, and a wide pass priced by them kept
-        the adaptive engine from drafting until the width aged out (the demo measured 1.0x)."""
+        the engine's draft planning from drafting until the width aged out (the demo measured 1.0x)."""
         self.generate("Hello", SamplingParams(max_new_tokens=4))
         self.runner.pass_cost = PassCost()
 

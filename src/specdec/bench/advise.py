@@ -26,13 +26,13 @@ import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from specdec.adaptive import PassCost
 from specdec.bench.config import BenchConfig, Method
 from specdec.bench.harness import MethodRunner, build_requests, check_greedy
 from specdec.bench.metrics import acceptance_by_pos
 from specdec.bench.passes import measure as measure_passes
 from specdec.bench.records import GREEDY, Cell, Request
 from specdec.bench.workloads import Workload
+from specdec.pass_cost import PassCost
 from specdec.stats import SpecStats
 
 # The methods advise compares, by --spec-type name ('+' chains). A new drafter, or a controller
