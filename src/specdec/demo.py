@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"plain decoding : {p.new_tokens} tokens, {p.tokens_per_s:6.1f} tok/s")
     name = ",".join(t.value for t in spec.types)
     print(f"{name:<15}: {s.new_tokens} tokens, {s.tokens_per_s:6.1f} tok/s "
-          f"(tau {s.mean_accepted_len:.2f}, alpha {s.acceptance_rate:.2f}, {s.target_forwards} target passes)")
+          f"(tau {s.mean_accepted_len:.2f}, acceptance rate {s.acceptance_rate:.2f}, "
+          f"{s.target_forwards} target passes)")
     print(f"speedup        : {s.tokens_per_s / p.tokens_per_s:.2f}x, identical output: yes")
     return 0
 
