@@ -19,7 +19,7 @@ from pathlib import Path
 
 from specdec.config import SamplingParams, SpecConfig, SpecType
 from specdec.drafters.registry import DraftResources
-from specdec.engine import Engine, Sequence
+from specdec.engine import Engine, SequenceState
 from specdec.llm import LLM
 from specdec.stats import SpecStats
 
@@ -65,8 +65,8 @@ def main() -> int:
     return 0
 
 
-def run(engine: Engine, prompt: list[int], params: SamplingParams, drafter) -> Sequence:
-    seq = Sequence(prompt, params, drafter=drafter)
+def run(engine: Engine, prompt: list[int], params: SamplingParams, drafter) -> SequenceState:
+    seq = SequenceState(prompt, params, drafter=drafter)
     for _ in engine.generate(seq):
         pass
     return seq

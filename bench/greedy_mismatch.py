@@ -16,7 +16,7 @@ import json
 from importlib import resources
 
 from specdec.config import SamplingParams, SpecConfig, parse_spec_types
-from specdec.engine import Sequence
+from specdec.engine import SequenceState
 from specdec.llm import LLM
 
 
@@ -57,7 +57,7 @@ def main() -> None:
             ids = llm.chat_prompt([{"role": "user", "content": text}])
             outs = []
             for drafter in (None, llm.drafts.new_drafter()):
-                seq = Sequence(ids, params, drafter=drafter)
+                seq = SequenceState(ids, params, drafter=drafter)
                 for _ in llm.engine.generate(seq):
                     pass
                 outs.append(seq.output_ids)

@@ -11,7 +11,7 @@ import pytest
 from specdec.budget import DraftBudget, expected_tokens, plan_draft_lengths
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters.registry import DraftResources
-from specdec.engine import Engine, Sequence
+from specdec.engine import Engine, SequenceState
 from specdec.llm import LLM
 from specdec.pass_cost import PassCost
 from tests.test_pass_cost import compute_bound, cost_model
@@ -74,7 +74,7 @@ def bigram(tiny_model_factory, request) -> LLM:
 PROMPTS = [[5, 6, 7, 8, 9] * 4, [300, 301, 302] * 5, [9, 8, 7] * 6, [1000, 1001] * 8]
 
 
-def run_planned(llm: LLM, engine: Engine, seqs: list[Sequence]) -> list[tuple[list[int], list[int]]]:
+def run_planned(llm: LLM, engine: Engine, seqs: list[SequenceState]) -> list[tuple[list[int], list[int]]]:
     """Run a static batch step by step: per step, (the engine's plan, what each sequence drafted)."""
     engine.start(seqs)
     steps, running = [], list(seqs)
@@ -94,12 +94,12 @@ def test_batch_of_four_never_drafts_more_than_the_cost_model_allows(bigram, monk
     engine = Engine(bigram.runner, draft_n_max=8)
     params = SamplingParams(max_new_tokens=24, ignore_eos=True)
     plain = [bigram.generate([p], SamplingParams(max_new_tokens=24, ignore_eos=True))[0].token_ids for p in PROMPTS]
-    seqs = [Sequence(p, params, drafter=resources.new_drafter()) for p in PROMPTS]
+    seqs = [SequenceState(p, params, drafter=resources.new_drafter()) for p in PROMPTS]
     steps = run_planned(bigram, engine, seqs)
     assert [s.output_ids for s in seqs] == plain
     for plan, drafted in steps:
         assert all(d <= k for d, k in zip(drafted, plan, strict=True))
         if len(plan) == 4:  # at alpha <= 1, no draft at batch 4 beats plain on this cost table
             assert sum(plan) == 0
-    alone = Sequence(PROMPTS[0], params, drafter=resources.new_drafter())
+    alone = SequenceState(PROMPTS[0], params, drafter=resources.new_drafter())
     assert sum(sum(d) for _, d in run_planned(bigram, engine, [alone])) > 0  # the same sequence alone drafts

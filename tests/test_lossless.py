@@ -24,7 +24,7 @@ from specdec.drafters.base import Drafter, DraftProposal
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.ngram_map import chains_to_proposal
 from specdec.drafters.registry import DraftResources
-from specdec.engine import Engine, Sequence
+from specdec.engine import Engine, SequenceState
 from specdec.llm import LLM
 from specdec.logprobs import LogprobsMode
 from specdec.runners.base import SeqInput
@@ -63,8 +63,8 @@ class ReplayDrafter(Drafter):
         return merged if len(merged) <= max_tokens else DraftProposal(bad)
 
 
-def run(engine: Engine, prompt: list[int], params: SamplingParams, drafter: Drafter | None) -> Sequence:
-    seq = Sequence(prompt, params, drafter=drafter)
+def run(engine: Engine, prompt: list[int], params: SamplingParams, drafter: Drafter | None) -> SequenceState:
+    seq = SequenceState(prompt, params, drafter=drafter)
     for _ in engine.generate(seq):
         pass
     return seq
@@ -520,8 +520,8 @@ def processed(n: int, case: str, **kw) -> SamplingParams:
 
 
 def run_processed(llm: LLM, engine: Engine, prompt: list[int], params: SamplingParams,
-                  drafter: Drafter | None) -> Sequence:
-    seq = Sequence(prompt, params, drafter=drafter, processors=llm.processors(prompt, params))
+                  drafter: Drafter | None) -> SequenceState:
+    seq = SequenceState(prompt, params, drafter=drafter, processors=llm.processors(prompt, params))
     for _ in engine.generate(seq):
         pass
     return seq

@@ -28,7 +28,7 @@ from specdec.drafters.base import Drafter, DraftProposal
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.dynamic_tree import sampled_children
 from specdec.drafters.eagle import EagleDrafter
-from specdec.engine import Engine, Sequence
+from specdec.engine import Engine, SequenceState
 from specdec.model.eagle_head import EagleHead, EagleHeadConfig
 from specdec.pass_cost import PassCost
 from specdec.runners.base import ModelRunner, SeqInput
@@ -122,7 +122,8 @@ def sample(micro: Micro, make_drafter: Callable[[], Drafter], n: int = N_SAMPLES
     _count_steps(engine, out)
     for start in range(0, n, BATCH):
         # seeds two apart: a draft model seeds its generator with the request's seed + 1
-        seqs = [Sequence(PROMPT, SamplingParams(**{**PARAMS.__dict__, "seed": seed + 2 * i}), drafter=make_drafter())
+        seqs = [SequenceState(PROMPT, SamplingParams(**{**PARAMS.__dict__, "seed": seed + 2 * i}),
+                              drafter=make_drafter())
                 for i in range(start, min(start + BATCH, n))]
         engine.run_batch(seqs)
         for s in seqs:

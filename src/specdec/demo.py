@@ -14,7 +14,7 @@ import sys
 import textwrap
 
 from specdec.config import SamplingParams, SpecConfig, parse_spec_types
-from specdec.engine import Sequence
+from specdec.engine import SequenceState
 from specdec.llm import LLM
 
 
@@ -26,8 +26,8 @@ def code_edit_prompt() -> str:
     )
 
 
-def timed_run(llm: LLM, prompt: list[int], params: SamplingParams, speculate: bool) -> Sequence:
-    seq = Sequence(prompt, params, drafter=llm.drafts.new_drafter() if speculate else None)
+def timed_run(llm: LLM, prompt: list[int], params: SamplingParams, speculate: bool) -> SequenceState:
+    seq = SequenceState(prompt, params, drafter=llm.drafts.new_drafter() if speculate else None)
     for _ in llm.engine.generate(seq):
         pass
     return seq
