@@ -1,12 +1,12 @@
-"""Acceptance of an EAGLE-3 head on held-out prompts: tau, alpha and acceptance by depth.
+"""Acceptance of an EAGLE-3 head on held-out prompts: tau, the acceptance rate and acceptance by depth.
 
     python bench/eagle3_acceptance.py [--head DIR] [--prompts bench/eagle3-heldout.jsonl] [--max-new-tokens 96]
                                       [--shapes chain-3,tree-4x4-7]
 
 Greedy, batch 1, the default model, chat-formatted prompts; the fixed draft shapes below
-(the engine's adaptive draft length off, so every step drafts the full shape). Each
+(the engine's draft planning off, ``Engine(plan_drafts=False)``, so every step drafts the full shape). Each
 speculative output is checked token for token against plain decoding. Prints one row per
-shape: tau (tokens per target pass), alpha (kept / drafted), the share of steps whose
+shape: tau (tokens per target pass), the acceptance rate (kept / drafted), the share of steps whose
 draft had its depth-d token accepted, and drafting milliseconds per step.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from specdec.config import SamplingParams, SpecConfig, SpecType
 from specdec.drafters.registry import DraftResources
-from specdec.engine import Engine, Sequence
+from specdec.engine import Engine, SequenceState
 from specdec.llm import LLM
 from specdec.stats import SpecStats
 
@@ -43,10 +43,10 @@ def main() -> int:
     prompts = [json.loads(line)["prompt"] for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     ids = [llm.chat_prompt([{"role": "user", "content": text}]) for text in prompts]
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    engine = Engine(llm.runner, draft_n_max=16, adaptive=False)
+    engine = Engine(llm.runner, draft_n_max=16, plan_drafts=False)
     plain = [run(engine, x, params, None).output_ids for x in ids]
     print(f"{len(prompts)} prompts, {sum(map(len, plain))} tokens, head: {args.head or 'shipped'}")
-    print("| shape | tau | alpha | accepted at depth 1..5 (share of steps) | draft ms / step |")
+    print("| shape | tau | acceptance rate | accepted at depth 1..5 (share of steps) | draft ms / step |")
     print("|---|---:|---:|---|---:|")
     for name, (topk, steps, n) in shapes.items():
         spec = SpecConfig(types=(SpecType.EAGLE3,), spec_model=args.head, eagle_topk=topk, num_steps=steps,
@@ -65,8 +65,8 @@ def main() -> int:
     return 0
 
 
-def run(engine: Engine, prompt: list[int], params: SamplingParams, drafter) -> Sequence:
-    seq = Sequence(prompt, params, drafter=drafter)
+def run(engine: Engine, prompt: list[int], params: SamplingParams, drafter) -> SequenceState:
+    seq = SequenceState(prompt, params, drafter=drafter)
     for _ in engine.generate(seq):
         pass
     return seq

@@ -16,7 +16,7 @@ import json
 from importlib import resources
 
 from specdec.config import SamplingParams, SpecConfig, parse_spec_types
-from specdec.engine import Sequence
+from specdec.engine import SequenceState
 from specdec.llm import LLM
 
 
@@ -51,13 +51,13 @@ def main() -> None:
     for dtype, backend in [(d, b) for d in args.dtypes.split(",") for b in args.backend.split(",")]:
         spec = SpecConfig(types=parse_spec_types(args.spec_type), draft_n_max=8)
         llm = LLM(args.model, dtype=dtype, spec=spec, backend=backend)
-        llm.engine.adaptive = False  # always draft: the point is to exercise wide passes
+        llm.engine.plan_drafts = False  # always draft: the point is to exercise wide passes
         same, where = 0, []
         for text in prompts:
             ids = llm.chat_prompt([{"role": "user", "content": text}])
             outs = []
             for drafter in (None, llm.drafts.new_drafter()):
-                seq = Sequence(ids, params, drafter=drafter)
+                seq = SequenceState(ids, params, drafter=drafter)
                 for _ in llm.engine.generate(seq):
                     pass
                 outs.append(seq.output_ids)

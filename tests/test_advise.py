@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from specdec.adaptive import PassCost
 from specdec.bench import advise
 from specdec.bench.workloads import Conversation, Workload
 from specdec.cli import main
+from specdec.pass_cost import PassCost
 
 
 def costs(table: dict[int, float]) -> PassCost:
@@ -52,7 +52,7 @@ def test_first_requests_spreads_over_conversations():
 
 
 def measure(name: str, measured: float, expected: float, tau: float = 2.0) -> advise.MethodMeasure:
-    return advise.MethodMeasure(name, alpha=0.5, tau=tau, drafted_per_pass=3.0, new_tokens=100, seconds=1.0,
+    return advise.MethodMeasure(name, acceptance_rate=0.5, tau=tau, drafted_per_pass=3.0, new_tokens=100, seconds=1.0,
                                 tokens_per_s=100.0 * measured, measured_speedup=measured,
                                 expected_speedup=expected, best_draft_len=3)
 
@@ -121,7 +121,7 @@ def test_advise_json_on_a_tiny_model(tiny_llama, workload_file, capsys):
     assert sorted(int(w) for w in advice["pass_ms"]) == [1, 2, 4, 8, 9]
     assert all(ms > 0 for ms in advice["pass_ms"].values())
     for m in advice["methods"]:
-        assert 0 <= m["alpha"] <= 1 and m["tau"] >= 1 and m["new_tokens"] > 0
+        assert 0 <= m["acceptance_rate"] <= 1 and m["tau"] >= 1 and m["new_tokens"] > 0
         assert m["measured_speedup"] > 0 and m["expected_speedup"] > 0
     assert advice["methods"][0]["measured_speedup"] == 1.0
     assert any(m["drafted_per_pass"] > 0 for m in advice["methods"][1:])  # the prompts repeat: drafters drafted
@@ -135,7 +135,7 @@ def test_advise_text_sampled_at_a_batch(tiny_llama, workload_file, capsys):
                        "--temperature", "0.8")
     assert rc == 0, err
     assert "temperature 0.8, batch size 2" in out
-    assert "| method | alpha | tau |" in out and "| ngram |" in out
+    assert "| method | acceptance rate | tau |" in out and "| ngram |" in out
     assert "\nrecommended: " in out and "specdec serve" in out and "--max-batch-size 2" in out
     assert "pass cost by width" in out and "18: " in out  # 2 sequences x (8 drafted + 1)
 

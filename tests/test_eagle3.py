@@ -22,7 +22,7 @@ from specdec.config import SamplingParams, SpecConfig, SpecType
 from specdec.drafters.dynamic_tree import build_tree, greedy_children, sampled_children
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.registry import DraftResources
-from specdec.engine import Engine, Sequence, hidden_layers
+from specdec.engine import Engine, SequenceState, hidden_layers
 from specdec.errors import ModelLoadError
 from specdec.llm import LLM
 from specdec.model.eagle_checkpoint import NAMES, check_target, load_head, save_head, tokenizer_hash
@@ -178,7 +178,7 @@ def test_saved_head_reloads_to_identical_drafts(tiny, tmp_path):
         d = drafter(tiny, folder)
         d.begin(prompt, greedy(1))
         slot = tiny.runner.allocate()
-        layers = hidden_layers([Sequence(prompt, greedy(1), drafter=d)])
+        layers = hidden_layers([SequenceState(prompt, greedy(1), drafter=d)])
         out = tiny.runner.run([SeqInput(slot, prompt[:-1], all_logits=False)], layers)
         d.observe(dict(zip(layers, out.hidden[0], strict=True)))
         tiny.runner.free(slot)
@@ -363,8 +363,8 @@ def test_training_lowers_the_loss_and_checkpoints_reload(trained, peaked):
 def test_greedy_identity_trained_head(trained, peaked, topk, steps, n):
     out, _, _ = trained
     prompt, _, _ = sampling_case(peaked)
-    # Not adaptive: timed on a busy machine, dynamic K may decide that drafting does not pay.
-    engine = Engine(peaked.runner, draft_n_max=n, adaptive=False)
+    # Drafts not planned: timed on a busy machine, dynamic K may decide that drafting does not pay.
+    engine = Engine(peaked.runner, draft_n_max=n, plan_drafts=False)
     accepted = 0
     for p in (prompt, [*prompt[:4], 301], [310, 311]):
         plain = run(engine, p, greedy(24), None).output_ids

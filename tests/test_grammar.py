@@ -12,7 +12,7 @@ import torch
 
 from specdec.config import SamplingParams, SpecType, StructuredKind, StructuredOutput
 from specdec.drafters.base import Drafter, DraftProposal
-from specdec.engine import Engine, Sequence
+from specdec.engine import Engine, SequenceState
 from specdec.grammar import GrammarError
 from specdec.llm import LLM
 from specdec.tree import DraftTree
@@ -95,9 +95,9 @@ class InvalidTailDrafter(Drafter):
         return DraftProposal(draft)
 
 
-def generate(llm: LLM, prompt: list[int], params: SamplingParams, drafter: Drafter | None, k: int = 6) -> Sequence:
-    seq = Sequence(prompt, params, drafter=drafter, processors=llm.processors(prompt, params))
-    for _ in Engine(llm.runner, draft_n_max=k, adaptive=False).generate(seq):  # always draft: cuts are tested
+def generate(llm: LLM, prompt: list[int], params: SamplingParams, drafter: Drafter | None, k: int = 6) -> SequenceState:
+    seq = SequenceState(prompt, params, drafter=drafter, processors=llm.processors(prompt, params))
+    for _ in Engine(llm.runner, draft_n_max=k, plan_drafts=False).generate(seq):  # always draft: cuts are tested
         pass
     return seq
 

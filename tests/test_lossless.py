@@ -24,7 +24,7 @@ from specdec.drafters.base import Drafter, DraftProposal
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.ngram_map import chains_to_proposal
 from specdec.drafters.registry import DraftResources
-from specdec.engine import Engine, Sequence
+from specdec.engine import Engine, SequenceState
 from specdec.llm import LLM
 from specdec.logprobs import LogprobsMode
 from specdec.runners.base import SeqInput
@@ -63,8 +63,8 @@ class ReplayDrafter(Drafter):
         return merged if len(merged) <= max_tokens else DraftProposal(bad)
 
 
-def run(engine: Engine, prompt: list[int], params: SamplingParams, drafter: Drafter | None) -> Sequence:
-    seq = Sequence(prompt, params, drafter=drafter)
+def run(engine: Engine, prompt: list[int], params: SamplingParams, drafter: Drafter | None) -> SequenceState:
+    seq = SequenceState(prompt, params, drafter=drafter)
     for _ in engine.generate(seq):
         pass
     return seq
@@ -88,7 +88,7 @@ def drafter_for(llm: LLM, kind: SpecType, n_max: int = 8, draft_model: str | Non
     drafter = _RESOURCES[key].new_drafter()
     if isinstance(drafter, AdaptiveDrafter):
         # Verify what the members propose: the pass costs timed on a busy machine (and the tiny models,
-        # whose LM head is most of a pass) may decide drafting does not pay. tests/test_adaptive.py
+        # whose LM head is most of a pass) may decide drafting does not pay. tests/test_drafters_adaptive.py
         # tests the choices the costs make.
         drafter.cost = None
     return drafter
@@ -119,9 +119,9 @@ def test_greedy_identity_every_token_drafter(tiny, prompt, k, kind):
 def test_greedy_identity_chains_with_state_shared_across_requests(tiny, types):
     spec = SpecConfig(types=parse_spec_types(types), draft_n_max=6, **SHORT_MATCHES[SpecType.NGRAM_MOD])
     resources = DraftResources(spec, tiny.runner, tiny.tokenizer)
-    # Not adaptive: on the tiny model (its LM head is most of a pass) the cost model rightly finds
+    # Drafts not planned: on the tiny model (its LM head is most of a pass) the cost model rightly finds
     # that drafting does not pay, and this test needs drafts.
-    engine = Engine(tiny.runner, draft_n_max=6, adaptive=False)
+    engine = Engine(tiny.runner, draft_n_max=6, plan_drafts=False)
     for prompt in ([5, 6, 7, 8] * 3, [9, 10, 5, 6, 7] * 2, [5, 6, 7, 8] * 3):  # later ones draft from earlier ones
         plain = run(engine, prompt, greedy(24), None).output_ids
         seq = run(engine, prompt, greedy(24), resources.new_drafter())
@@ -214,8 +214,8 @@ def smol_plain(smol) -> dict[str, tuple[list[int], list[int]]]:
 
 @pytest.mark.parametrize("kind", [*TOKEN_DRAFTERS, SpecType.DRAFT_MODEL])
 def test_greedy_identity_on_default_model(smol, smol_plain, kind, tiny_llama):
-    # Not adaptive: timed on a busy machine the cost model may draft nothing, and this asserts acceptance.
-    engine = Engine(smol.runner, draft_n_max=8, adaptive=False)
+    # Drafts not planned: timed on a busy machine the cost model may draft nothing, and this asserts acceptance.
+    engine = Engine(smol.runner, draft_n_max=8, plan_drafts=False)
     accepted = 0
     for text, (prompt, plain) in zip(REAL_PROMPTS.values(), smol_plain.values(), strict=True):
         draft = str(tiny_llama) if kind is SpecType.DRAFT_MODEL else None
@@ -229,8 +229,8 @@ def test_greedy_identity_on_default_model(smol, smol_plain, kind, tiny_llama):
 def test_logprobs_and_penalties_on_default_model(smol, smol_plain):
     """The quantized default model too: logprobs and penalised greedy output equal plain decoding's."""
     params = SamplingParams(max_new_tokens=32, logprobs=2, frequency_penalty=0.3, repetition_penalty=1.1)
-    # Not adaptive: on a busy machine the pass-cost model may decide drafting does not pay.
-    engine = Engine(smol.runner, draft_n_max=8, adaptive=False)
+    # Drafts not planned: on a busy machine the pass-cost model may decide drafting does not pay.
+    engine = Engine(smol.runner, draft_n_max=8, plan_drafts=False)
     accepted = 0
     for name in ("repetitive", "code-edit"):  # which one a penalty leaves repetitive depends on the kernels
         prompt, _ = smol_plain[name]
@@ -242,7 +242,7 @@ def test_logprobs_and_penalties_on_default_model(smol, smol_plain):
     # penalties discourage repeats: suffix (prompt + history) still gets drafts accepted here, ngram may not
     assert accepted > 0, "the prompts should exercise acceptance"
     # vLLM's processed_logprobs (after the penalties) are equal too
-    engine = Engine(smol.runner, draft_n_max=8, adaptive=False, logprobs_mode=LogprobsMode.PROCESSED_LOGPROBS)
+    engine = Engine(smol.runner, draft_n_max=8, plan_drafts=False, logprobs_mode=LogprobsMode.PROCESSED_LOGPROBS)
     prompt, _ = smol_plain["repetitive"]
     plain = run_processed(smol, engine, prompt, params, None)
     seq = run_processed(smol, engine, prompt, params, drafter_for(smol, SpecType.SUFFIX, 8))
@@ -312,8 +312,8 @@ def exact_distribution(llm: LLM, prompt: list[int], params: SamplingParams) -> d
 
 
 def sample_counts(llm: LLM, prompt, params, make_drafter, n: int = N_SAMPLES,
-                  adaptive: bool = True) -> tuple[Counter, int]:
-    engine = Engine(llm.runner, draft_n_max=4, adaptive=adaptive)
+                  plan_drafts: bool = True) -> tuple[Counter, int]:
+    engine = Engine(llm.runner, draft_n_max=4, plan_drafts=plan_drafts)
     counts, accepted = Counter(), 0
     for i in range(n):
         seq = run(engine, prompt, SamplingParams(**{**params.__dict__, "seed": 10_000 + i}), make_drafter())
@@ -452,7 +452,7 @@ class MergingDrafter(AdaptiveDrafter):
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=prompts, k=st.integers(2, 10))
 def test_greedy_identity_adaptive_merged_trees(tiny, prompt, k):
-    engine = Engine(tiny.runner, draft_n_max=k, adaptive=False)
+    engine = Engine(tiny.runner, draft_n_max=k, plan_drafts=False)
     plain = run(engine, prompt, greedy(24), None).output_ids
     drafter = MergingDrafter()
     seq = run(engine, prompt, greedy(24), drafter)
@@ -462,7 +462,7 @@ def test_greedy_identity_adaptive_merged_trees(tiny, prompt, k):
 
 
 def test_greedy_adaptive_merged_trees_are_exercised(bigram):
-    engine = Engine(bigram.runner, draft_n_max=6, adaptive=False)
+    engine = Engine(bigram.runner, draft_n_max=6, plan_drafts=False)
     # The model's greedy chain from token 300, then its start again: n-gram look-up proposes the rest.
     probe = run(engine, [300], greedy(16), None).output_ids
     prompt = [300, *probe, 300, *probe[:3]]
@@ -484,7 +484,7 @@ def test_sampling_distribution_adaptive_merged_trees(peaked):
         drafters.append(MergingDrafter(split_at=0))
         return drafters[-1]
 
-    counts, accepted = sample_counts(peaked, prompt, params, make, adaptive=False)  # draft whatever the timings
+    counts, accepted = sample_counts(peaked, prompt, params, make, plan_drafts=False)  # draft whatever the timings
     assert chi2_pvalue(counts, dist) > 1e-3
     assert accepted > 0 and sum(d.num_trees for d in drafters) > N_SAMPLES // 2
 
@@ -520,8 +520,8 @@ def processed(n: int, case: str, **kw) -> SamplingParams:
 
 
 def run_processed(llm: LLM, engine: Engine, prompt: list[int], params: SamplingParams,
-                  drafter: Drafter | None) -> Sequence:
-    seq = Sequence(prompt, params, drafter=drafter, processors=llm.processors(prompt, params))
+                  drafter: Drafter | None) -> SequenceState:
+    seq = SequenceState(prompt, params, drafter=drafter, processors=llm.processors(prompt, params))
     for _ in engine.generate(seq):
         pass
     return seq
@@ -538,7 +538,7 @@ def bigram(tiny_model_factory) -> LLM:
 @pytest.mark.parametrize("case", PROCESSED_CASES)
 @pytest.mark.parametrize("kind", [*TOKEN_DRAFTERS, SpecType.DRAFT_MODEL])
 def test_greedy_identity_and_logprobs_with_processors_every_drafter(bigram, tiny_model_factory, kind, case, mode):
-    engine = Engine(bigram.runner, draft_n_max=6, adaptive=False, logprobs_mode=mode)
+    engine = Engine(bigram.runner, draft_n_max=6, plan_drafts=False, logprobs_mode=mode)
     prompt = [5, 6, 7, 8, 9] * 4
     plain = run_processed(bigram, engine, prompt, processed(32, case), None)
     # draft-model drafts with the target itself, unpenalised: accepted until the processors make a difference.
@@ -557,7 +557,7 @@ def test_greedy_identity_and_logprobs_with_processors_every_drafter(bigram, tiny
 @given(prompt=prompts, k=st.integers(1, 10), wrong_at=st.integers(0, 10), tree=st.booleans(),
        case=st.sampled_from(list(PROCESSED_CASES)), mode=st.sampled_from(list(LogprobsMode)))
 def test_processors_over_long_accepts_and_rejections(bigram, prompt, k, wrong_at, tree, case, mode):
-    engine = Engine(bigram.runner, draft_n_max=k, adaptive=False, logprobs_mode=mode)
+    engine = Engine(bigram.runner, draft_n_max=k, plan_drafts=False, logprobs_mode=mode)
     plain = run_processed(bigram, engine, prompt, processed(24, case), None)
     drafter = ReplayDrafter(plain.output_ids, len(prompt), wrong_at, tree)
     seq = run_processed(bigram, engine, prompt, processed(24, case), drafter)
@@ -596,7 +596,7 @@ def test_sampling_distribution_with_penalties(peaked, tiny_model_factory):
     dist = exact_processed_distribution(peaked, prompt, params)
     assert dist != exact_distribution(peaked, prompt, base)  # the penalties change the target
     draft = flat_draft(tiny_model_factory)
-    engine = Engine(peaked.runner, draft_n_max=4, adaptive=False)
+    engine = Engine(peaked.runner, draft_n_max=4, plan_drafts=False)
     counts, accepted = Counter(), 0
     for i in range(N_SAMPLES):
         p = SamplingParams(**{**params.__dict__, "seed": 20_000 + i})

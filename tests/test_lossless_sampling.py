@@ -3,7 +3,7 @@
 The models are really tiny (a 32-token vocabulary, one layer of width 16, no tokenizer), so
 the exact distribution of 5-token outputs under top-k 3 (243 sequences) is enumerated, and
 4000 samples go through the engine's batch path in a few seconds. Every test drafts with
-the cost policy off (``Engine(adaptive=False)``, and a fixed cost table where the adaptive
+the cost policy off (``Engine(plan_drafts=False)``, and a fixed cost table where the adaptive
 drafter prices drafts) and asserts that drafts were verified at depth >= 3 and accepted: a
 test that passes by not speculating proves nothing. The same harness must catch a broken
 verifier (resample-from-p) on chains and on trees, or a pass would prove nothing either.
@@ -22,15 +22,15 @@ import pytest
 import torch
 
 import specdec.verify as verify_mod
-from specdec.adaptive import PassCost
 from specdec.config import SamplingParams
 from specdec.drafters.adaptive import AdaptiveDrafter
 from specdec.drafters.base import Drafter, DraftProposal
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.dynamic_tree import sampled_children
 from specdec.drafters.eagle import EagleDrafter
-from specdec.engine import Engine, Sequence
+from specdec.engine import Engine, SequenceState
 from specdec.model.eagle_head import EagleHead, EagleHeadConfig
+from specdec.pass_cost import PassCost
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.runners.load import load_runner
 from specdec.sampling import make_generator, probs_from_logits
@@ -117,12 +117,13 @@ class Samples:
 def sample(micro: Micro, make_drafter: Callable[[], Drafter], n: int = N_SAMPLES, draft_n_min: int = 0,
            draft_n_max: int = 4, seed: int = 0) -> Samples:
     """n outputs through ``Engine.run_batch`` in batches, the cost policy off (each step drafts its cap)."""
-    engine = Engine(micro.target, draft_n_max=draft_n_max, draft_n_min=draft_n_min, adaptive=False)
+    engine = Engine(micro.target, draft_n_max=draft_n_max, draft_n_min=draft_n_min, plan_drafts=False)
     out = Samples(Counter(), 0, 0, 0, 0)
     _count_steps(engine, out)
     for start in range(0, n, BATCH):
         # seeds two apart: a draft model seeds its generator with the request's seed + 1
-        seqs = [Sequence(PROMPT, SamplingParams(**{**PARAMS.__dict__, "seed": seed + 2 * i}), drafter=make_drafter())
+        seqs = [SequenceState(PROMPT, SamplingParams(**{**PARAMS.__dict__, "seed": seed + 2 * i}),
+                              drafter=make_drafter())
                 for i in range(start, min(start + BATCH, n))]
         engine.run_batch(seqs)
         for s in seqs:

@@ -13,7 +13,8 @@ def test_every_series_keeps_its_value_under_its_replica():
     a, b = ServerMetrics("m"), ServerMetrics("m")
     a.record_finish("stop", 5, 0.3)
     b.record_finish("length", 7, 1.2)
-    a.record_result(StepResult([5, 6, 7], 4, 2, "ngram", 0.0, 0.0, 5, None))  # 2 of 4 drafted kept
+    a.record_result(StepResult(token_ids=[5, 6, 7], num_drafted=4, num_accepted=2, drafter="ngram",  # 2 of 4 kept
+                               draft_seconds=0.0, pass_seconds=0.0, pass_rows=5, finish_reason=None))
     page = merge_expositions({"r1": a.render().decode(), "r2": b.render().decode()}).decode()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families(page) for s in f.samples}

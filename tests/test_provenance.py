@@ -25,7 +25,8 @@ LOOPING_PROMPT = "héllo wörld 你好 🙂 x"
 
 
 def step(token_ids, drafted=0, accepted=0, drafter=None) -> StepResult:
-    return StepResult(token_ids, drafted, accepted, drafter, 0.0, 0.0, 1, None)
+    return StepResult(token_ids=token_ids, num_drafted=drafted, num_accepted=accepted, drafter=drafter,
+                      draft_seconds=0.0, pass_seconds=0.0, pass_rows=1, finish_reason=None)
 
 
 def test_step_origins_mark_the_accepted_prefix():

@@ -193,7 +193,7 @@ def test_generic_runner_for_other_architectures(tiny_model_factory, tmp_path, de
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from specdec.config import SamplingParams
-    from specdec.engine import Engine, Sequence
+    from specdec.engine import Engine, SequenceState
     from specdec.runners.generic import GenericRunner
 
     torch.manual_seed(0)
@@ -217,10 +217,10 @@ def test_generic_runner_for_other_architectures(tiny_model_factory, tmp_path, de
 
     engine = Engine(runner, draft_n_max=4)
     params = SamplingParams(max_new_tokens=20, ignore_eos=True)
-    plain = Sequence(prompt, params)
+    plain = SequenceState(prompt, params)
     list(engine.generate(plain))
     spec = DraftResources(SpecConfig(types=(SpecType.NGRAM_MAP_K4V,)), runner, None).new_drafter()
-    fast = Sequence(prompt, params, drafter=spec)  # k4v trees fall back to their first path
+    fast = SequenceState(prompt, params, drafter=spec)  # k4v trees fall back to their first path
     list(engine.generate(fast))
     assert fast.output_ids == plain.output_ids
 

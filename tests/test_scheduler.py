@@ -87,7 +87,7 @@ class FailingDrafter(Drafter):
 
 def test_drafter_failure_fails_only_its_request(llm, monkeypatch):
     # The failing drafter must be asked: dynamic K may skip drafting when passes are timed as dear.
-    monkeypatch.setattr(llm.engine, "adaptive", False)
+    monkeypatch.setattr(llm.engine, "plan_drafts", False)
 
     async def main():
         scheduler = Scheduler(llm.engine, llm.runner.num_slots, DraftBudget(4, 16))
@@ -174,7 +174,7 @@ def test_a_request_arriving_mid_speculation_gets_its_first_token_in_one_turn(llm
     """Time to first token must not pay for speculation: a request that arrives while another
     decodes with drafts gets its first token in the next turn, from its prefill and one pass of
     its own row without a draft, while the running request goes on drafting in that turn."""
-    monkeypatch.setattr(llm.engine, "adaptive", False)  # draft whatever the budget allows
+    monkeypatch.setattr(llm.engine, "plan_drafts", False)  # draft whatever the budget allows
 
     async def main():
         scheduler = Scheduler(llm.engine, llm.runner.num_slots, DraftBudget(4, 16))  # unstarted: driven by hand

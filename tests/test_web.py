@@ -178,7 +178,7 @@ def test_browser_playground_and_dashboard(web, page):
     tau = float(second.locator("[data-stat=tau] b").inner_text())
     tps = float(second.locator("[data-stat=tps] b").inner_text())
     assert tau > 1 and tps > 0
-    assert second.locator("[data-stat=alpha] b").inner_text() != "–"
+    assert second.locator("[data-stat=acceptance] b").inner_text() != "–"
     assert "target" in second.locator("[data-stat=mix]").inner_text()
 
     page.goto(url + "/dashboard")

@@ -1,15 +1,24 @@
-"""How many tokens each sequence of a batch drafts in one step: the batch's draft budget.
+"""Dynamic draft length: draft only as many tokens as pay for their verification.
 
-One target pass verifies every sequence's draft. What it costs depends on how
-the runner lays the batch out: the CPU kernels run the rows of all sequences
-back to back (ragged: width = sum of rows), a padded pass gives every sequence
-the widest one's rows (width = batch x widest). ``PassCost`` has measured the
-seconds by width on this machine, so the engine can price any split: it gives
-drafted tokens to the sequences that accept most, as long as expected committed
-tokens per second of the whole step grow, and drafts nothing once the batch is
-so wide that verifying costs more than it saves. The user's hard limits
-(``DraftBudget``, the server's --spec-batch-draft-tokens and
---spec-disable-batch-size) cap that plan; they no longer make it.
+If each drafted token is accepted with probability alpha (given the previous ones
+were: accepted / tested, ``monitor.py``), drafting k tokens commits
+(1 - alpha^(k+1)) / (1 - alpha) tokens per pass in expectation
+(``expected_tokens``). A pass's seconds by width are measured (``pass_cost.py``),
+so the engine drafts the k that maximises tokens per second, k = 0 meaning plain
+decoding: speculation switches itself off where it loses (creative text, a weak
+drafter) and stretches where it wins (copying code). ``monitor.SpecMonitor``
+measures alpha per sequence and re-probes a pause.
+
+For a batch (``plan_draft_lengths``): one target pass verifies every sequence's
+draft. What it costs depends on how the runner lays the batch out: the CPU
+kernels run the rows of all sequences back to back (ragged: width = sum of rows),
+a padded pass gives every sequence the widest one's rows (width = batch x widest).
+With ``PassCost`` the engine can price any split: it gives drafted tokens to the
+sequences that accept most, as long as expected committed tokens per second of
+the whole step grow, and drafts nothing once the batch is so wide that verifying
+costs more than it saves. The user's hard limits (``DraftBudget``, the server's
+--spec-batch-draft-tokens and --spec-disable-batch-size) cap that plan; they no
+longer make it.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specdec.adaptive import PassCost
+from specdec.pass_cost import PassCost, pass_width
 
 
 @dataclass(frozen=True)
@@ -54,9 +63,11 @@ class DraftBudget:
         return min(self.draft_n_max, self.step_tokens // batch)
 
 
-def pass_width(counts: Sequence[int], padded: bool) -> int:
-    """Rows a pass computes for sequences of ``counts`` tokens each (``PassCost``'s key)."""
-    return len(counts) * max(counts) if padded else sum(counts)
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens committed by a pass verifying k drafted tokens (the bonus/recovered one included)."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 def plan_draft_lengths(

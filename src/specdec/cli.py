@@ -290,7 +290,7 @@ def stats_line(stats, spec: SpecConfig) -> str:
             f"{stats.target_forwards} target passes")
     if spec.enabled:
         line += (f" | {','.join(t.value for t in spec.types)}: drafted {stats.drafted}, accepted {stats.accepted} "
-                 f"(alpha {stats.acceptance_rate:.2f}), tau {stats.mean_accepted_len:.2f}, "
+                 f"(acceptance rate {stats.acceptance_rate:.2f}), tau {stats.mean_accepted_len:.2f}, "
                  f"draft {stats.draft_seconds:.2f} s, target {stats.target_seconds:.2f} s")
         if stats.accepted_by:
             line += " | accepted by " + ", ".join(f"{k} {v}" for k, v in stats.accepted_by.items())

@@ -14,7 +14,7 @@ import sys
 import textwrap
 
 from specdec.config import SamplingParams, SpecConfig, parse_spec_types
-from specdec.engine import Sequence
+from specdec.engine import SequenceState
 from specdec.llm import LLM
 
 
@@ -26,8 +26,8 @@ def code_edit_prompt() -> str:
     )
 
 
-def timed_run(llm: LLM, prompt: list[int], params: SamplingParams, speculate: bool) -> Sequence:
-    seq = Sequence(prompt, params, drafter=llm.drafts.new_drafter() if speculate else None)
+def timed_run(llm: LLM, prompt: list[int], params: SamplingParams, speculate: bool) -> SequenceState:
+    seq = SequenceState(prompt, params, drafter=llm.drafts.new_drafter() if speculate else None)
     for _ in llm.engine.generate(seq):
         pass
     return seq
@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"plain decoding : {p.new_tokens} tokens, {p.tokens_per_s:6.1f} tok/s")
     name = ",".join(t.value for t in spec.types)
     print(f"{name:<15}: {s.new_tokens} tokens, {s.tokens_per_s:6.1f} tok/s "
-          f"(tau {s.mean_accepted_len:.2f}, alpha {s.acceptance_rate:.2f}, {s.target_forwards} target passes)")
+          f"(tau {s.mean_accepted_len:.2f}, acceptance rate {s.acceptance_rate:.2f}, "
+          f"{s.target_forwards} target passes)")
     print(f"speedup        : {s.tokens_per_s / p.tokens_per_s:.2f}x, identical output: yes")
     return 0
 

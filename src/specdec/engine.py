@@ -16,12 +16,13 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from specdec.budget import pass_width, plan_draft_lengths
+from specdec.budget import plan_draft_lengths
 from specdec.config import SamplingParams
 from specdec.drafters.base import Drafter, DraftProposal
 from specdec.errors import ContextOverflowError
 from specdec.logprobs import LogprobsMode, TokenLogprob, output_logprobs, token_logprobs
 from specdec.monitor import Mode, SpecMonitor, draft_sample
+from specdec.pass_cost import pass_width
 from specdec.processors import SequenceProcessors
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator
@@ -31,7 +32,9 @@ from specdec.verify import VerifyResult, verify
 
 
 @dataclass
-class Sequence:
+class SequenceState:
+    """One sequence being generated: its tokens, cache slot, drafter, sampler and counters."""
+
     prompt_ids: list[int]
     params: SamplingParams
     drafter: Drafter | None = None
@@ -64,7 +67,7 @@ class Sequence:
 
 @dataclass
 class Draft:
-    seq: Sequence
+    seq: SequenceState
     proposal: DraftProposal
     cache_len: int  # the sequence's cache length before this pass
     drafter: str | None  # who proposed it (a chain's member), None without a draft
@@ -72,9 +75,9 @@ class Draft:
     budget: int  # most tokens it was allowed (0: held off by the monitor or the cost of the batch)
 
 
-@dataclass(frozen=True)
-class Pass:
-    """The step's target pass, shared by its sequences."""
+@dataclass(frozen=True, kw_only=True)
+class PassTiming:
+    """How long the step's target pass took and how wide it was (shared by its sequences)."""
 
     seconds: float
     rows: int  # tokens run, over all sequences
@@ -87,7 +90,7 @@ class Pass:
         return self.seconds / self.batch if self.padded else self.seconds * num_rows / self.rows
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepResult:
     """What one step did for one sequence (callers read this, never diff ``SpecStats``)."""
 
@@ -107,20 +110,26 @@ class StepResult:
     drafted_by: tuple[tuple[str, int], ...] = ()  # drafted tokens per drafter
     spec_state: str = "none"  # the sequence's monitor after the step: "on", "off", "probe"; "none": no drafter
 
+    @classmethod
+    def empty(cls, finish_reason: str | None) -> StepResult:
+        """A step that committed nothing and ran no pass (a prompt whose prefill was all, tests)."""
+        return cls(token_ids=[], num_drafted=0, num_accepted=0, drafter=None, draft_seconds=0.0,
+                   pass_seconds=0.0, pass_rows=0, finish_reason=finish_reason)
+
 
 class Engine:
     def __init__(
-        self, runner: ModelRunner, draft_n_max: int = 8, draft_n_min: int = 0, adaptive: bool = True,
+        self, runner: ModelRunner, draft_n_max: int = 8, draft_n_min: int = 0, plan_drafts: bool = True,
         min_acceptance: float = 0.4, logprobs_mode: LogprobsMode = LogprobsMode.RAW_LOGPROBS,
     ) -> None:
         self.runner = runner
         self.logprobs_mode = LogprobsMode(logprobs_mode)  # which values logprobs report (logprobs.py)
         self.draft_n_max = draft_n_max
         self.draft_n_min = draft_n_min
-        # Adaptive: each step's draft lengths follow from the measured cost of the batch's pass
+        # plan_drafts: each step's draft lengths follow from the measured cost of the batch's pass
         # (budget.py), and a sequence's monitor switches speculation off where it does not pay
         # (monitor.py). Off: every sequence with a drafter drafts up to the cap (tests that must draft).
-        self.adaptive = adaptive
+        self.plan_drafts = plan_drafts
         self.min_acceptance = min_acceptance
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -133,7 +142,7 @@ class Engine:
                 f"{self.runner.max_seq_len}; shorten it or raise --max-model-len"
             )
 
-    def start(self, seqs: list[Sequence]) -> float:
+    def start(self, seqs: list[SequenceState]) -> float:
         """Allocate cache slots and prefill every prompt but its last token (the first root).
 
         Returns the seconds of the prefill pass (0.0 when no prompt needed one).
@@ -168,7 +177,7 @@ class Engine:
                 s.prompt_logprobs.extend(token_logprobs(logits, s.prompt_ids[1:], s.params.prompt_logprobs))
         return out.seconds
 
-    def finish(self, seq: Sequence) -> None:
+    def finish(self, seq: SequenceState) -> None:
         if seq.slot >= 0:
             self.runner.free(seq.slot)
             seq.slot = -1
@@ -176,7 +185,7 @@ class Engine:
             seq.drafter.end(seq.tokens)
 
     # -- one step ----------------------------------------------------------------------------
-    def step(self, seqs: list[Sequence], draft_budget: int | None = None) -> list[StepResult]:
+    def step(self, seqs: list[SequenceState], draft_budget: int | None = None) -> list[StepResult]:
         """Draft, verify and commit once for every running sequence; what each one got.
 
         draft_budget: at most this many drafted tokens per sequence this step (default
@@ -196,29 +205,30 @@ class Engine:
         ]
         layers = hidden_layers(seqs)
         out = self.runner.run(inputs, layers)
-        pass_ = self._measure([len(i.token_ids) for i in inputs], out.seconds)
+        timing = self._measure([len(i.token_ids) for i in inputs], out.seconds)
         hidden = out.hidden if layers else [[] for _ in drafts]
-        return [self._commit(d, logits, h, layers, pass_)
+        return [self._commit(d, logits, h, layers, timing)
                 for d, logits, h in zip(drafts, out.logits, hidden, strict=True)]
 
-    def _measure(self, counts: list[int], seconds: float) -> Pass:
+    def _measure(self, counts: list[int], seconds: float) -> PassTiming:
         """Time the pass into the runner's ``PassCost``, by the width it computed."""
         padded, cost = self.runner.pads_batches, self.runner.pass_cost
         cost.observe(pass_width(counts, padded), seconds)
         plain = cost.estimate(pass_width([1] * len(counts), padded))
-        return Pass(seconds, sum(counts), len(counts), padded, None if plain is None else plain / len(counts))
+        return PassTiming(seconds=seconds, rows=sum(counts), batch=len(counts), padded=padded,
+                          plain_seconds_per_token=None if plain is None else plain / len(counts))
 
-    def _plan(self, seqs: list[Sequence], cap: int) -> list[int]:
+    def _plan(self, seqs: list[SequenceState], cap: int) -> list[int]:
         """Each sequence's draft budget: none while its monitor holds speculation off, else what
-        pays at the batch's measured pass cost (adaptive; see ``budget.plan_draft_lengths``)."""
-        if not self.adaptive:
+        pays at the batch's measured pass cost (``plan_drafts``; see ``budget.plan_draft_lengths``)."""
+        if not self.plan_drafts:
             return [cap if s.drafter is not None else 0 for s in seqs]
         caps = [cap if s.drafter is not None and s.monitor.allows_draft else 0 for s in seqs]
         alphas = [s.monitor.alpha if c else None for s, c in zip(seqs, caps, strict=True)]
         draft_seconds = [s.stats.draft_seconds / max(s.stats.decode_passes, 1) for s in seqs]
         return plan_draft_lengths(alphas, caps, self.runner.pass_cost, self.runner.pads_batches, draft_seconds)
 
-    def _draft(self, seq: Sequence, k: int) -> Draft:
+    def _draft(self, seq: SequenceState, k: int) -> Draft:
         cache_len = self.runner.lengths[seq.slot]
         room = min(
             k,
@@ -255,7 +265,7 @@ class Engine:
         return None if proposal.is_chain else [-1, *proposal.parents]
 
     def _commit(self, d: Draft, logits: torch.Tensor, hidden: list[torch.Tensor], layers: tuple[int, ...],
-                pass_: Pass) -> StepResult:
+                timing: PassTiming) -> StepResult:
         seq, stats = d.seq, d.seq.stats
         tree = d.proposal.to_tree(seq.tokens[-1])
         # Penalties and grammar masks act on each row with the drafted path before it as history.
@@ -278,18 +288,22 @@ class Engine:
         if seq.drafter is not None:
             seq.drafter.accept(seq.tokens, result.num_accepted)
         stats.new_tokens += len(new)
-        origins, drafted_by = self._account(d, tree, result, pass_)
+        origins, drafted_by = self._account(d, tree, result, timing)
         if seq.finish_reason is None and seq.should_stop is not None and seq.should_stop(seq.output_ids):
             seq.finish_reason = "stop"
         if seq.finish_reason is None and self.runner.lengths[seq.slot] + 2 >= self.runner.max_seq_len:
             seq.finish_reason = "length"
         if seq.finished:
             stats.snapshot_windows(seq.monitor, seq.drafter.windows() if seq.drafter is not None else {})
-        return StepResult(new, len(d.proposal), result.num_accepted, d.drafter, d.seconds, pass_.seconds, pass_.rows,
-                          seq.finish_reason, _rejected(tree, result.path[-1]), logprobs, origins, drafted_by,
-                          seq.monitor.mode.value if seq.drafter is not None else "none")
+        return StepResult(
+            token_ids=new, num_drafted=len(d.proposal), num_accepted=result.num_accepted, drafter=d.drafter,
+            draft_seconds=d.seconds, pass_seconds=timing.seconds, pass_rows=timing.rows,
+            finish_reason=seq.finish_reason, rejected_ids=_rejected(tree, result.path[-1]), logprobs=logprobs,
+            origins=origins, drafted_by=drafted_by,
+            spec_state=seq.monitor.mode.value if seq.drafter is not None else "none",
+        )
 
-    def _account(self, d: Draft, tree: DraftTree, result: VerifyResult, pass_: Pass) \
+    def _account(self, d: Draft, tree: DraftTree, result: VerifyResult, timing: PassTiming) \
             -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
         """Count the step in the sequence's stats and monitor; who proposed each accepted token
         and how many tokens each drafter drafted."""
@@ -297,7 +311,7 @@ class Engine:
         stats.target_forwards += 1
         stats.decode_passes += 1
         stats.decode_tokens += len(result.token_ids)
-        stats.target_seconds += pass_.seconds
+        stats.target_seconds += timing.seconds
         stats.spec_off_steps += int(seq.drafter is not None and seq.monitor.mode is Mode.OFF)
         if not num_drafted:
             if seq.drafter is not None:
@@ -308,10 +322,10 @@ class Engine:
         stats.record_draft(num_drafted, result.num_accepted, drafted_by, origins)
         tested = result.num_accepted + int(bool(tree.children[result.path[-1]]))
         seq.monitor.observe(draft_sample(num_drafted, result.num_accepted, tested,
-                                         d.seconds + pass_.share(tree.num_nodes), pass_.plain_seconds_per_token))
+                                         d.seconds + timing.share(tree.num_nodes), timing.plain_seconds_per_token))
         return origins, drafted_by
 
-    def _truncate(self, seq: Sequence, tokens: list[int]) -> list[int]:
+    def _truncate(self, seq: SequenceState, tokens: list[int]) -> list[int]:
         """Cut the step's tokens at EOS or max_new_tokens, setting the finish reason."""
         left = seq.params.max_new_tokens - seq.num_output
         if not seq.params.ignore_eos:
@@ -324,7 +338,7 @@ class Engine:
         return tokens[:left]
 
     # -- to the end ----------------------------------------------------------------------------
-    def run_batch(self, seqs: list[Sequence]) -> float:
+    def run_batch(self, seqs: list[SequenceState]) -> float:
         """Run a static batch until every sequence finishes; return seconds spent in target passes.
 
         Each batched pass counts once (every sequence's own stats count it in full).
@@ -345,7 +359,7 @@ class Engine:
                 if s.slot >= 0:
                     self.finish(s)
 
-    def generate(self, seq: Sequence) -> Iterator[StepResult]:
+    def generate(self, seq: SequenceState) -> Iterator[StepResult]:
         """Run ``seq`` alone until it finishes, yielding each step's result."""
         t0 = time.perf_counter()
         try:
@@ -371,14 +385,14 @@ def _rejected(tree: DraftTree, node: int) -> list[int]:
     return out
 
 
-def hidden_layers(seqs: list[Sequence]) -> tuple[int, ...]:
+def hidden_layers(seqs: list[SequenceState]) -> tuple[int, ...]:
     """Target layers any of these sequences' drafters reads (sorted, the final state last: the
     order ``ModelRunner.run`` returns them in)."""
     wanted = {i for s in seqs if s.drafter is not None for i in s.drafter.hidden_layers}
     return tuple(sorted(wanted - {-1})) + ((-1,) if -1 in wanted else ())
 
 
-def _observe(seq: Sequence, layers: tuple[int, ...], hidden: list[torch.Tensor], rows: list[int] | None) -> None:
+def _observe(seq: SequenceState, layers: tuple[int, ...], hidden: list[torch.Tensor], rows: list[int] | None) -> None:
     """Hand a drafter that reads hidden states the ones of the tokens the target just cached."""
     if seq.drafter is None or not seq.drafter.hidden_layers or not hidden:
         return

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
-from collections.abc import Sequence as Seq
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from threadpoolctl import threadpool_limits
 
-from specdec.adaptive import PassCost
 from specdec.config import SamplingParams, SpecConfig, SpecType, StructuredKind, StructuredOutput, parse_spec_types
 from specdec.drafters.registry import DraftResources
-from specdec.engine import Engine, Sequence, StepResult
+from specdec.engine import Engine, SequenceState, StepResult
 from specdec.errors import ModelLoadError
 from specdec.grammar import GrammarCompiler, GrammarError
 from specdec.logprobs import LogprobsMode, TokenLogprob
+from specdec.pass_cost import PassCost
 from specdec.processors import HistoryProcessor, SequenceProcessors
 from specdec.provenance import PieceStream, TokenPiece, step_origins
 from specdec.runners.load import load_runner
@@ -143,13 +142,13 @@ class LLM:
 
     # -- generation ----------------------------------------------------------------------------
     def new_sequence(self, prompt_ids: list[int], params: SamplingParams,
-                     spec_types: Seq[SpecType] | None = None) -> Sequence:
+                     spec_types: Sequence[SpecType] | None = None) -> SequenceState:
         """An engine sequence; raises ValueError (GrammarError for a bad grammar) on unusable settings.
 
         spec_types: draft with these of the loaded methods only (() = plain decoding); None = all."""
         stop = StopChecker(self.tokenizer, params.stop) if params.stop else None
         processors = self.processors(prompt_ids, params)
-        return Sequence(prompt_ids, params, drafter=self.drafts.new_drafter(spec_types), should_stop=stop,
+        return SequenceState(prompt_ids, params, drafter=self.drafts.new_drafter(spec_types), should_stop=stop,
                         processors=processors)
 
     def processors(self, prompt_ids: list[int], params: SamplingParams) -> SequenceProcessors | None:
@@ -181,7 +180,7 @@ class LLM:
                               logprobs=[] if params.logprobs is not None else None)
 
     def generate(
-        self, prompts: str | list[int] | Seq[str | list[int]], params: SamplingParams | None = None
+        self, prompts: str | list[int] | Sequence[str | list[int]], params: SamplingParams | None = None
     ) -> list[Output]:
         """One Output per prompt; with params.n > 1, n independent samples per prompt."""
         params = params or SamplingParams()
@@ -200,7 +199,7 @@ class LLM:
             outputs.append(out)
         return outputs
 
-    def _run_one(self, ids: list[int], params: SamplingParams) -> tuple[Completion, Sequence]:
+    def _run_one(self, ids: list[int], params: SamplingParams) -> tuple[Completion, SequenceState]:
         seq = self.new_sequence(ids, params)
         origins = []
         for step in self.engine.generate(seq):
@@ -213,7 +212,7 @@ class LLM:
         """One short generation so timings exclude first-call costs (allocations, kernel picks).
 
         Its pass timings are forgotten: first calls are slow, and a wide pass priced by them kept
-        the adaptive engine from drafting until the width aged out (the demo measured 1.0x)."""
+        the engine's draft planning from drafting until the width aged out (the demo measured 1.0x)."""
         self.generate("Hello", SamplingParams(max_new_tokens=4))
         self.runner.pass_cost = PassCost()
 

@@ -31,14 +31,13 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from collections.abc import Sequence as Seq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from specdec.budget import DraftBudget
 from specdec.config import SamplingParams
 from specdec.drafters.base import EMPTY, Drafter, DraftProposal
-from specdec.engine import Engine, Sequence, StepResult
+from specdec.engine import Engine, SequenceState, StepResult
 from specdec.logprobs import TokenLogprob
 from specdec.stats import SpecStats
 
@@ -49,13 +48,26 @@ class QueueFullError(Exception):
     """Every slot is taken and the waiting queue is full: the client should retry later (429)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class SeqUpdate:
+    """One sequence's share of a step: which choice it is and the engine's result for it."""
+
     index: int  # the sequence's position in its request (the choice index)
-    token_ids: list[int]  # tokens committed by this step
-    finish_reason: str | None = None
-    step: StepResult | None = None  # the engine's account of the step (drafter, accepted, rejected)
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # for token_ids, when the request asked
+    step: StepResult  # the engine's account of the step (tokens, drafter, accepted, rejected, logprobs)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Tokens committed by this step."""
+        return self.step.token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.step.finish_reason
+
+    @property
+    def logprobs(self) -> tuple[TokenLogprob, ...]:
+        """For token_ids, when the request asked."""
+        return self.step.logprobs
 
 
 @dataclass
@@ -72,7 +84,7 @@ class RequestEvent:
 class Request:
     """One API request: one or more sequences that are admitted and finished together."""
 
-    def __init__(self, request_id: str, seqs: list[Sequence], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, request_id: str, seqs: list[SequenceState], loop: asyncio.AbstractEventLoop) -> None:
         self.id = request_id
         self.seqs = seqs
         self.loop = loop
@@ -106,19 +118,19 @@ class GuardedDrafter(Drafter):
             self.request.error = f"drafter {self.name} failed: {type(exc).__name__}: {exc}"
             return None
 
-    def begin(self, prompt_ids: Seq[int], sampling: SamplingParams) -> None:
+    def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         self._call(self.inner.begin, prompt_ids, sampling)
 
     def observe(self, target_hidden) -> None:
         self._call(self.inner.observe, target_hidden)
 
-    def propose(self, context: Seq[int], max_tokens: int) -> DraftProposal:
+    def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
         return self._call(self.inner.propose, context, max_tokens) or EMPTY
 
-    def accept(self, context: Seq[int], num_accepted: int) -> None:
+    def accept(self, context: Sequence[int], num_accepted: int) -> None:
         self._call(self.inner.accept, context, num_accepted)
 
-    def end(self, context: Seq[int]) -> None:
+    def end(self, context: Sequence[int]) -> None:
         self._call(self.inner.end, context)
 
     def windows(self):
@@ -162,7 +174,7 @@ class Scheduler:
         self.num_steps = 0
 
     # -- event-loop side -------------------------------------------------------------------------
-    def submit(self, request_id: str, seqs: list[Sequence], loop: asyncio.AbstractEventLoop) -> Request:
+    def submit(self, request_id: str, seqs: list[SequenceState], loop: asyncio.AbstractEventLoop) -> Request:
         """Queue a request; raises QueueFullError when it would wait behind ``max_queue`` sequences."""
         if not 1 <= len(seqs) <= self.max_num_seqs:
             raise ValueError(f"a request needs 1 to {self.max_num_seqs} sequences, got {len(seqs)}")
@@ -287,8 +299,7 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.prompt_tokens.inc(sum(len(s.prompt_ids) for s in req.seqs))
         if req.done:  # max_new_tokens 0 (scoring the prompt: echo with max_tokens 0): the prefill was all
-            updates = [SeqUpdate(i, [], s.finish_reason, StepResult([], 0, 0, None, 0.0, 0.0, 0, s.finish_reason))
-                       for i, s in enumerate(req.seqs)]
+            updates = [SeqUpdate(i, StepResult.empty(s.finish_reason)) for i, s in enumerate(req.seqs)]
             self._release(req)
             self._record_finish(req, _request_reason(req))
             self._send(req, RequestEvent(updates, done=True, stats=self._merged_stats(req)))
@@ -332,7 +343,7 @@ class Scheduler:
             step = new_by_seq.get(id(seq))
             if step is None:
                 continue
-            updates.append(SeqUpdate(i, list(step.token_ids), seq.finish_reason, step, list(step.logprobs)))
+            updates.append(SeqUpdate(i, step))
             if seq.finished:
                 self._end_seq(req, i)
         if not updates:

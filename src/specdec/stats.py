@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from specdec.monitor import SpecMonitor, WindowSums
 
@@ -61,7 +61,9 @@ class SpecStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """alpha: the share of drafted tokens that were kept."""
+        """Accepted / drafted: the share of drafted tokens that were kept (vLLM's "draft acceptance
+        rate"). Not alpha, which is accepted / tested (``monitor.py``): this one falls as drafts
+        get longer, since tokens after the first rejected one count as drafted but never tested."""
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
@@ -74,25 +76,29 @@ class SpecStats:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
     def merge(self, other: SpecStats) -> None:
-        for name in (
-            "new_tokens", "prompt_tokens", "target_forwards", "decode_passes", "decode_tokens",
-            "drafts", "drafted", "accepted", "spec_off_steps", "spec_switch_offs", "spec_probes",
-        ):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("draft_seconds", "target_seconds", "prefill_seconds", "seconds"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("accepted_per_pos", "drafted_per_pos"):
-            mine, theirs = getattr(self, name), getattr(other, name)
-            mine.extend([0] * (len(theirs) - len(mine)))
-            for i, v in enumerate(theirs):
-                mine[i] += v
-        for name in ("drafted_by", "accepted_by"):
-            mine = getattr(self, name)
-            for key, v in getattr(other, name).items():
-                mine[key] = mine.get(key, 0) + v
-        self.window.add(other.window)
-        for key, w in other.drafter_windows.items():
-            self.drafter_windows.setdefault(key, WindowSums()).add(w)
+        """Add ``other`` in, field by field: every field of the dataclass, so none can be left out.
+
+        Numbers add; per-position lists add element-wise (the longer one's length); per-drafter
+        dicts add by key; ``WindowSums`` pool (``add``), dicts of them by key.
+        """
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, (int, float)):
+                setattr(self, f.name, mine + theirs)
+            elif isinstance(mine, list):
+                mine.extend([0] * (len(theirs) - len(mine)))
+                for i, v in enumerate(theirs):
+                    mine[i] += v
+            elif isinstance(mine, WindowSums):
+                mine.add(theirs)
+            elif isinstance(mine, dict):
+                for key, v in theirs.items():
+                    if isinstance(v, WindowSums):
+                        mine.setdefault(key, WindowSums()).add(v)
+                    else:
+                        mine[key] = mine.get(key, 0) + v
+            else:
+                raise TypeError(f"SpecStats.merge: no rule for field {f.name} ({type(mine).__name__})")
 
     def to_dict(self) -> dict:
         out = asdict(self)

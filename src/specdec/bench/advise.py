@@ -7,7 +7,7 @@ measurement on this machine, with this target, on these prompts:
    (``bench.passes``); where wide passes are dear, only high acceptance pays;
 2. workload (code and agentic text repeats its context, chat less, creative
    writing hardly): every candidate drafter runs the prompts through the engine
-   (``bench.harness``), giving its acceptance α and tokens per pass τ;
+   (``bench.harness``), giving its acceptance rate (kept / drafted) and tokens per pass τ;
 3. temperature: the runs sample at it (acceptance falls as it rises);
 4. batch size: the runs use static batches of that size, and the pass cost is
    read at that many rows (a batched pass pads every row to the widest draft);
@@ -26,13 +26,13 @@ import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from specdec.adaptive import PassCost
 from specdec.bench.config import BenchConfig, Method
 from specdec.bench.harness import MethodRunner, build_requests, check_greedy
 from specdec.bench.metrics import acceptance_by_pos
 from specdec.bench.passes import measure as measure_passes
 from specdec.bench.records import GREEDY, Cell, Request
 from specdec.bench.workloads import Workload
+from specdec.pass_cost import PassCost
 from specdec.stats import SpecStats
 
 # The methods advise compares, by --spec-type name ('+' chains). A new drafter, or a controller
@@ -79,7 +79,7 @@ class MethodMeasure:
     """One method on the workload: what it drafted and kept, and what that bought."""
 
     name: str
-    alpha: float  # drafted tokens kept / drafted
+    acceptance_rate: float  # drafted tokens kept / drafted (not alpha: kept / tested)
     tau: float  # tokens committed per target pass, per sequence
     drafted_per_pass: float  # mean draft length over every pass (0 when it did not draft)
     new_tokens: int
@@ -172,7 +172,7 @@ def measure_method(name: str, stats: SpecStats, plain: SpecStats, costs: PassCos
     tps = stats.new_tokens / stats.seconds if stats.seconds > 0 else 0.0
     plain_tps = plain.new_tokens / plain.seconds if plain.seconds > 0 else 0.0
     return MethodMeasure(
-        name=name, alpha=stats.acceptance_rate, tau=stats.mean_accepted_len, drafted_per_pass=drafted,
+        name=name, acceptance_rate=stats.acceptance_rate, tau=stats.mean_accepted_len, drafted_per_pass=drafted,
         new_tokens=stats.new_tokens, seconds=stats.seconds, tokens_per_s=tps,
         measured_speedup=tps / plain_tps if plain_tps else 0.0,
         expected_speedup=expected_speedup(costs, cfg.batch_size, stats.mean_accepted_len, drafted, draft_per_step),
@@ -283,12 +283,13 @@ def explain(cfg: AdviseConfig, costs: PassCost, plain: MethodMeasure, drafting: 
     """One line per question of the decision order, each with the numbers that answered it."""
     b, k = cfg.batch_size, cfg.draft_n_max
     wide = costs.estimate(b * (k + 1)) / costs.estimate(b)
-    top_alpha = max(drafting, key=lambda m: m.alpha)
+    top_accepted = max(drafting, key=lambda m: m.acceptance_rate)
     lines = [
         f"target and hardware: a pass over {b * (k + 1)} tokens ({b} sequence(s) x {k} drafted + 1) costs "
         f"{wide:.2f}x one over {b}; a full draft pays only if it commits more than {wide:.2f} tokens per pass",
         f"workload ({workload_kind(cfg.workload.name)}, {cfg.workload.name}): highest acceptance "
-        f"{top_alpha.name} (alpha {top_alpha.alpha:.2f}, tau {top_alpha.tau:.2f}); most tokens per pass "
+        f"{top_accepted.name} (acceptance rate {top_accepted.acceptance_rate:.2f}, tau {top_accepted.tau:.2f}); "
+        f"most tokens per pass "
         f"{max(drafting, key=lambda m: m.tau).name} (tau {max(m.tau for m in drafting):.2f})",
         f"temperature {cfg.temperature:g}: " + ("greedy, every output checked identical to plain decoding"
                                                 if cfg.temperature == GREEDY else

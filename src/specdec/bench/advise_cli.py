@@ -97,12 +97,12 @@ def render(a: advise.Advice) -> str:
         "pass cost by width (tokens in one pass: ms, x a 1-token pass): "
         + ", ".join(f"{w}: {a.pass_ms[w]:.1f} ({a.pass_ms[w] / one:.2f}x)" for w in widths),
         "",
-        "| method | alpha | tau | drafted per pass | tok/s | expected speedup | measured speedup |",
+        "| method | acceptance rate | tau | drafted per pass | tok/s | expected speedup | measured speedup |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for m in a.methods:
-        alpha = "-" if m.name == "none" else f"{m.alpha:.2f}"
-        lines.append(f"| {m.name} | {alpha} | {m.tau:.2f} | {m.drafted_per_pass:.1f} | {m.tokens_per_s:.1f} | "
+        rate = "-" if m.name == "none" else f"{m.acceptance_rate:.2f}"
+        lines.append(f"| {m.name} | {rate} | {m.tau:.2f} | {m.drafted_per_pass:.1f} | {m.tokens_per_s:.1f} | "
                      f"{m.expected_speedup:.2f}x | {m.measured_speedup:.2f}x |")
     lines += ["", "why:"]
     lines += [f"  {i}. {r}" for i, r in enumerate(a.reasons, 1)]

@@ -70,7 +70,7 @@ def cell_record(cell, baseline_tps: float | None, usd_per_hour: float) -> dict:
         "target_forwards": s.target_forwards,
         "decode_passes": s.decode_passes,
         "tau": round(s.mean_accepted_len, 4) if cell.kind == "specdec" else None,
-        "alpha": round(s.acceptance_rate, 4) if cell.kind == "specdec" else None,
+        "acceptance_rate": round(s.acceptance_rate, 4) if cell.kind == "specdec" else None,
         "drafted": s.drafted,
         "accepted": s.accepted,
         "accepted_per_pos": list(s.accepted_per_pos),

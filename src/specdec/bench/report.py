@@ -115,14 +115,14 @@ def detail_table(records: list[dict], temperature: float, batch: int, usd_per_ho
             and r["kind"] in ("specdec", "peer")]
     workloads = list(dict.fromkeys(r["workload"] for r in runs if r["kind"] == "specdec"))
     totals = metrics.overall(runs, workloads)
-    header = ["Method", "α", "τ", "accept@1..4", "draft share", "verify share", "KV MiB", "drafter KiB",
+    header = ["Method", "acc. rate", "τ", "accept@1..4", "draft share", "verify share", "KV MiB", "drafter KiB",
               "peak RSS MiB", "$ / M tok"]
     rows = []
     for name in _rows_order(runs):
         mine = [r for r in runs if r["method"] == name]
         tot = totals.get((name, batch, temperature), {})
         drafted = sum(r["drafted"] for r in mine)
-        alpha = sum(r["accepted"] for r in mine) / drafted if drafted else None
+        acceptance_rate = sum(r["accepted"] for r in mine) / drafted if drafted else None
         rates = metrics.acceptance_by_pos(metrics.sum_lists(r["accepted_per_pos"] for r in mine),
                                           metrics.sum_lists(r["drafted_per_pos"] for r in mine))
         by_pos = " / ".join(f"{x:.2f}" for x in rates[:4]) or "—"
@@ -132,7 +132,7 @@ def detail_table(records: list[dict], temperature: float, batch: int, usd_per_ho
         drafter = [r["drafter_bytes"] for r in mine if r["drafter_bytes"] is not None]
         is_spec = mine[0]["kind"] == "specdec"
         rows.append([
-            f"`{name}`", _f(alpha) if is_spec and drafted else "—", _f(tot.get("tau")), by_pos,
+            f"`{name}`", _f(acceptance_rate) if is_spec and drafted else "—", _f(tot.get("tau")), by_pos,
             f"{tot['draft_share']:.1%}" if is_spec else "—", f"{tot['target_share']:.1%}" if is_spec else "—",
             f"{kv / MIB:.1f}" if kv else "—", f"{max(drafter) / 1024:.0f}" if drafter else "—",
             f"{max(r['peak_rss_bytes'] for r in mine) / MIB:.0f}", usd,

@@ -41,10 +41,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from specdec.adaptive import PassCost, expected_tokens
+from specdec.budget import expected_tokens
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters.base import EMPTY, Drafter, DraftProposal
 from specdec.monitor import Mode, SpecMonitor, WindowSums
+from specdec.pass_cost import PassCost
 from specdec.runners.base import ModelRunner
 
 

@@ -112,7 +112,7 @@ class DraftResources:
     def loaded(self, types: Sequence[SpecType] | None = None) -> tuple[SpecType, ...]:
         """``types`` less "none" (None = the configured methods); ValueError if one was not loaded here.
 
-        An adaptive engine has its members loaded too: a request may name one of them alone.
+        A --spec-type adaptive engine has its members loaded too: a request may name one of them alone.
         """
         if types is None:
             return tuple(t for t in self.spec.types if t is not SpecType.NONE)

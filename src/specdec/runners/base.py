@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.adaptive import PassCost
+from specdec.pass_cost import PassCost
 
 
 @dataclass

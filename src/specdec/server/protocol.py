@@ -354,7 +354,7 @@ class SpecDecodeInfo(_SetFieldsOnly):
     acceptance_rate: float | None = None  # accepted / drafted
     mean_accepted_len: float | None = None  # tokens committed per decoding target pass
     # Monitoring (specdec.monitor): the latest sliding window of the request's sequences (alpha:
-    # per-token acceptance, tau: tokens per drafting pass, speedup over plain as measured), each
+    # per-token acceptance, accepted / tested, tau: tokens per drafting pass, speedup over plain as measured), each
     # drafter's (drafted and accepted tokens in all, and its window), and how often speculation
     # was paused (off_steps: decode steps without drafting; switch_offs) and re-probed.
     window: dict | None = None

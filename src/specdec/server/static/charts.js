@@ -30,7 +30,7 @@ function reset(svg, label) {
 }
 
 // series: [{name, color, values: (number|null)[]}], all as long as ts (seconds, oldest first).
-// null is a gap (e.g. no draft in that second, so no alpha).
+// null is a gap (e.g. no draft in that second, so no acceptance rate).
 export function lineChart(svg, { ts, series, yMax = null, format = short, label = "" }) {
   reset(svg, label);
   const all = series.flatMap((s) => s.values).filter((v) => v !== null && Number.isFinite(v));

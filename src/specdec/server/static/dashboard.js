@@ -21,7 +21,7 @@ function draw(data) {
   const at = (col, i) => data[col][i];
   const tps = ts.map((_, i) => at("tokens", i) / data.interval);
   const tau = ts.map((_, i) => ratio(at("tokens", i), at("passes", i)));
-  const alpha = ts.map((_, i) => ratio(at("accepted", i), at("drafted", i)));
+  const acceptance = ts.map((_, i) => ratio(at("accepted", i), at("drafted", i))); // accepted / drafted
   const draftShare = ts.map((_, i) => ratio(at("draft_seconds", i), at("step_seconds", i)));
   const verifyShare = ts.map((_, i) => ratio(at("verify_seconds", i), at("step_seconds", i)));
   const batch = ts.map((_, i) => ratio(at("batch", i), at("steps", i)) ?? 0);
@@ -33,9 +33,9 @@ function draw(data) {
   lineChart($("#chart-tau"), { ts, label: "tau",
     series: [{ name: "τ", color: "#1a9e5a", values: tau }] });
   $("#readout-tau").textContent = `last 10 s: ${fmt(recent(tau))}`;
-  lineChart($("#chart-alpha"), { ts, label: "alpha", yMax: 1,
-    series: [{ name: "α", color: "#b04fc4", values: alpha }] });
-  $("#readout-alpha").textContent = `since start: ${fmt(data.totals.drafted ? data.totals.acceptance_rate : null)}`;
+  lineChart($("#chart-acceptance"), { ts, label: "acceptance rate", yMax: 1,
+    series: [{ name: "acceptance rate", color: "#b04fc4", values: acceptance }] });
+  $("#readout-acceptance").textContent = `since start: ${fmt(data.totals.drafted ? data.totals.acceptance_rate : null)}`;
   lineChart($("#chart-share"), { ts, label: "draft and verify share of step time", yMax: 1,
     format: (v) => `${Math.round(v * 100)}%`,
     series: [{ name: "drafting", color: "#d08a00", values: draftShare },
@@ -61,7 +61,7 @@ function draw(data) {
       label: name,
       parts: [{ name: "accepted", value: s.accepted, color: colors.of(name) },
               { name: "rejected", value: s.drafted - s.accepted, color: REJECTED }],
-      note: `α ${s.acceptance_rate.toFixed(2)}`,
+      note: `acceptance rate ${s.acceptance_rate.toFixed(2)}`,
     })) });
   lineChart($("#chart-drafter-rate"), { ts, label: "accepted tokens per second by drafter",
     series: Object.entries(data.drafters).map(([name, cols]) => ({

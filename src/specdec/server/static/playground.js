@@ -91,7 +91,7 @@ class AnswerView {
       stats.append(span);
     };
     item("τ", (spec?.mean_accepted_len ?? 0).toFixed(2), "tau");
-    item("α", spec?.drafted ? spec.acceptance_rate.toFixed(2) : "–", "alpha");
+    item("acceptance rate", spec?.drafted ? spec.acceptance_rate.toFixed(2) : "–", "acceptance");
     item("tok/s", tps.toFixed(1), "tps");
     item("tokens", String(n), "tokens");
     const mix = el("span", { class: "mix", title: "drafter mix" });

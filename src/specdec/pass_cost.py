@@ -1,20 +1,15 @@
-"""Dynamic draft length: draft only as many tokens as pay for their verification.
+"""What a target pass costs on this machine, by width: measured, never assumed.
 
-A verify pass over T tokens costs c(T) seconds (measured, not assumed: on a
-2-core AVX2 CPU c(16) is ~2.6 c(1), on an AMX CPU ~1.1 c(1), on a GPU ~1.0
-c(1)). If each drafted token is accepted with probability alpha (given the
-previous ones were), drafting k tokens commits (1 - alpha^(k+1)) / (1 - alpha)
-tokens per pass in expectation. The engine drafts the k that maximises
-tokens per second, k = 0 meaning plain decoding (``budget.plan_draft_lengths``,
-for a whole batch at once): speculation switches itself off where it loses
-(creative text, a weak drafter) and stretches where it wins (copying code).
-``monitor.SpecMonitor`` measures alpha per sequence and re-probes a pause.
-
-The runner owns one ``PassCost`` (``ModelRunner.pass_cost``): the engine times
-every decode pass into it, and the adaptive drafter prices its trees with it.
+A verify pass over T tokens costs c(T) seconds: on a 2-core AVX2 CPU c(16) is
+~2.6 c(1), on an AMX CPU ~1.1 c(1), on a GPU ~1.0 c(1). The runner owns one
+``PassCost`` (``ModelRunner.pass_cost``): the engine times every decode pass
+into it, keyed by ``pass_width``, and the draft planner (``budget.py``) and the
+adaptive drafter price drafts with it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 
 class PassCost:
@@ -62,8 +57,8 @@ class PassCost:
         return max(self.seconds[lo] + slope * (num_tokens - lo), 1e-9)
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens committed by a pass verifying k drafted tokens (the bonus/recovered one included)."""
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+def pass_width(counts: Sequence[int], padded: bool) -> int:
+    """Rows a pass computes for sequences of ``counts`` tokens each (``PassCost``'s key): a ragged
+    pass runs the rows back to back (the sum), a padded one gives each the widest one's rows."""
+    return len(counts) * max(counts) if padded else sum(counts)

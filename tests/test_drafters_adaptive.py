@@ -1,0 +1,129 @@
+"""drafters/adaptive.py: the --spec-type adaptive drafter (its trie, choice, replay and members).
+
+It runs here on scripted acceptance (members whose proposals are right or wrong by design)
+and on a fixed pass-cost table (tests/test_pass_cost.py), so the decisions are exact whatever
+the machine's load.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.config import SamplingParams, SpecConfig, SpecType, parse_spec_types
+from specdec.drafters.adaptive import AdaptiveDrafter, DraftTrie, Offer, choose, planned_length, replay
+from specdec.drafters.base import Drafter, DraftProposal
+from specdec.drafters.registry import adaptive_members
+from specdec.pass_cost import PassCost
+from tests.test_pass_cost import cost_model
+
+
+def test_trie_merges_shared_prefixes():
+    trie = DraftTrie.merge([Offer("ngram", 0.8, DraftProposal([5, 6, 7])), Offer("suffix", 0.5, DraftProposal([5, 9]))])
+    assert trie.tokens[1:] == [5, 6, 7, 9] and trie.parents[1:] == [0, 1, 2, 1]
+    assert trie.owners[1:] == ["ngram"] * 3 + ["suffix"]
+    assert trie.reach[1] == pytest.approx(1 - 0.2 * 0.5)  # both drafters support token 5
+    # Siblings 6 (0.8) and 9 (0.5) cannot both be kept: their shares are scaled to sum to 1.
+    assert trie.reach[2] + trie.reach[4] == pytest.approx(trie.reach[1])
+
+
+def test_choose_merges_into_one_tree_when_verification_is_cheap():
+    offers = [Offer("ngram", 0.7, DraftProposal([5, 6, 7])), Offer("suffix", 0.7, DraftProposal([5, 9, 10]))]
+    proposal = choose(offers, 8, cost_model(per_token=0.0), greedy=True)
+    assert not proposal.is_chain and sorted(proposal.token_ids) == [5, 6, 7, 9, 10]
+    assert proposal.drafter == "ngram+suffix" and proposal.origins.count("suffix") == 2
+
+
+def test_choose_picks_the_better_proposal_when_verification_is_dear():
+    offers = [Offer("ngram", 0.95, DraftProposal([5, 6, 7])), Offer("suffix", 0.2, DraftProposal([8, 9, 10]))]
+    proposal = choose(offers, 8, cost_model(per_token=0.2), greedy=True)
+    assert proposal.token_ids == [5, 6, 7] and proposal.is_chain and proposal.drafter == "ngram"
+    assert proposal.origins is None
+
+
+def test_choose_keeps_a_sampled_proposal_alone_when_sampling():
+    q = torch.full((2, 10), 0.1)
+    offers = [Offer("draft-model", 0.9, DraftProposal([5, 6], probs=q)), Offer("ngram", 0.5, DraftProposal([5, 7]))]
+    sampled = choose(offers, 8, cost_model(per_token=0.0), greedy=False)
+    assert sampled.drafter in ("draft-model", "ngram") and sampled.is_chain  # never the merged tree
+    assert (sampled.probs is not None) == (sampled.drafter == "draft-model")
+    merged = choose(offers, 8, cost_model(per_token=0.0), greedy=True)
+    assert not merged.is_chain and merged.probs is None
+
+
+def test_replay_scores_a_proposal_against_the_committed_tokens():
+    assert replay(DraftProposal([5, 6, 7]), [5, 6, 9]) == (2, 3)
+    assert replay(DraftProposal([5, 6, 7]), [5, 6]) == (2, 2)  # 7 was never tested
+    assert replay(DraftProposal([5, 6]), [5, 6, 1]) == (2, 2)  # all kept: nothing rejected
+    assert replay(DraftProposal.from_tree([4, 5, 6], [0, 0, 2]), [5, 6, 1]) == (2, 2)
+
+
+class Script(Drafter):
+    """Proposes the next ``k`` tokens of a known output, right or shifted by one (always wrong)."""
+
+    def __init__(self, name: str, truth: list[int], right: bool, k: int = 4) -> None:
+        self.name, self.truth, self.right, self.k = name, truth, right, k
+
+    def propose(self, context, max_tokens):
+        chain = self.truth[len(context) : len(context) + min(self.k, max_tokens)]
+        return DraftProposal(chain if self.right else [t + 1 for t in chain])
+
+
+def run_script(drafter: AdaptiveDrafter, truth: list[int], steps: int, start: int = 1) -> list[DraftProposal]:
+    drafter.begin(truth[:start], SamplingParams())
+    context, chosen = list(truth[:start]), []
+    for _ in range(steps):
+        proposal = drafter.propose(context, 8)
+        chosen.append(proposal)
+        num = replay(proposal, truth[len(context) :])[0] if len(proposal) else 0
+        context = truth[: len(context) + num + 1]  # what a verifier would commit
+        drafter.accept(context, num)
+    return chosen
+
+
+def test_adaptive_prefers_the_drafter_being_accepted_and_switches_the_other_off():
+    truth = list(range(100, 200))
+    drafter = AdaptiveDrafter([Script("wrong", truth, right=False), Script("right", truth, right=True)],
+                              cost_model(per_token=0.1))
+    chosen = run_script(drafter, truth, 12)
+    origins = [p.origins or [p.drafter] * len(p) for p in chosen]
+    assert all(o[:4] == ["right"] * 4 for o in origins[1:])  # its chain first, in full
+    assert origins[0].count("wrong") >= 2  # at first both were equals
+    # Switched off after its first three rejections, "wrong" is only asked in one probe of three steps.
+    assert sum("wrong" in o for o in origins[3:]) <= 3
+    wrong = drafter.members[0].monitor
+    assert wrong.num_switch_offs == 2 and wrong.num_probes == 1 and wrong.backoff == 2 * wrong.base_backoff
+    assert drafter.windows()["right"].alpha() == 1.0
+
+
+def test_adaptive_on_flat_cost_verifies_both_as_one_tree():
+    truth = list(range(100, 200))
+    drafter = AdaptiveDrafter([Script("wrong", truth, right=False), Script("right", truth, right=True)],
+                              cost_model(per_token=0.0))
+    first = run_script(drafter, truth, 1)[0]
+    assert not first.is_chain and set(first.origins) == {"wrong", "right"}
+
+
+def test_adaptive_spec_type_is_the_default_and_alone():
+    assert SpecConfig().types == (SpecType.ADAPTIVE,)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        parse_spec_types("adaptive,ngram")
+    assert adaptive_members(SpecConfig()) == (SpecType.NGRAM, SpecType.NGRAM_MAP_K, SpecType.SUFFIX)
+    assert adaptive_members(SpecConfig(draft_model="m", spec_model="h"))[-2:] == (SpecType.DRAFT_MODEL,
+                                                                                   SpecType.EAGLE3)
+
+
+def test_a_sampled_offer_is_cut_by_its_plan_never_by_its_drawn_length():
+    """verify.py's rule: a sampled draft's length follows its own tokens (p-min), so whether it is
+    verified must not. Here one drafted token never pays and three do: a sampled chain that came
+    out one token long was dropped (its trie's rate), a longer one kept. Now both are verified."""
+    cost = PassCost(max_age=1 << 30)
+    cost.seconds = {1: 1.0, 2: 2.5, 4: 1.2}
+    assert planned_length(0.8, 4, cost)[0] == 4
+    q = torch.full((8,), 1 / 8)
+    short, long = DraftProposal([5], probs=q.expand(1, 8)), DraftProposal([5, 6, 7], probs=q.expand(3, 8))
+    for proposal in (short, long):
+        picked = choose([Offer("draft-model", 0.8, proposal)], 4, cost, greedy=False)
+        assert picked.token_ids == proposal.token_ids and picked.probs is not None
+    assert planned_length(0.8, 1, cost)[0] == 0  # one token never pays: the member is not verified
+    assert len(choose([Offer("draft-model", 0.8, short)], 1, cost, greedy=False)) == 0
