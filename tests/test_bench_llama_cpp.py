@@ -269,6 +269,7 @@ def _pids(tmp_path: Path) -> list[int]:
     return [int(x) for x in (tmp_path / "pids").read_text().split()]
 
 
+@pytest.mark.slow  # starts and stops a server per mode: 76 s
 def test_peers_run_on_a_server_each_and_stop_it(fake_server, tmp_path):
     notes: list[str] = []
     rows = server_peers(bench_config(max_model_len=512, draft_n_max=4), Path("/m/model.gguf"), notes)

@@ -460,6 +460,7 @@ def test_train_cli_refuses_empty_data_and_unfinished_runs(tiny_llama, tmp_path, 
     assert rc == 2 and "no training state" in err
 
 
+@pytest.mark.slow  # trains four heads: 150 s
 def test_one_collection_serves_heads_on_any_subset_of_its_layers(tiny_llama, tmp_path, capsys):
     """Data cached for layers 0,1 trains a head on layer 1 alone; an uncached layer is one error line."""
     out = tmp_path / "run"

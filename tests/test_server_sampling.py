@@ -87,7 +87,7 @@ def test_echo_without_generation_in_batches_of_token_ids(served, client):
 
 
 def health_free_slots(url: str) -> int:
-    return httpx.get(url + "/health").json()["free_slots"]
+    return httpx.get(url + "/health", headers=AUTH).json()["free_slots"]  # the key guards /health too
 
 
 @pytest.mark.parametrize("path,body", [
