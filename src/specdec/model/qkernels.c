@@ -363,6 +363,20 @@ INLINE __m256i madd_acc(__m256i acc, __m256i a, __m256i b) {
 #endif
 }
 
+/* Q4_K/Q5_K: each of 8 mins twice, one per 16-sum of its sub-block */
+INLINE __m256i k45_mins(const uint8_t sm[16]) {
+    const __m128i m = _mm_loadl_epi64((const __m128i *)(sm + 8));
+    return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
+}
+
+/* Q4_K/Q5_K, one super-block of one row: acc + (d x sumi - dmin x mins . sums) x dx, one FMA into acc */
+INLINE __m256 k45_step(__m256 acc, __m256i sumi, __m256i mins, const int16_t *sums, __m256 vd, __m256 vm,
+                       const float *dx) {
+    const __m256i msum = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)sums));
+    const __m256 t = _mm256_fmsub_ps(vd, _mm256_cvtepi32_ps(sumi), _mm256_mul_ps(vm, _mm256_cvtepi32_ps(msum)));
+    return _mm256_fmadd_ps(_mm256_broadcast_ss(dx), t, acc);
+}
+
 /* R activation rows against one weight row of Q4_K (HIGH = 0) or Q5_K (HIGH = 1) super-blocks */
 INLINE void ktile45(const int R, const int HIGH, const uint8_t *q, int64_t k, const int8_t *xk, const float *dk,
                     const int16_t *bk, float *out, int64_t out_stride) {
@@ -377,9 +391,7 @@ INLINE void ktile45(const int R, const int HIGH, const uint8_t *q, int64_t k, co
         k4_scales(blk + 4, sm);
         const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
         const __m256i scales = _mm256_permute2x128_si256(sm16, sm16, 0x00);  /* scales 0..7 in both halves */
-        /* each min twice (one per 16-sum of its sub-block) */
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(sm + 8)),
-                                                                     _mm_loadl_epi64((const __m128i *)(sm + 8))));
+        const __m256i mins = k45_mins(sm);
         const uint8_t *qs = blk + (HIGH ? 48 : 16);
         const __m256i hbits = HIGH ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
         __m256i sumi[KROWS];
@@ -400,11 +412,8 @@ INLINE void ktile45(const int R, const int HIGH, const uint8_t *q, int64_t k, co
             }
         }
         const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(dmin);
-        for (int r = 0; r < R; r++) {  /* (d x sumi - dmin x mins . sums) x the row's dx: one FMA into acc */
-            const __m256i msum = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)(bk + r * (k / 16) + 16 * b)));
-            const __m256 t = _mm256_fmsub_ps(vd, _mm256_cvtepi32_ps(sumi[r]), _mm256_mul_ps(vm, _mm256_cvtepi32_ps(msum)));
-            acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(dk + r * nsb + b), t, acc[r]);
-        }
+        for (int r = 0; r < R; r++)
+            acc[r] = k45_step(acc[r], sumi[r], mins, bk + r * (k / 16) + 16 * b, vd, vm, dk + r * nsb + b);
     }
     for (int r = 0; r < R; r++) out[r * out_stride] = hsum8(acc[r]);
 }
@@ -508,8 +517,7 @@ INLINE void ktile45_512(const int R, const int HIGH, const uint8_t *q, int64_t k
         uint8_t sm[16];
         k4_scales(blk + 4, sm);
         const __m512i scales = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm)));
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(sm + 8)),
-                                                                     _mm_loadl_epi64((const __m128i *)(sm + 8))));
+        const __m256i mins = k45_mins(sm);
         const uint8_t *qs = blk + (HIGH ? 48 : 16);
         const __m512i hbits = HIGH ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
                                    : _mm512_setzero_si512();
@@ -532,9 +540,7 @@ INLINE void ktile45_512(const int R, const int HIGH, const uint8_t *q, int64_t k
         const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(dmin);
         for (int r = 0; r < R; r++) {
             const __m256i s256 = _mm256_add_epi32(_mm512_castsi512_si256(sumi[r]), _mm512_extracti64x4_epi64(sumi[r], 1));
-            const __m256i msum = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)(bk + r * (k / 16) + 16 * b)));
-            const __m256 t = _mm256_fmsub_ps(vd, _mm256_cvtepi32_ps(s256), _mm256_mul_ps(vm, _mm256_cvtepi32_ps(msum)));
-            acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(dk + r * nsb + b), t, acc[r]);
+            acc[r] = k45_step(acc[r], s256, mins, bk + r * (k / 16) + 16 * b, vd, vm, dk + r * nsb + b);
         }
     }
     for (int r = 0; r < R; r++) out[r * out_stride] = hsum8(acc[r]);
