@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from specdec.model import kernels
+from specdec.model import kernels, quant
 from specdec.runners.base import SeqInput
 from specdec.runners.native import NativeRunner
 
@@ -23,10 +23,7 @@ KINDS = ("wqkv", "wo", "w_gate_up", "w_down")
 
 def _layer_matrix(stack, layer: int):
     """One layer's matrix of a fused stack: float [rows, k], or the (q, s, m, fmt) of ``quant.stack``."""
-    if not isinstance(stack, tuple):
-        return stack[layer]
-    q, s, m, fmt, at, width = stack
-    return q[at[layer] : at[layer + 1]].reshape(fmt.shape[1], width[layer]), s[layer], m[layer], fmt[layer]
+    return quant.stack_layer(stack, layer) if isinstance(stack, tuple) else stack[layer]
 
 
 def _product(w, x: np.ndarray, out: np.ndarray) -> None:

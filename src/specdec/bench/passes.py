@@ -65,6 +65,11 @@ def synthetic_context(runner: ModelRunner, length: int) -> list[int]:
     return [(97 + 13 * i) % runner.vocab_size for i in range(length)]
 
 
+def probe_tokens(runner: ModelRunner, width: int) -> list[int]:
+    """The new tokens of a timed pass (any fixed ids: a pass's cost does not depend on them)."""
+    return [(1000 + 7 * i) % runner.vocab_size for i in range(width)]
+
+
 def measure(
     runner: ModelRunner, context_ids: list[int], widths: list[int], rounds: int,
     read_floor: Callable[[], object] | None = None,
@@ -79,7 +84,7 @@ def measure(
     context = len(context_ids)
     try:
         runner.run([SeqInput(slot, context_ids, all_logits=False)])
-        probe = [(1000 + 7 * i) % runner.vocab_size for i in range(max(widths))]
+        probe = probe_tokens(runner, max(widths))
         for w in widths:  # warm-up: first calls compile and allocate
             runner.run([SeqInput(slot, probe[:w])])
             runner.truncate(slot, context)
@@ -116,12 +121,13 @@ def cmd_passes(args: argparse.Namespace) -> int:
     runner = llm.runner
     nbytes = runner.weight_bytes()
     context = synthetic_context(runner, args.context)
-    model_peak = _decoding_peak(runner, context, max(widths))  # before the floor's own buffer exists
+    part_widths = ([w for w in widths if w in (1, 8)] or widths[:1]) if args.parts else []
+    # before the floor's own buffer exists
+    model_peak, parts = _peak_and_parts(runner, context, max(widths), part_widths, args.rounds)
     times = measure(runner, context, widths, args.rounds, floor_reader(nbytes, runner.device))
     floor_times = times.pop(0)
     floor = statistics.median(floor_times)
     costs = {w: statistics.median(ts) for w, ts in times.items()}
-    parts = _parts(runner, context, [w for w in widths if w in (1, 8)] or widths[:1], args.rounds) if args.parts else {}
     parts = {w: {**p, "rest": costs[w] - sum(p.values())} for w, p in parts.items()}
     one = costs[widths[0]]
     result = {
@@ -163,27 +169,23 @@ def cmd_passes(args: argparse.Namespace) -> int:
     return 0
 
 
-def _decoding_peak(runner: ModelRunner, context: list[int], width: int) -> int:
-    """Peak RSS after loading, a prefill of ``context`` and a ``width``-token pass."""
-    slot = runner.allocate()
-    try:
-        runner.run([SeqInput(slot, context, all_logits=False)])
-        runner.run([SeqInput(slot, [(1000 + 7 * i) % runner.vocab_size for i in range(width)])])
-    finally:
-        runner.free(slot)
-    return peak_rss_bytes()
-
-
-def _parts(runner: ModelRunner, context: list[int], widths: list[int], rounds: int) -> dict[int, dict[str, float]]:
-    """Each width's pass by part (``pass_parts``), after the same context; fused runners only."""
-    from specdec.bench.pass_parts import part_costs
-
-    if getattr(runner.model, "_fused", None) is None:
+def _peak_and_parts(runner: ModelRunner, context: list[int], width: int, part_widths: list[int],
+                    rounds: int) -> tuple[int, dict[int, dict[str, float]]]:
+    """Peak RSS after loading, a prefill of ``context`` and a ``width``-token pass; then, on the same
+    cache, each of ``part_widths``' passes by part (``pass_parts``; fused runners only)."""
+    if part_widths and getattr(runner.model, "_fused", None) is None:
         raise UsageError("--parts needs the fused CPU kernels (--backend cpu-kernels)")
     slot = runner.allocate()
     try:
         runner.run([SeqInput(slot, context, all_logits=False)])
-        return {w: part_costs(runner, slot, w, rounds) for w in widths}
+        runner.run([SeqInput(slot, probe_tokens(runner, width))])
+        runner.truncate(slot, len(context))
+        peak = peak_rss_bytes()
+        if not part_widths:
+            return peak, {}
+        from specdec.bench.pass_parts import part_costs
+
+        return peak, {w: part_costs(runner, slot, w, rounds) for w in part_widths}
     finally:
         runner.free(slot)
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 
 import torch
 
@@ -123,12 +124,7 @@ class DraftTrie:
         order = sorted(range(1, len(self.tokens)), key=lambda node: (-self.reach[node], node))[:max_nodes]
         if not measured(cost):
             return sorted(order), 1.0 + sum(self.reach[node] for node in order)
-        best_n, best_rate, tokens = 0, 1.0 / cost.estimate(1), 1.0
-        for n, node in enumerate(order, start=1):
-            tokens += self.reach[node]
-            rate = tokens / cost.estimate(n + 1)
-            if rate > best_rate:
-                best_n, best_rate = n, rate
+        best_n, best_rate = _best_length(list(accumulate((self.reach[node] for node in order), initial=1.0))[1:], cost)
         return sorted(order[:best_n]), best_rate
 
     def proposal(self, nodes: list[int]) -> DraftProposal:
@@ -189,9 +185,15 @@ def planned_length(alpha: float, max_tokens: int, cost: PassCost | None) -> tupl
     > 1.75 / 1.6)."""
     if not measured(cost):
         return max_tokens, expected_tokens(alpha, max_tokens)
+    return _best_length([expected_tokens(alpha, n) for n in range(1, max_tokens + 1)], cost)
+
+
+def _best_length(expected: Sequence[float], cost: PassCost) -> tuple[int, float]:
+    """The n (0: plain decoding) whose expected committed tokens ``expected[n - 1]`` per second of
+    an (n + 1)-row pass is highest, and that rate (a trie's best nodes and a sampled member alike)."""
     best_n, best_rate = 0, 1.0 / cost.estimate(1)
-    for n in range(1, max_tokens + 1):
-        rate = expected_tokens(alpha, n) / cost.estimate(n + 1)
+    for n, tokens in enumerate(expected, start=1):
+        rate = tokens / cost.estimate(n + 1)
         if rate > best_rate:
             best_n, best_rate = n, rate
     return best_n, best_rate

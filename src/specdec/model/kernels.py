@@ -251,7 +251,8 @@ def _product_impl(w, x, out):
 
 def layer_weight(w, layer):  # pragma: no cover - replaced by the overload below
     """Layer ``layer``'s matrix of a stack: w[layer], or the (q, s, m, fmt) of a quantized stack
-    (``quant.stack``: q is every layer's bytes back to back, at w[4][layer], w[5][layer] wide)."""
+    (``quant.stack``: q is every layer's bytes back to back, at w[4][layer], w[5][layer] wide;
+    ``quant.stack_layer`` is the same outside compiled code)."""
 
 
 @overload(layer_weight, inline="always")

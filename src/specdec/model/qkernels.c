@@ -44,12 +44,14 @@
 
 enum { FMT_U4M = 0, FMT_U8M = 1, FMT_I8 = 2, FMT_Q4K = 4, FMT_Q5K = 5, FMT_Q6K = 6 };
 enum { QK = 256 };  /* values per K-quant super-block */
-/* activation rows per Q4_K/Q5_K tile: AVX-512's 32 registers hold 8 rows' accumulators */
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX2__) && defined(__FMA__)
+/* activation rows per Q4_K/Q5_K tile: AVX-512's 32 registers hold 8 rows' accumulators; KMAX
+ * bounds every K-quant tile's arrays (a tile runs with R <= KROWS rows) */
+#if defined(SD_AVX512)
 #define KROWS 8
 #else
 #define KROWS 4
 #endif
+#define KMAX 8
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -382,7 +384,7 @@ INLINE void ktile45(const int R, const int HIGH, const uint8_t *q, int64_t k, co
                     const int16_t *bk, float *out, int64_t out_stride) {
     const int64_t nsb = k / QK, size = HIGH ? 176 : 144;
     const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-    __m256 acc[KROWS];
+    __m256 acc[KMAX];
     for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = q + size * b;
@@ -394,7 +396,7 @@ INLINE void ktile45(const int R, const int HIGH, const uint8_t *q, int64_t k, co
         const __m256i mins = k45_mins(sm);
         const uint8_t *qs = blk + (HIGH ? 48 : 16);
         const __m256i hbits = HIGH ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
-        __m256i sumi[KROWS];
+        __m256i sumi[KMAX];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {  /* sub-blocks 2p (low nibbles) and 2p + 1 (high) */
             const __m256i scale_l = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * p + 1) << 8 | 4 * p)));
@@ -423,14 +425,14 @@ INLINE void ktile6(const int R, const uint8_t *q, int64_t k, const int8_t *xk, c
                    float *out, int64_t out_stride) {
     const int64_t nsb = k / QK;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-    __m256 acc[KROWS];
+    __m256 acc[KMAX];
     for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = q + 210 * b;
         const __m256 vd = _mm256_set1_ps(f16_to_f32(blk + 208));
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)(blk + 192));
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-        __m256i sumi[KROWS];
+        __m256i sumi[KMAX];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int n = 0; n < 2; n++) {  /* halves of 128 values: sub-blocks 4n .. 4n + 3 */
             const __m256i b1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * n));
@@ -509,7 +511,7 @@ INLINE void ktile45_512(const int R, const int HIGH, const uint8_t *q, int64_t k
     const int64_t nsb = k / QK, size = HIGH ? 176 : 144;
     const __m512i m4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
     const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    __m256 acc[KROWS];
+    __m256 acc[KMAX];
     for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = q + size * b;
@@ -521,7 +523,7 @@ INLINE void ktile45_512(const int R, const int HIGH, const uint8_t *q, int64_t k
         const uint8_t *qs = blk + (HIGH ? 48 : 16);
         const __m512i hbits = HIGH ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
                                    : _mm512_setzero_si512();
-        __m512i sumi[KROWS];
+        __m512i sumi[KMAX];
         for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
         for (int p = 0; p < 4; p++) {  /* sub-blocks 2p (low 256 bits) and 2p + 1 (high) */
             const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * p)), _mm256_set1_epi16((short)(2 * p + 1)), 1);
@@ -552,14 +554,14 @@ INLINE void ktile6_512(const int R, const uint8_t *q, int64_t k, const int8_t *x
     const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
     const __m512i sh01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
     const __m512i sh23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
-    __m256 acc[KROWS];
+    __m256 acc[KMAX];
     for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = q + 210 * b;
         const __m256 vd = _mm256_set1_ps(f16_to_f32(blk + 208));
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
         const __m512i sc512 = _mm512_castsi256_si512(sc16);
-        __m512i sumi[KROWS];
+        __m512i sumi[KMAX];
         for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
         for (int n = 0; n < 2; n++) {  /* 128 values: sub-blocks 4n, 4n + 1 (w01) and 4n + 2, 4n + 3 (w23) */
             const __m512i bits = _mm512_inserti64x4(
@@ -598,10 +600,10 @@ INLINE void ktile6_512(const int R, const uint8_t *q, int64_t k, const int8_t *x
     static void NAME(int R, const uint8_t *q, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk, \
                      float *out, int64_t os) {                                                              \
         switch (R) {                                                                                        \
-        case 8: if (KROWS >= 8) CALL(KROWS >= 8 ? 8 : 1); break;                                           \
-        case 7: if (KROWS >= 8) CALL(KROWS >= 8 ? 7 : 1); break;                                           \
-        case 6: if (KROWS >= 8) CALL(KROWS >= 8 ? 6 : 1); break;                                           \
-        case 5: if (KROWS >= 8) CALL(KROWS >= 8 ? 5 : 1); break;                                           \
+        case 8: CALL(8); break;                                                                             \
+        case 7: CALL(7); break;                                                                             \
+        case 6: CALL(6); break;                                                                             \
+        case 5: CALL(5); break;                                                                             \
         case 4: CALL(4); break;                                                                             \
         case 3: CALL(3); break;                                                                             \
         case 2: CALL(2); break;                                                                             \
@@ -676,14 +678,15 @@ void sd_dequantize_rows(const uint8_t *q, const float *s, const float *m, const 
             for (int64_t b = 0; b < k / QK; b++) {
                 const uint8_t *blk = qn + size * b;
                 uint8_t sm[16];
-                k4_scales(blk + 4, sm);
+                k4_scales(blk + 4, sm);  /* Q6_K: unused */
+                const float d = f16_to_f32(f == FMT_Q6K ? blk + 208 : blk), dmin = f16_to_f32(blk + 2);
                 for (int e = 0; e < QK; e++) {
                     int g;
                     const int32_t w = k_weight(f, blk, e, &g);
                     if (f == FMT_Q6K)
-                        o[QK * b + e] = (f16_to_f32(blk + 208) * (float)(int8_t)blk[192 + g]) * (float)(w - 32);
+                        o[QK * b + e] = (d * (float)(int8_t)blk[192 + g]) * (float)(w - 32);
                     else
-                        o[QK * b + e] = (f16_to_f32(blk) * (float)sm[g]) * (float)w - f16_to_f32(blk + 2) * (float)sm[8 + g];
+                        o[QK * b + e] = (d * (float)sm[g]) * (float)w - dmin * (float)sm[8 + g];
                 }
             }
             continue;

@@ -132,6 +132,12 @@ def stack(mats: list[QuantMatrix]) -> tuple[np.ndarray, ...]:
     return q, s, m, fmt, at, width
 
 
+def stack_layer(stacked: tuple[np.ndarray, ...], layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One layer's (q, s, m, fmt) of a ``stack`` (what ``kernels.layer_weight`` does in compiled code)."""
+    q, s, m, fmt, at, width = stacked
+    return q[at[layer] : at[layer + 1]].reshape(fmt.shape[1], width[layer]), s[layer], m[layer], fmt[layer]
+
+
 # -- repacking, one function per GGUF type: (q, s, m, layout) ------------------------------------
 def _f16(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view(np.float16).astype(np.float32)

@@ -77,7 +77,8 @@ def load_runner(
 def _fixed_mmap_threshold() -> None:
     """Every allocation over 1 MiB gets its own mapping, handed back to the OS when freed. glibc's
     default threshold grows to the largest block freed (a layer's matrix, ~15 MB), after which the
-    loader's per-layer copies land in the heap and its peak is the model twice, not once."""
+    loader's per-layer copies land in the heap and its peak is the model twice, not once. The setting
+    is the process's from then on (a pass's large scratch is mapped and returned the same way)."""
     try:
         ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):  # not glibc
