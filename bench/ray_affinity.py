@@ -31,10 +31,10 @@ import ray
 from ray import serve
 
 from specdec.bench.workloads import Conversation, load_workload
+from specdec.budget import DraftBudget
 from specdec.config import SpecConfig, parse_spec_types
-from specdec.scheduler import DraftBudget
-from specdec.server.ray_options import RayDeployment, ReplicaSettings, Scale
-from specdec.server.ray_serve import APP_NAME, REPLICA_HEADER, build_app
+from specdec.server.ray.deployment import APP_NAME, REPLICA_HEADER, build_app
+from specdec.server.ray.options import RayDeployment, ReplicaSettings, Scale
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from specdec.server.affinity import AffinityKey, AffinityTable, affinity_key, render_messages, render_prompt
+from specdec.server.ray.affinity import AffinityKey, AffinityTable, affinity_key, render_messages, render_prompt
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 

@@ -11,7 +11,7 @@ import pytest
 from specdec.config import SamplingParams
 from specdec.llm import LLM
 from specdec.server.app import create_app
-from specdec.server.forward import ForwardedRequest, ResponsePart, call_asgi
+from specdec.server.ray.forward import ForwardedRequest, ResponsePart, call_asgi
 
 JSON = [("content-type", "application/json")]
 

@@ -200,8 +200,8 @@ def test_no_import_cycles():
 
 
 OPTIONAL = {  # module -> the optional extra it needs (skipped when absent)
-    "specdec.server.ray_serve": "ray.serve", "specdec.server.ray_router": "ray.serve",
-    "specdec.server.ray_app": "ray.serve",
+    "specdec.server.ray.deployment": "ray.serve", "specdec.server.ray.router": "ray.serve",
+    "specdec.server.ray.app": "ray.serve",
 }
 
 

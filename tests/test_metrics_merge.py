@@ -6,7 +6,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specdec.engine import StepResult
 from specdec.server.metrics import ServerMetrics
-from specdec.server.metrics_merge import merge_expositions
+from specdec.server.ray.metrics_merge import merge_expositions
 
 
 def test_every_series_keeps_its_value_under_its_replica():

@@ -9,7 +9,7 @@ import pytest
 from specdec.cli import build_parser
 from specdec.errors import UsageError
 from specdec.server.cli import serve_config
-from specdec.server.ray_options import (
+from specdec.server.ray.options import (
     RAY_MISSING,
     Scale,
     check_ray_args,

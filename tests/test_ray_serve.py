@@ -25,9 +25,9 @@ from specdec.config import SamplingParams, SpecConfig, SpecType  # noqa: E402
 from specdec.errors import UsageError  # noqa: E402
 from specdec.llm import LLM  # noqa: E402
 from specdec.server.app import create_app  # noqa: E402
-from specdec.server.ray_app import build, flags_from_args  # noqa: E402
-from specdec.server.ray_options import RayDeployment, ReplicaSettings, Scale  # noqa: E402
-from specdec.server.ray_serve import APP_NAME, ENGINE, REPLICA_HEADER, build_app  # noqa: E402
+from specdec.server.ray.app import build, flags_from_args  # noqa: E402
+from specdec.server.ray.deployment import APP_NAME, ENGINE, REPLICA_HEADER, build_app  # noqa: E402
+from specdec.server.ray.options import RayDeployment, ReplicaSettings, Scale  # noqa: E402
 from tests.test_server import metric_values, running_server, wait_for  # noqa: E402
 
 API_KEY = "ray-key"

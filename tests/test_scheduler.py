@@ -10,7 +10,7 @@ from specdec.budget import DraftBudget
 from specdec.config import SamplingParams
 from specdec.drafters.base import Drafter
 from specdec.llm import LLM
-from specdec.scheduler import QueueFullError, Scheduler
+from specdec.server.scheduler import QueueFullError, Scheduler
 
 
 def test_draft_budget_table():

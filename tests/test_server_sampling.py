@@ -24,7 +24,7 @@ from specdec.logprobs import JSON_LOGPROB_FLOOR
 from specdec.server.app import create_app
 from specdec.server.cli import serve_config
 from specdec.server.protocol import ChatCompletionRequest, CompletionRequest
-from specdec.server.ray_options import deployment_from_args
+from specdec.server.ray.options import deployment_from_args
 from tests.test_server import API_KEY, AUTH, MAX_LEN, running_server
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from specdec.cli_args import add_logprobs_mode_arg, add_model_args, add_spec_arg
 from specdec.config import SpecConfig, SpecType
 from specdec.errors import UsageError
 from specdec.server.edge import DEFAULT_MAX_BODY_BYTES, EdgePolicy
-from specdec.server.ray_options import check_ray_args, deployment_from_args
+from specdec.server.ray.options import check_ray_args, deployment_from_args
 
 
 def _names(text: str) -> list[str]:
@@ -152,9 +152,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"specdec: warning: serving on {args.host} without --api-key: anyone who can reach it can use it",
               file=sys.stderr)
     if args.ray:
-        from specdec.server import ray_serve  # Ray is an optional extra: import it only when asked for
+        from specdec.server.ray import deployment  # Ray is an optional extra: import it only when asked for
 
-        return ray_serve.run(deployment_from_args(args, spec, budget), args.host, args.port, args.ray_address)
+        return deployment.run(deployment_from_args(args, spec, budget), args.host, args.port, args.ray_address)
     import uvicorn
 
     from specdec.llm import LLM

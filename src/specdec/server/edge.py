@@ -28,16 +28,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specdec.server.errors import error_body
 from specdec.server.web import PROTECTED_PATHS
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 ANY = "*"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 METRICS_PATHS = ("/metrics", "/health")  # "/metrics" covers /metrics/live, already protected
-
-
-def error_body(message: str, type_: str, code: str | int | None = None, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def split_host(host: str) -> str:

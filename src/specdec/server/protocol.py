@@ -3,7 +3,8 @@
 Requests ignore unknown fields, as OpenAI clients send extras; fields we cannot
 honour (``suffix``, ``best_of != n``, non-text content) are refused with a 400 that
 says so rather than silently ignored. A ValueError raised by a validator becomes a
-400 with an OpenAI error body (see ``app.py``).
+400 with an OpenAI error body (see ``app.py``; the body itself is built in ``errors.py``).
+Each request model turns itself into the engine's ``SamplingParams`` (``to_sampling_params``).
 """
 
 from __future__ import annotations
@@ -14,21 +15,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, model_serializer, model_validator
 
-from specdec.config import MAX_LOGPROBS, StructuredKind, StructuredOutput
+from specdec.config import MAX_LOGPROBS, SamplingParams, StructuredKind, StructuredOutput
 
 INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1
-
-
-# -- errors ----------------------------------------------------------------------------------------
-class ErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | int | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorInfo
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 
 
 # -- requests --------------------------------------------------------------------------------------
@@ -129,6 +119,29 @@ class SamplingRequest(SpecDecodeOptions):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def default_max_tokens(self, room: int) -> int:
+        """max_tokens when the request gives none, with ``room`` tokens left in the context."""
+        return room
+
+    def to_sampling_params(self, max_new_tokens: int) -> SamplingParams:
+        """The engine's settings for one prompt of this request (ValueError when they are invalid).
+
+        ``max_new_tokens`` is decided by the server, which knows the context length; a forced
+        tool call's schema is added by the server too (``tools.forced_call``).
+        """
+        return SamplingParams(
+            max_new_tokens=max_new_tokens, temperature=self.temperature, top_k=max(self.top_k, 0),
+            top_p=self.top_p, min_p=self.min_p, seed=None if self.seed is None else self.seed % 2**63,
+            stop=self.stops, ignore_eos=self.ignore_eos, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
+            logit_bias=self.logit_bias_ids, min_tokens=self.min_tokens, bad_words=tuple(self.bad_words or ()),
+            structured=self.structured, **self._logprob_settings(max_new_tokens),
+        )
+
+    def _logprob_settings(self, max_new_tokens: int) -> dict[str, int | None]:
+        """SamplingParams' ``logprobs`` and ``prompt_logprobs``: each endpoint asks for them its own way."""
+        raise NotImplementedError
+
 
 def _from_response_format(fmt: dict[str, Any] | None) -> StructuredOutput | None:
     """OpenAI's response_format: text, json_object, or json_schema {"json_schema": {"schema": ...}}."""
@@ -195,6 +208,15 @@ class CompletionRequest(SamplingRequest):
         if self.requested_max_tokens == 0 and not self.echo:
             raise ValueError("max_tokens 0 needs echo: true (it returns the prompt and, with logprobs, its logprobs)")
         return self
+
+    def default_max_tokens(self, room: int) -> int:
+        return min(DEFAULT_COMPLETION_TOKENS, room)
+
+    def _logprob_settings(self, max_new_tokens: int) -> dict[str, int | None]:
+        prompt_logprobs = self.logprobs if self.echo else None
+        if max_new_tokens == 0 and prompt_logprobs is None:  # echo alone: the engine scores, nobody reads it
+            prompt_logprobs = 0
+        return dict(logprobs=self.logprobs, prompt_logprobs=prompt_logprobs)
 
 
 class ContentPart(_Request):
@@ -295,6 +317,9 @@ class ChatCompletionRequest(SamplingRequest):
             return list(self.tools)
         name = self.tool_choice["function"]["name"]
         return [t for t in self.tools if t.function.name == name]
+
+    def _logprob_settings(self, max_new_tokens: int) -> dict[str, int | None]:
+        return dict(logprobs=(self.top_logprobs or 0) if self.logprobs else None, prompt_logprobs=None)
 
     @property
     def template_tools(self) -> list[dict] | None:

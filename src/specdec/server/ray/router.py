@@ -1,4 +1,4 @@
-"""Ray Serve request router with conversation affinity (the policy itself is ``server/affinity.py``).
+"""Ray Serve request router with conversation affinity (the policy itself is ``affinity.py``).
 
 Ray calls ``choose_replicas`` for each request and tries the ranks it returns in order, taking
 within a rank the replica with the shortest queue that still accepts work (queue below
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from specdec.server.affinity import AffinityKey, AffinityTable
+from specdec.server.ray.affinity import AffinityKey, AffinityTable
 
 
 def request_key(pending: PendingRequest | None) -> AffinityKey | None:

@@ -41,7 +41,7 @@ from specdec.engine import Engine, SequenceState, StepResult
 from specdec.logprobs import TokenLogprob
 from specdec.stats import SpecStats
 
-logger = logging.getLogger("specdec.scheduler")
+logger = logging.getLogger("specdec.server.scheduler")
 
 
 class QueueFullError(Exception):

@@ -3,13 +3,13 @@
 Its arguments are the ``specdec serve`` flags without dashes, so a config file and the command
 line are checked by the same parser::
 
-    serve run specdec.server.ray_app:build model=HuggingFaceTB/SmolLM2-135M-Instruct spec_type=suffix replicas=2
+    serve run specdec.server.ray.app:build model=HuggingFaceTB/SmolLM2-135M-Instruct spec_type=suffix replicas=2
 
     # serve_config.yaml (serve deploy serve_config.yaml)
     applications:
       - name: specdec
         route_prefix: /
-        import_path: specdec.server.ray_app:build
+        import_path: specdec.server.ray.app:build
         args: {model: HuggingFaceTB/SmolLM2-135M-Instruct, spec_type: suffix, autoscale: "1,4"}
 
 Host and port are Serve's ``http_options``, not flags; ``ray_address`` does not apply.
@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from specdec.cli_args import Parser
 from specdec.errors import UsageError
 from specdec.server.cli import add_serve_args, serve_config
-from specdec.server.ray_options import deployment_from_args
-from specdec.server.ray_serve import build_app
+from specdec.server.ray.deployment import build_app
+from specdec.server.ray.options import deployment_from_args
 
 NOT_HERE = {"host", "port", "ray", "ray_address", "log_level"}  # the cluster's or the CLI's, not the app's
 
@@ -45,7 +45,7 @@ def flags_from_args(args: Mapping[str, object]) -> list[str]:
 
 def build(args: Mapping[str, object]):
     """Serve application builder: ``args`` (from ``serve run ... key=value`` or a config) -> Application."""
-    parser = Parser(prog="specdec.server.ray_app:build")
+    parser = Parser(prog="specdec.server.ray.app:build")
     add_serve_args(parser)
     ns = parser.parse_args(flags_from_args(args))
     spec, budget = serve_config(ns)

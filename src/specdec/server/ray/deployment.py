@@ -6,7 +6,7 @@
                       -> SpecdecEngine x N (each the app of ``specdec serve``: its own LLM, scheduler,
                                             continuous batching, speculation and drafter caches)
 
-A replica runs ``create_app`` in-process on each forwarded request (``server/forward.py``), so
+A replica runs ``create_app`` in-process on each forwarded request (``forward.py``), so
 routes, validation, errors and streaming are those of ``specdec serve``; every response names
 its replica in the ``x-specdec-replica`` header.
 
@@ -35,15 +35,16 @@ from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.config import RequestRouterConfig
 from ray.serve.exceptions import BackPressureError, ReplicaUnavailableError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.llm import LLM
-from specdec.server.affinity import affinity_key
-from specdec.server.app import GuardMiddleware, create_app, error_body
-from specdec.server.forward import ForwardedRequest, ResponsePart, call_asgi
-from specdec.server.metrics_merge import merge_expositions
-from specdec.server.ray_options import RayDeployment, ReplicaSettings, engine_options
-from specdec.server.ray_router import AffinityRouter
+from specdec.server.app import create_app
+from specdec.server.edge import GuardMiddleware
+from specdec.server.errors import add_error_handlers, error_body, error_event
+from specdec.server.ray.affinity import affinity_key
+from specdec.server.ray.forward import ForwardedRequest, ResponsePart, call_asgi
+from specdec.server.ray.metrics_merge import merge_expositions
+from specdec.server.ray.options import RayDeployment, ReplicaSettings, engine_options
+from specdec.server.ray.router import AffinityRouter
 
 logger = logging.getLogger("specdec.server")
 
@@ -126,15 +127,7 @@ class Ingress:
         app = FastAPI(title="specdec-ray", docs_url=None, redoc_url=None, openapi_url=None)
         app.add_middleware(GuardMiddleware, api_key=self.api_key, max_body_bytes=self.max_request_bytes)
 
-        @app.exception_handler(StarletteHTTPException)
-        async def _http_error(_req, exc: StarletteHTTPException):  # e.g. 405 for a method no route takes
-            return JSONResponse(error_body(str(exc.detail), "invalid_request_error", exc.status_code),
-                                exc.status_code)
-
-        @app.exception_handler(Exception)
-        async def _internal_error(_req, exc: Exception):
-            logger.exception("unhandled error in the ingress")
-            return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error", 500), 500)
+        add_error_handlers(app, logger)  # e.g. 405 for a method no route takes
 
         @app.get("/health")
         async def health():
@@ -206,8 +199,8 @@ def _response(first: ResponsePart, stream, ingress: Ingress) -> Response:
             logger.warning("replica failed mid-stream: %s", exc)
             if sse:
                 why = "the replica died" if isinstance(exc, RETRYABLE) else "the replica failed"
-                body = error_body(f"generation failed: {why} ({type(exc).__name__})", "server_error", 500)
-                yield f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
+                yield (error_event(f"generation failed: {why} ({type(exc).__name__})", 500)
+                       + "data: [DONE]\n\n").encode()
         finally:
             stream.cancel()  # no-op once finished; stops the replica's generation if the client left
 
