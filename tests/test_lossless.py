@@ -153,6 +153,39 @@ def test_static_batch_equals_single_runs_after_switching_spec(tiny_llama):
     assert 0 < pass_seconds <= sum(s.stats.target_seconds for s in seqs)
 
 
+def test_generate_batches_equal_one_prompt_at_a_time(tiny_llama, monkeypatch):
+    """LLM.generate runs prompts x n as batches of max_num_seqs through Engine.run_batch; batching changes
+    no output: greedy with drafts accepted, and seeded samples with plain decoding (per-sequence seeds)."""
+    llm = LLM(str(tiny_llama), max_model_len=512, max_num_seqs=2,
+              spec=SpecConfig(types=(SpecType.DRAFT_MODEL,), draft_n_max=4, draft_model=str(tiny_llama)))
+    batches = []  # sequences per Engine.run_batch call
+    run_batch = Engine.run_batch
+    monkeypatch.setattr(Engine, "run_batch", lambda self, seqs, on_step=None: (batches.append(len(seqs)),
+                                                                             run_batch(self, seqs, on_step))[1])
+    prompts = [[5, 6, 7, 8] * 4, list(range(300, 340)), [9, 9, 9, 9, 1, 2]]
+    params = [greedy(n) for n in (20, 7, 30)]
+    batched = llm.generate(prompts, params)
+    assert batches == [2, 1]  # three sequences, two slots
+    alone = [llm.generate([p], q)[0] for p, q in zip(prompts, params, strict=True)]
+    assert [o.token_ids for o in batched] == [o.token_ids for o in alone]
+    # Origins may differ: the engine plans drafts from the batch's pass cost. Each token has one.
+    assert all(len(o.choices[0].origins) == len(o.token_ids) for o in batched)
+    assert sum(o.stats.accepted for o in batched) > 0 and any("draft-model" in o.choices[0].origins for o in batched)
+
+    llm.set_spec("none")
+    batches.clear()
+    sampled = [SamplingParams(max_new_tokens=16, temperature=1.0, seed=seed, ignore_eos=True, n=n)
+               for seed, n in ((11, 2), (12, 1), (13, 1))]
+    batched = llm.generate(prompts, sampled)
+    assert batches == [2, 2]  # four sequences
+    alone = [llm.generate([p], q)[0] for p, q in zip(prompts, sampled, strict=True)]
+    ids = [[c.token_ids for c in o.choices] for o in batched]
+    assert ids == [[c.token_ids for c in o.choices] for o in alone]
+    assert ids[0][0] != ids[0][1]  # really sampled: the two choices' seeds differ
+    with pytest.raises(ValueError, match="one per prompt"):
+        llm.generate(prompts, sampled[:2])
+
+
 def test_greedy_identity_draft_model(tiny, tiny_model_factory):
     other = str(tiny_model_factory("llama", seed=1))
     prompt = list(range(200, 230))

@@ -338,17 +338,22 @@ class Engine:
         return tokens[:left]
 
     # -- to the end ----------------------------------------------------------------------------
-    def run_batch(self, seqs: list[SequenceState]) -> float:
+    def run_batch(self, seqs: list[SequenceState],
+                  on_step: Callable[[list[SequenceState], list[StepResult]], None] | None = None) -> float:
         """Run a static batch until every sequence finishes; return seconds spent in target passes.
 
         Each batched pass counts once (every sequence's own stats count it in full).
-        Finished sequences leave the batch, and free their slot, at once.
+        Finished sequences leave the batch, and free their slot, at once. ``on_step(running, results)``
+        sees each step's results (``LLM.generate`` collects token origins from them).
         """
         try:
             pass_seconds = self.start(seqs)
             running = [s for s in seqs if not s.finished]
             while running:
-                pass_seconds += self.step(running)[0].pass_seconds
+                results = self.step(running)
+                pass_seconds += results[0].pass_seconds
+                if on_step is not None:
+                    on_step(running, results)
                 for s in running:
                     if s.finished:
                         self.finish(s)

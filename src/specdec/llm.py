@@ -180,33 +180,71 @@ class LLM:
                               logprobs=[] if params.logprobs is not None else None)
 
     def generate(
-        self, prompts: str | list[int] | Sequence[str | list[int]], params: SamplingParams | None = None
+        self, prompts: str | list[int] | Sequence[str | list[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[Output]:
-        """One Output per prompt; with params.n > 1, n independent samples per prompt."""
-        params = params or SamplingParams()
-        outputs = []
-        for prompt in as_prompt_list(prompts):
+        """One Output per prompt; with params.n > 1, n independent samples per prompt.
+
+        ``params``: one SamplingParams for every prompt, or one per prompt. The prompts' sequences
+        (n per prompt) run as static batches of ``max_num_seqs`` through ``Engine.run_batch``, in
+        order; see ``run_batches``.
+        """
+        return self.run_batches(prompts, params).outputs
+
+    def run_batches(
+        self, prompts: str | list[int] | Sequence[str | list[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> BatchRun:
+        """``generate``, with the counters of all its batches (what the bench records).
+
+        Batching changes no output: greedy tokens are those of one prompt at a time (a verify row's
+        logits do not depend on the other rows), and so are seeded samples with plain decoding
+        (each sequence draws from its own generator, seeded with its ``seed``; choice i of n with
+        seed + i). With drafting, a seeded sample is drawn from the same distribution but need
+        not be the same tokens: how many draws a step takes depends on the draft, and the drafts
+        depend on the batch (the engine plans draft lengths from the batch's pass cost, and drafters
+        that learn across requests learn in another order).
+        """
+        prompts = as_prompt_list(prompts)
+        per_prompt = _params_per_prompt(params, len(prompts))
+        outputs: list[Output] = []
+        todo: list[tuple[Output, SamplingParams]] = []  # one per sequence: its prompt's output, its settings
+        for prompt, p in zip(prompts, per_prompt, strict=True):
             ids = self.encode(prompt)
             self.engine.check_prompt(ids)
-            out = Output(prompt, ids, [])
-            t0 = time.perf_counter()
-            for i in range(params.n):
-                choice, seq = self._run_one(ids, params.for_choice(i))
-                out.choices.append(choice)
-                out.stats.merge(seq.stats)
-                out.prompt_logprobs = seq.prompt_logprobs
-            out.stats.seconds = time.perf_counter() - t0
-            outputs.append(out)
-        return outputs
+            outputs.append(Output(prompt, ids, []))
+            todo += [(outputs[-1], p.for_choice(i)) for i in range(p.n)]
+        total = SpecStats()
+        for start in range(0, len(todo), self.runner.num_slots):
+            total.merge(self._run_batch(todo[start:start + self.runner.num_slots]))
+        return BatchRun(outputs, total)
 
-    def _run_one(self, ids: list[int], params: SamplingParams) -> tuple[Completion, SequenceState]:
-        seq = self.new_sequence(ids, params)
-        origins = []
-        for step in self.engine.generate(seq):
-            origins.extend(step_origins(step))
-        text = TextStream(self.tokenizer, params.stop).final(seq.output_ids)
-        logprobs = seq.logprobs if params.logprobs is not None else None
-        return Completion(text, seq.output_ids, seq.finish_reason, origins, logprobs), seq
+    def _run_batch(self, todo: list[tuple[Output, SamplingParams]]) -> SpecStats:
+        """One static batch: each sequence's choice joins its Output; the batch's counters."""
+        t0 = time.perf_counter()
+        seqs = [self.new_sequence(out.prompt_token_ids, p) for out, p in todo]
+        origins: dict[int, list[str]] = {id(s): [] for s in seqs}
+
+        def collect(running: list[SequenceState], results: list[StepResult]) -> None:
+            for seq, step in zip(running, results, strict=True):
+                origins[id(seq)].extend(step_origins(step))
+
+        pass_seconds = self.engine.run_batch(seqs, collect)
+        wall = time.perf_counter() - t0
+        batch = SpecStats()
+        for (out, p), seq in zip(todo, seqs, strict=True):
+            text = TextStream(self.tokenizer, p.stop).final(seq.output_ids)
+            logprobs = seq.logprobs if p.logprobs is not None else None
+            out.choices.append(Completion(text, seq.output_ids, seq.finish_reason, origins[id(seq)], logprobs))
+            out.stats.merge(seq.stats)
+            out.prompt_logprobs = seq.prompt_logprobs
+            batch.merge(seq.stats)
+        for out in {id(out): out for out, _ in todo}.values():
+            out.stats.seconds += wall  # the wall time of the batches its choices ran in
+        # Each sequence's stats count a batched pass in full: the batch counts it once.
+        batch.seconds, batch.target_seconds = wall, pass_seconds
+        batch.prefill_seconds = max(seq.stats.prefill_seconds for seq in seqs)  # one prefill pass, shared
+        return batch
 
     def warmup(self) -> None:
         """One short generation so timings exclude first-call costs (allocations, kernel picks).
@@ -227,6 +265,26 @@ class LLM:
         self.close()
 
 
+@dataclass
+class BatchRun:
+    """What ``LLM.run_batches`` produced: one Output per prompt, and the counters of every batch."""
+
+    outputs: list[Output]
+    # Every sequence's counters added; seconds = wall time, target_seconds and prefill_seconds count
+    # each batched pass once.
+    stats: SpecStats
+
+
+def _params_per_prompt(params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int) \
+        -> list[SamplingParams]:
+    if params is None or isinstance(params, SamplingParams):
+        return [params or SamplingParams()] * num_prompts
+    params = list(params)
+    if len(params) != num_prompts:
+        raise ValueError(f"{len(params)} SamplingParams for {num_prompts} prompts: give one, or one per prompt")
+    return params
+
+
 def _logprobs_mode(value: LogprobsMode | str) -> LogprobsMode:
     try:
         return LogprobsMode(value)
@@ -235,5 +293,5 @@ def _logprobs_mode(value: LogprobsMode | str) -> LogprobsMode:
                          f"{', '.join(m.value for m in LogprobsMode)}") from None
 
 
-__all__ = ["LLM", "Output", "Completion", "StreamEvent", "SamplingParams", "SpecConfig", "SpecType",
+__all__ = ["LLM", "Output", "BatchRun", "Completion", "StreamEvent", "SamplingParams", "SpecConfig", "SpecType",
            "ModelLoadError", "GrammarError", "StructuredOutput", "StructuredKind", "TokenLogprob", "LogprobsMode"]

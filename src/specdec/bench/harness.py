@@ -15,7 +15,6 @@ Flow of one ``run_bench``:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from tqdm import tqdm
@@ -88,18 +87,16 @@ class MethodRunner:
 
     def run(self, requests: list[Request], temperature: float, batch_size: int,
             tick: Callable[[int], None]) -> tuple[list[list[int]], SpecStats]:
+        """The requests in static batches of ``batch_size`` through ``LLM.run_batches``, batch 1 included;
+        verify time counts each batched pass once."""
         outputs: list[list[int]] = []
         total = SpecStats()
         for start in range(0, len(requests), batch_size):
             chunk = requests[start:start + batch_size]
             params = [self.params(r, temperature) for r in chunk]
-            if batch_size == 1:
-                out = self.llm.generate([list(chunk[0].prompt_ids)], params[0])[0]
-                outs, stats = [out.token_ids], out.stats
-            else:
-                outs, stats = self._run_batch(chunk, params)
-            outputs += outs
-            total.merge(stats)
+            run = self.llm.run_batches([list(r.prompt_ids) for r in chunk], params)
+            outputs += [out.token_ids for out in run.outputs]
+            total.merge(run.stats)
             tick(len(chunk))
         return outputs, total
 
@@ -117,18 +114,6 @@ class MethodRunner:
 
     def params(self, request: Request, temperature: float) -> SamplingParams:
         return request.params(temperature, self.cfg.max_new_tokens, self.cfg.ignore_eos)
-
-    def _run_batch(self, chunk: list[Request], params: list[SamplingParams]) -> tuple[list[list[int]], SpecStats]:
-        """One static batch through the engine; verify time counts each batched pass once."""
-        seqs = [self.llm.new_sequence(list(r.prompt_ids), p) for r, p in zip(chunk, params, strict=True)]
-        t0 = time.perf_counter()
-        pass_seconds = self.llm.engine.run_batch(seqs)
-        wall = time.perf_counter() - t0
-        total = SpecStats()
-        for s in seqs:
-            total.merge(s.stats)
-        total.seconds, total.target_seconds = wall, pass_seconds
-        return [s.output_ids for s in seqs], total
 
     def kv_bytes(self) -> int | None:
         return self.llm.runner.kv_bytes() or None
