@@ -29,4 +29,4 @@ test-slow: install
 	$(VENV)/bin/pytest -q -m slow
 
 bench-ar: install
-	$(PY) bench/ar_speed.py
+	$(PY) scripts/ar_speed.py

@@ -318,7 +318,7 @@ def test_real_llama_server_on_the_default_model(default_model_folder, capsys):
     from specdec.model.weights import default_model_path
 
     if llama_cpp.find_llama_server() is None:
-        pytest.skip("no llama-server binary: run `bash bench/build_llama_cpp.sh` (about 15+ min on 2 cores)")
+        pytest.skip("no llama-server binary: run `bash scripts/build_llama_cpp.sh` (about 15+ min on 2 cores)")
     tok = AutoTokenizer.from_pretrained(default_model_folder)
     chats = ["Rename x to y: def f(x): return x + 1", "What is the capital of France?"]
     prompts = [tok(tok.apply_chat_template([{"role": "user", "content": c}], tokenize=False,

@@ -1,4 +1,4 @@
-"""CUDA: the torch backend on a GPU (skipped without one; bench/gpu_check.sh runs these)."""
+"""CUDA: the torch backend on a GPU (skipped without one; scripts/gpu_check.sh runs these)."""
 
 from __future__ import annotations
 

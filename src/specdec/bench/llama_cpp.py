@@ -15,7 +15,7 @@ the same prompt go into one note per row (llama.cpp's speculation is not lossles
 practice: batched and single-token passes round differently).
 
 The binary: ``$SPECDEC_LLAMA_SERVER``, else the newest build under
-``${SPECDEC_LLAMA_CPP_DIR:-~/.cache/specdec/llama.cpp}/*/bin/`` (``bench/build_llama_cpp.sh``
+``${SPECDEC_LLAMA_CPP_DIR:-~/.cache/specdec/llama.cpp}/*/bin/`` (``scripts/build_llama_cpp.sh``
 puts it there), else ``llama-server`` on PATH. Without one the rows are skipped with a
 notice.
 
@@ -375,7 +375,7 @@ def server_peers(cfg: BenchConfig, gguf: Path | None, notes: list[str]) -> list[
     if gguf is None:
         why = "it needs a GGUF model (--model FILE.gguf)"
     elif binary is None:
-        why = ("no llama-server binary (build one with `bash bench/build_llama_cpp.sh`, or set "
+        why = ("no llama-server binary (build one with `bash scripts/build_llama_cpp.sh`, or set "
                "SPECDEC_LLAMA_SERVER)")
     if why is not None:
         _notice(notes, f"llama-cpp peer (llama.cpp llama-server) skipped: {why}.")

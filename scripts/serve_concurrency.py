@@ -1,9 +1,9 @@
 """Serving benchmark: throughput and latency of `specdec serve` at several concurrencies, with and
 without speculation, on code-editing chat prompts. Prints a markdown table.
 
-    .venv/bin/python bench/serve_concurrency.py                      # default model, ngram vs none
-    .venv/bin/python bench/serve_concurrency.py --concurrency 1 4 16 32 --methods none suffix
-    .venv/bin/python bench/serve_concurrency.py --methods none ngram \
+    .venv/bin/python scripts/serve_concurrency.py                      # default model, ngram vs none
+    .venv/bin/python scripts/serve_concurrency.py --concurrency 1 4 16 32 --methods none suffix
+    .venv/bin/python scripts/serve_concurrency.py --methods none ngram \
         "ngram-fixed-K=--spec-type ngram --spec-batch-draft-tokens 1024"   # without the batch-aware budget
 
 For each method it starts one server (a subprocess on a free 127.0.0.1 port),

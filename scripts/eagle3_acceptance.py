@@ -1,6 +1,6 @@
 """Acceptance of an EAGLE-3 head on held-out prompts: tau, the acceptance rate and acceptance by depth.
 
-    python bench/eagle3_acceptance.py [--head DIR] [--prompts bench/eagle3-heldout.jsonl] [--max-new-tokens 96]
+    python scripts/eagle3_acceptance.py [--head DIR] [--prompts scripts/eagle3-heldout.jsonl] [--max-new-tokens 96]
                                       [--shapes chain-3,tree-4x4-7]
 
 Greedy, batch 1, the default model, chat-formatted prompts; the fixed draft shapes below

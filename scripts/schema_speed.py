@@ -6,7 +6,7 @@ For each method, the same chat prompts are decoded greedily with and without a J
 (``GrammarMatcher.bitmask`` + ``cut`` + ``advance``) per output token and as a share of the run.
 Every schema output is checked to parse and validate, and to equal plain decoding's.
 
-    python bench/schema_speed.py [--methods none,suffix,ngram,adaptive] [--max-new-tokens 160]
+    python scripts/schema_speed.py [--methods none,suffix,ngram,adaptive] [--max-new-tokens 160]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Per Spec-Bench group tau / speedup table from `specdec bench` results (docs/performance.md, EAGLE-3).
 
-    python bench/spec_bench_groups.py tree=docs/bench-eagle3-tree/results.jsonl \\
+    python scripts/spec_bench_groups.py tree=docs/bench-eagle3-tree/results.jsonl \\
                                       chain=docs/bench-eagle3-chain/results.jsonl
 
 Each cell is tau / speedup at batch 1, temperature 0. The overall speedup weighs each group's

@@ -6,7 +6,7 @@ rarely in float32 and more often in bfloat16; this measures how often, and
 where the first difference falls. specdec's CPU kernels (the `cpu-kernels` backend)
 compute each row the same way at any pass width, so there it must be 0.
 
-    python bench/greedy_mismatch.py [--dtypes float32,bfloat16] [--backend cpu-kernels,torch] [--limit 12]
+    python scripts/greedy_mismatch.py [--dtypes float32,bfloat16] [--backend cpu-kernels,torch] [--limit 12]
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 # Which target layers should an EAGLE-3 head read? One self-distilled collection that caches the
 # states of every candidate layer, then one head per choice with the same data, vocabulary, seed
 # and steps; prints validation tau / acceptance by step for each (the trainer's own validation).
-#   bash bench/eagle3_layers.sh OUT_DIR [SAMPLES] [STEPS]
+#   bash scripts/eagle3_layers.sh OUT_DIR [SAMPLES] [STEPS]
 set -euo pipefail
-OUT_DIR=${1:?usage: bench/eagle3_layers.sh OUT_DIR [SAMPLES] [STEPS]}
+OUT_DIR=${1:?usage: scripts/eagle3_layers.sh OUT_DIR [SAMPLES] [STEPS]}
 SAMPLES=${2:-240}
 STEPS=${3:-150}
 CHOICES="1,14,26 7,15,23 20,24,28 26"  # EAGLE-3's low/mid/high (the default), evenly spread, high only, one

@@ -1,7 +1,7 @@
 """How big should an EAGLE-3 head's draft vocabulary be? Coverage, acceptance and draft cost by size.
 
-    python bench/eagle3_vocab.py --data RUN/data [--head DIR] [--sizes 4096,8192,16384,32768,49152]
-                                 [--out /tmp/eagle3-vocab] [--prompts bench/eagle3-heldout.jsonl]
+    python scripts/eagle3_vocab.py --data RUN/data [--head DIR] [--sizes 4096,8192,16384,32768,49152]
+                                 [--out /tmp/eagle3-vocab] [--prompts scripts/eagle3-heldout.jsonl]
 
 A head trained with the LM head frozen at the target's own rows (the default of `specdec train
 eagle3`) keeps its layer's output in the target's final-state space, so the same trained layer can
@@ -9,7 +9,7 @@ be given any draft vocabulary: the N most frequent tokens of the training split,
 rows for them. For each N this prints
 - coverage: the share of validation tokens inside the vocabulary (an upper bound on acceptance),
 - validation chain tau and acceptance at depths 1-4 (the trainer's own validation),
-- real drafting on held-out chat prompts (bench/eagle3_acceptance.py's tree 4x4/7, greedy, the
+- real drafting on held-out chat prompts (scripts/eagle3_acceptance.py's tree 4x4/7, greedy, the
   engine checking every output against plain decoding): tau and drafting ms per step.
 Timings move with other processes: run it on an otherwise idle machine.
 """

@@ -3,7 +3,7 @@
 Same model folder, prompts, dtype and token budget; both sides measured in one
 process, one after the other, each after a warm-up. Prints a markdown table.
 
-    python bench/ar_speed.py [--model M] [--dtypes float32,bfloat16] [--max-new-tokens 64]
+    python scripts/ar_speed.py [--model M] [--dtypes float32,bfloat16] [--max-new-tokens 64]
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 on N replicas (suffix drafting), once with specdec's affinity router and once with Ray Serve's
 default power-of-two-choices router. Prints a markdown table.
 
-    PYTHONPATH=src .venv/bin/python bench/ray_affinity.py                   # default model, 2 replicas
-    PYTHONPATH=src .venv/bin/python bench/ray_affinity.py --max-tokens 48 --spec-type suffix --replicas 2
+    PYTHONPATH=src .venv/bin/python scripts/ray_affinity.py                   # default model, 2 replicas
+    PYTHONPATH=src .venv/bin/python scripts/ray_affinity.py --max-tokens 48 --spec-type suffix --replicas 2
 
 The workload runs turn by turn (turn 1 of every conversation, then turn 2, ...; ``--copies`` of each
 conversation, ``--concurrency`` requests in flight), so between two turns of a conversation the
