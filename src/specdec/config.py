@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,6 @@ class SpecConfig:
     # --spec-min-acceptance: speculation pauses (and is re-probed with growing back-off) while the
     # recent per-token acceptance is below this; also when it measures slower than plain decoding
     min_acceptance: float = 0.4
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.draft_n_max < 1:

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,8 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from specdec.errors import ModelLoadError
+from specdec.log import get_logger
 from specdec.model import kernels
 from specdec.model.kernels import as_numpy
+
+logger = get_logger(__name__)
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 BACKENDS = ("auto", "cpu-kernels", "torch")
@@ -57,8 +59,7 @@ def make_backend(name: str, dtype: torch.dtype, device: torch.device) -> Backend
             raise ModelLoadError(
                 f"the cpu-kernels backend does not compile here: {type(exc).__name__}: {exc}"
             ) from None
-        print(f"specdec: notice: CPU kernels unavailable ({type(exc).__name__}: {exc}); running on torch",
-              file=sys.stderr)
+        logger.warning("specdec: notice: CPU kernels unavailable (%s: %s); running on torch", type(exc).__name__, exc)
         return TORCH
     return CPU_KERNELS
 

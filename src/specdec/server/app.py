@@ -21,7 +21,6 @@ here: FastAPI reads the route annotations, which name classes imported inside
 """
 
 import asyncio
-import logging
 import uuid
 from contextlib import asynccontextmanager
 
@@ -29,6 +28,7 @@ from specdec.budget import DraftBudget
 from specdec.config import SamplingParams, SpecType, parse_spec_types
 from specdec.grammar import GrammarError
 from specdec.llm import LLM
+from specdec.log import get_logger
 from specdec.server.edge import DEFAULT_MAX_BODY_BYTES, EdgePolicy, GuardMiddleware
 from specdec.server.errors import APIError, add_error_handlers, error_body
 from specdec.server.jobs import ChatJob, CompletionJob, Job, ServerState
@@ -38,7 +38,7 @@ from specdec.server.scheduler import QueueFullError, Scheduler
 from specdec.server.web import add_web_routes
 from specdec.text import as_prompt_list
 
-logger = logging.getLogger("specdec.server")
+logger = get_logger(__name__)
 
 def create_app(
     llm: LLM,

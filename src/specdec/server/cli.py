@@ -109,7 +109,6 @@ def spec_from_vllm_config(text: str) -> tuple[SpecConfig, int | None]:
         ignored.append("prompt_lookup_min (the n-gram drafter falls back to 2-grams)")
     if ignored:
         print(f"specdec: warning: --speculative-config ignores: {', '.join(ignored)}", file=sys.stderr)
-    changes["extra"] = {k: cfg[k] for k in ignored if k in cfg}
     disable = _int_field(cfg, "disable_by_batch_size") if "disable_by_batch_size" in cfg else None
     return SpecConfig(**changes), disable
 

@@ -27,7 +27,6 @@ pass. Either way the loop keeps running.
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from collections import deque
@@ -38,10 +37,11 @@ from specdec.budget import DraftBudget
 from specdec.config import SamplingParams
 from specdec.drafters.base import EMPTY, Drafter, DraftProposal
 from specdec.engine import Engine, SequenceState, StepResult
+from specdec.log import get_logger
 from specdec.logprobs import TokenLogprob
 from specdec.stats import SpecStats
 
-logger = logging.getLogger("specdec.server.scheduler")
+logger = get_logger(__name__)
 
 
 class QueueFullError(Exception):

@@ -37,6 +37,7 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.exceptions import BackPressureError, ReplicaUnavailableError
 
 from specdec.llm import LLM
+from specdec.log import get_logger
 from specdec.server.app import create_app
 from specdec.server.edge import GuardMiddleware
 from specdec.server.errors import add_error_handlers, error_body, error_event
@@ -46,7 +47,7 @@ from specdec.server.ray.metrics_merge import merge_expositions
 from specdec.server.ray.options import RayDeployment, ReplicaSettings, engine_options
 from specdec.server.ray.router import AffinityRouter
 
-logger = logging.getLogger("specdec.server")
+logger = get_logger(__name__)
 
 APP_NAME, ENGINE, INGRESS = "specdec", "SpecdecEngine", "SpecdecIngress"
 REPLICA_HEADER = "x-specdec-replica"
