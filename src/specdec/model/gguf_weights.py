@@ -1,7 +1,7 @@
 """A GGUF file's tensors under our parameter names, the matrices kept quantized (``quant``).
 
 The same names and layout as ``weights._convert`` produces from a Hugging Face
-checkpoint: q/k rows in rope's interleaved-pair order (llama.cpp already stores
+checkpoint, from the same table (``weight_names``): q/k rows in rope's interleaved-pair order (llama.cpp already stores
 them so for its ``llama`` architecture; for the others it keeps Hugging Face's
 halves, which we permute), fused q/k/v and gate/up rows, norms with Gemma's +1
 (llama.cpp's converter stores it). Matrices of a type the kernels do not read are
@@ -11,7 +11,6 @@ dequantised here, with one notice line, and requantized nowhere: they stay float
 from __future__ import annotations
 
 import gc
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,11 @@ from gguf import GGUFReader, quants
 
 from specdec.config import ModelConfig
 from specdec.errors import ModelLoadError
+from specdec.log import get_logger
 from specdec.model.quant import SUPPORTED, QuantMatrix
+from specdec.model.weight_names import layer_weights, rope_heads
+
+logger = get_logger(__name__)
 
 Weight = torch.Tensor | QuantMatrix
 _PERMUTED_ARCHS = ("llama",)  # llama.cpp's converter interleaves q/k rows itself for these
@@ -68,31 +71,18 @@ def load_gguf_weights(path: Path, config: ModelConfig) -> dict[str, Weight]:
         out["lm_head"] = matrix("output.weight") if "output.weight" in tensors else out["embed"]
     for i in range(c.num_layers):
         p, o = f"blk.{i}.", f"layers.{i}."
-        q, k = matrix(p + "attn_q.weight"), matrix(p + "attn_k.weight")
-        if permute:
-            q, k = _interleave(q, c.num_heads, c.head_dim), _interleave(k, c.num_kv_heads, c.head_dim)
-        out[o + "wqkv"] = _concat([q, k, matrix(p + "attn_v.weight")])
-        if c.attention_bias:
-            qb, kb = vector(p + "attn_q.bias"), vector(p + "attn_k.bias")
-            if permute:
-                qb, kb = _interleave(qb, c.num_heads, c.head_dim), _interleave(kb, c.num_kv_heads, c.head_dim)
-            out[o + "bqkv"] = torch.cat([qb, kb, vector(p + "attn_v.bias")])
-        out[o + "wo"] = matrix(p + "attn_output.weight")
-        out[o + "w_gate_up"] = _concat([matrix(p + "ffn_gate.weight"), matrix(p + "ffn_up.weight")])
-        out[o + "w_down"] = matrix(p + "ffn_down.weight")
-        out[o + "attn_norm"] = vector(p + "attn_norm.weight")
-        if c.sandwich_norm:
-            out[o + "post_attn_norm"] = vector(p + "post_attention_norm.weight")
-            out[o + "mlp_norm"] = vector(p + "ffn_norm.weight")
-            out[o + "post_mlp_norm"] = vector(p + "post_ffw_norm.weight")
-        else:
-            out[o + "mlp_norm"] = vector(p + "ffn_norm.weight")
-        if c.qk_norm:
-            out[o + "q_norm"] = _interleave(vector(p + "attn_q_norm.weight"), 1, c.head_dim)
-            out[o + "k_norm"] = _interleave(vector(p + "attn_k_norm.weight"), 1, c.head_dim)
+        for w in layer_weights(c):
+            parts = [vector(p + name) if w.vector else matrix(p + name) for name in w.gguf]
+            # q/k rows: llama.cpp already interleaved them for PERMUTED_ARCHS; a per-head norm never
+            parts = [_interleave(t, *rope_heads(c, w.rope_of(j))) if w.rope_of(j) == "head"
+                     or (w.rope_of(j) and permute) else t for j, t in enumerate(parts)]
+            if len(parts) == 1:
+                out[o + w.name] = parts[0]
+            else:
+                out[o + w.name] = torch.cat(parts) if w.vector else _concat(parts)
     if dequantized:
-        print(f"specdec: notice: {path.name}: {', '.join(sorted(dequantized))} matrices have no integer kernel; "
-              "dequantised to float32", file=sys.stderr)
+        logger.warning("specdec: notice: %s: %s matrices have no integer kernel; dequantised to float32",
+                       path.name, ", ".join(sorted(dequantized)))
     return out
 
 

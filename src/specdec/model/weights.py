@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 from specdec import catalog
 from specdec.config import ModelConfig
 from specdec.errors import ModelLoadError
+from specdec.model.weight_names import layer_weights, rope_heads
 
 NATIVE_ARCHS = {
     "llama": "llama",
@@ -283,28 +284,12 @@ def _convert(hf: dict[str, torch.Tensor], c: ModelConfig, dtype: torch.dtype) ->
     if not c.tie_word_embeddings:
         out["lm_head"] = take("lm_head.weight")
     for i in range(c.num_layers):
-        p, o = f"layers.{i}.", f"layers.{i}."
-        q = _interleave_rows(take(p + "self_attn.q_proj.weight"), c.num_heads, c.head_dim)
-        k = _interleave_rows(take(p + "self_attn.k_proj.weight"), c.num_kv_heads, c.head_dim)
-        out[o + "wqkv"] = torch.cat([q, k, take(p + "self_attn.v_proj.weight")])
-        if c.attention_bias:
-            qb = _interleave_rows(take(p + "self_attn.q_proj.bias"), c.num_heads, c.head_dim)
-            kb = _interleave_rows(take(p + "self_attn.k_proj.bias"), c.num_kv_heads, c.head_dim)
-            out[o + "bqkv"] = torch.cat([qb, kb, take(p + "self_attn.v_proj.bias")])
-        out[o + "wo"] = take(p + "self_attn.o_proj.weight")
-        gate, up = take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")
-        out[o + "w_gate_up"] = torch.cat([gate, up])
-        out[o + "w_down"] = take(p + "mlp.down_proj.weight")
-        out[o + "attn_norm"] = norm(p + "input_layernorm.weight")
-        if c.sandwich_norm:
-            out[o + "post_attn_norm"] = norm(p + "post_attention_layernorm.weight")
-            out[o + "mlp_norm"] = norm(p + "pre_feedforward_layernorm.weight")
-            out[o + "post_mlp_norm"] = norm(p + "post_feedforward_layernorm.weight")
-        else:
-            out[o + "mlp_norm"] = norm(p + "post_attention_layernorm.weight")
-        if c.qk_norm:
-            out[o + "q_norm"] = _interleave_rows(norm(p + "self_attn.q_norm.weight"), 1, c.head_dim)
-            out[o + "k_norm"] = _interleave_rows(norm(p + "self_attn.k_norm.weight"), 1, c.head_dim)
+        p = f"layers.{i}."
+        for w in layer_weights(c):
+            parts = [norm(p + name) if w.norm else take(p + name) for name in w.hf]
+            parts = [_interleave_rows(t, *rope_heads(c, w.rope_of(j))) if w.rope_of(j) else t
+                     for j, t in enumerate(parts)]
+            out[p + w.name] = torch.cat(parts) if len(parts) > 1 else parts[0]
     hf.pop("lm_head.weight", None)  # tied copies some checkpoints store anyway
     hf = {k: v for k, v in hf.items() if not k.endswith("rotary_emb.inv_freq")}
     if hf:
