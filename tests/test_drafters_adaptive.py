@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specdec.config import SamplingParams, SpecConfig, SpecType, parse_spec_types
-from specdec.drafters.adaptive import AdaptiveDrafter, DraftTrie, Offer, choose, planned_length, replay
+from specdec.drafters.adaptive import AdaptiveDrafter, Offer, OfferTrie, choose, planned_length, replay
 from specdec.drafters.base import Drafter, DraftProposal
 from specdec.drafters.registry import adaptive_members
 from specdec.pass_cost import PassCost
@@ -19,7 +19,7 @@ from tests.test_pass_cost import cost_model
 
 
 def test_trie_merges_shared_prefixes():
-    trie = DraftTrie.merge([Offer("ngram", 0.8, DraftProposal([5, 6, 7])), Offer("suffix", 0.5, DraftProposal([5, 9]))])
+    trie = OfferTrie.merge([Offer("ngram", 0.8, DraftProposal([5, 6, 7])), Offer("suffix", 0.5, DraftProposal([5, 9]))])
     assert trie.tokens[1:] == [5, 6, 7, 9] and trie.parents[1:] == [0, 1, 2, 1]
     assert trie.owners[1:] == ["ngram"] * 3 + ["suffix"]
     assert trie.reach[1] == pytest.approx(1 - 0.2 * 0.5)  # both drafters support token 5

@@ -6,7 +6,7 @@ one answer. Each step this drafter asks its members, then builds one draft from
 their proposals:
 
 1. Every proposal is merged into one trie: a token two drafters agree on is one
-   node, supported by both (``DraftTrie``).
+   node, supported by both (``OfferTrie``).
 2. A node is kept with probability 1 - prod(1 - alpha_d) over its supporters
    (siblings share at most 1), where alpha_d is drafter d's recent per-token
    acceptance on this sequence. Its *reach* (the product down its path) is what
@@ -60,7 +60,7 @@ class Offer:
 
 
 @dataclass
-class DraftTrie:
+class OfferTrie:
     """Proposals merged: node 0 is the root; shared prefixes are shared nodes (parents before children)."""
 
     tokens: list[int] = field(default_factory=lambda: [-1])
@@ -72,7 +72,7 @@ class DraftTrie:
     _children: list[dict[int, int]] = field(default_factory=lambda: [{}])
 
     @classmethod
-    def merge(cls, offers: Sequence[Offer]) -> DraftTrie:
+    def merge(cls, offers: Sequence[Offer]) -> OfferTrie:
         """Offers in the order given (best first: its nodes come first and own shared ones).
 
         Example: ngram [5, 6, 7] (alpha 0.8) and suffix [5, 9] (alpha 0.5) ->
@@ -160,7 +160,7 @@ def choose(offers: Sequence[Offer], max_tokens: int, cost: PassCost | None, gree
     best, best_rate = EMPTY, float("-inf")
     mergeable = [o for o in offers if o.proposal.probs is None]
     if mergeable:
-        trie = DraftTrie.merge(mergeable)
+        trie = OfferTrie.merge(mergeable)
         nodes, best_rate = trie.best(max_tokens, cost)
         best = trie.proposal(nodes) if nodes else EMPTY
         best_rate = best_rate if nodes else float("-inf")
