@@ -172,6 +172,20 @@ def test_a_draft_sharing_no_token_is_refused(llm, tmp_path, folders):
         DraftResources(spec, llm.runner, llm.tokenizer)
 
 
+def test_auto_tries_both_then_keeps_the_better_and_re_probes():
+    scores = MethodScores()
+    tried = []
+    for _ in range(8):
+        tried.append(scores.choose())
+        scores.record(tried[-1], 3 if tried[-1] == "slem" else 1)
+    assert sorted(tried) == ["slem"] * 4 + ["tli"] * 4
+    later = []
+    for _ in range(64):
+        later.append(scores.choose())
+        scores.record(later[-1], 3 if later[-1] == "slem" else 1)
+    assert later.count("tli") == 2 and later.count("slem") == 62  # re-probed every PROBE_EVERY decisions
+
+
 # -- the sampled distribution -----------------------------------------------------------------------
 
 
@@ -187,6 +201,7 @@ def test_cross_tokenizer_draft_keeps_the_distribution(cross_micro, method):
     assert_lossless(s, cross_micro[0])
 
 
+@pytest.mark.slow  # ~30-80 s on 2 busy cores; draft_model's p-min test pins the same stop rule in the fast suite
 def test_tli_with_p_min_keeps_the_distribution(cross_micro):
     s = sample(cross_micro[0], cross_drafter(cross_micro, "tli", p_min=0.5))
     assert_lossless(s, cross_micro[0], deep=False)

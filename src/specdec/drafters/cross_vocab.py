@@ -117,7 +117,7 @@ class CrossVocabDrafter(DraftModelDrafter):
         if max_tokens <= 0:
             return EMPTY
         draft_ids = self.mirror.update(context)
-        if len(draft_ids) + max_tokens + 2 >= self.runner.max_seq_len:
+        if not draft_ids or len(draft_ids) + max_tokens + 2 >= self.runner.max_seq_len:
             return EMPTY
         method = self.cross.method if self.cross.method != "auto" else self.cross.scores.choose()
         logits = self._catch_up(draft_ids)
@@ -176,4 +176,6 @@ class CrossVocabDrafter(DraftModelDrafter):
             return EMPTY
         text = self.cross.pair.draft_text(draft_ids, drafted)
         tokens = self.cross.pair.target_continuation(context, text)[:max_tokens]
+        if any(t >= self.cross.vocab.target_size for t in tokens):  # a tokenizer id past the model's logits
+            tokens = tokens[: [t >= self.cross.vocab.target_size for t in tokens].index(True)]
         return DraftProposal(tokens) if tokens else EMPTY
