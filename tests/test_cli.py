@@ -127,6 +127,7 @@ def test_processed_logprobs_mode_and_scoring_a_prompt(tiny_llama):
         (["generate", "hi", "--logprobs", "2"], "--logprobs needs --json"),
         (["generate", "hi", "--max-new-tokens", "0", "--prompt-logprobs", "1"], "--prompt-logprobs needs --json"),
         (["generate", "hi", "--logprobs-mode", "sampled"], "invalid choice"),
+        (["generate", "hi", "--spec-draft-vocab", "bytes"], "invalid choice"),
         (["generate", "hi", "--regex", "a", "--choice", "b"], "not allowed with argument"),
         (["generate", "hi", "--json-schema", "/nonexistent.json"], "cannot read /nonexistent.json"),
         (["generate"], "give exactly one of"),

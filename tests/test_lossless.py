@@ -197,15 +197,24 @@ def test_greedy_identity_draft_model(tiny, tiny_model_factory):
     assert seq.stats.acceptance_rate > 0.9  # the target drafting for itself
 
 
-def test_draft_model_with_another_vocabulary_is_refused(tiny, tmp_path):
-    from specdec.errors import ModelLoadError
+def test_draft_model_with_another_vocabulary_drafts_across_tokenizers(tiny, tmp_path):
+    """A draft whose tokenizer differs (one special token renamed) drafts through the vocabulary
+    map (drafters/cross_vocab.py; tests/test_cross_vocab.py tests TLI and SLEM at length)."""
     from tests.conftest import build_tiny_model
 
     folder = build_tiny_model(tmp_path / "m", "qwen2", tiny.folder)
     tok = (folder / "tokenizer.json").read_text().replace('"<|im_end|>"', '"<|im_stop|>"')
     (folder / "tokenizer.json").write_text(tok)
-    with pytest.raises(ModelLoadError, match="vocabulary"):
-        drafter_for(tiny, SpecType.DRAFT_MODEL, 4, str(folder))
+    prompt = list(range(200, 230))
+    engine = Engine(tiny.runner, draft_n_max=4, plan_drafts=False)
+    plain = run(engine, prompt, greedy(24), None).output_ids
+    spec = SpecConfig(types=(SpecType.DRAFT_MODEL,), draft_n_max=4, draft_model=str(folder))
+    resources = DraftResources(spec, tiny.runner, tiny.tokenizer)
+    assert resources.cross_vocab is not None and resources.cross_vocab.vocab.num_mapped == 49151
+    for method in ("tli", "slem"):
+        resources.cross_vocab.method = method
+        seq = run(engine, prompt, greedy(24), resources.new_drafter())
+        assert seq.output_ids == plain and seq.stats.drafted > 0
 
 
 # -- greedy on the real default model ------------------------------------------------------------

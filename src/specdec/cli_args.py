@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdec.config import DEFAULT_SPEC_TYPES, LogprobsMode, SpecConfig, SpecType, parse_spec_types
+from specdec.config import DEFAULT_SPEC_TYPES, DRAFT_VOCAB_METHODS, LogprobsMode, SpecConfig, SpecType, parse_spec_types
 from specdec.errors import UsageError
 
 
@@ -75,6 +75,11 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-ngram-cache-static", default=None, metavar="PATH",
                    help="ngram-cache: read-only n-gram counts, e.g. of a corpus (llama.cpp's --lookup-cache-static)")
     g.add_argument("--draft-model", default=None, help="draft model for --spec-type draft-model")
+    g.add_argument("--spec-draft-vocab", default=SpecConfig.draft_vocab, choices=DRAFT_VOCAB_METHODS,
+                   help="a --draft-model with another tokenizer drafts by tli (token-level intersection: "
+                        "only its tokens with an exact twin in the target's vocabulary), slem (string-level "
+                        "exact match: its text re-encoded by the target's tokenizer) or auto (the one measured "
+                        "to be accepted more); both lossless")
     g.add_argument("--spec-model", default=None,
                    help="EAGLE-3 head folder for --spec-type eagle3 (default: the head shipped for the default model)")
     g.add_argument("--spec-eagle-topk", type=positive_int, default=SpecConfig.eagle_topk,
@@ -100,7 +105,8 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
             ngram_mod_n_match=args.spec_ngram_mod_n_match, ngram_mod_n_min=args.spec_ngram_mod_n_min,
             ngram_mod_n_max=args.spec_ngram_mod_n_max, ngram_cache_file=args.spec_ngram_cache_file,
             ngram_cache_static=args.spec_ngram_cache_static,
-            draft_model=args.draft_model, spec_model=args.spec_model, eagle_topk=args.spec_eagle_topk,
+            draft_model=args.draft_model, draft_vocab=args.spec_draft_vocab, spec_model=args.spec_model,
+            eagle_topk=args.spec_eagle_topk,
             num_steps=args.spec_num_steps, num_draft_tokens=num_draft, min_acceptance=args.spec_min_acceptance,
         )
     except ValueError as exc:

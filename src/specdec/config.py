@@ -190,6 +190,9 @@ def parse_spec_types(text: str) -> tuple[SpecType, ...]:
     return tuple(out)
 
 
+DRAFT_VOCAB_METHODS = ("auto", "tli", "slem")
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """Speculation settings (llama-server flag names in comments)."""
@@ -208,6 +211,9 @@ class SpecConfig:
     ngram_cache_file: str | None = None  # --spec-ngram-cache-file: the learned counts, loaded and saved
     ngram_cache_static: str | None = None  # --spec-ngram-cache-static: read-only counts (llama.cpp's -lcs)
     draft_model: str | None = None  # --draft-model
+    # --spec-draft-vocab: how a draft model with another tokenizer drafts (drafters/cross_vocab.py):
+    # tli (token-level intersection), slem (string-level exact match), auto (by measured acceptance)
+    draft_vocab: str = "auto"
     # eagle3 (SGLang's names): the head, and the dynamic tree it drafts
     spec_model: str | None = None  # --spec-model: head folder; None = the head shipped for the default model
     eagle_topk: int = 4  # --spec-eagle-topk: children expanded per node (1 = a chain)
@@ -234,6 +240,9 @@ class SpecConfig:
             raise ValueError("--spec-ngram-cache-file and --spec-ngram-cache-static need --spec-type ngram-cache")
         if SpecType.DRAFT_MODEL in self.types and not self.draft_model:
             raise ValueError("--spec-type draft-model needs --draft-model")
+        if self.draft_vocab not in DRAFT_VOCAB_METHODS:
+            raise ValueError(f"unknown --spec-draft-vocab {self.draft_vocab!r}; choose from: "
+                             f"{', '.join(DRAFT_VOCAB_METHODS)}")
         if not 0.0 <= self.min_acceptance <= 1.0:
             raise ValueError(f"--spec-min-acceptance must be in [0, 1], got {self.min_acceptance}")
         if min(self.eagle_topk, self.num_steps, self.num_draft_tokens) < 1:

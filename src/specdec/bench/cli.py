@@ -27,7 +27,7 @@ from specdec.bench.config import DEFAULT_METHODS, HEAD_METHODS, PEER_NAMES, Benc
 from specdec.bench.passes import add_passes_args, cmd_passes
 from specdec.bench.workloads import WORKLOAD_NAMES, load_workload, load_workload_file
 from specdec.cli_args import add_model_args, positive_int
-from specdec.config import SpecConfig
+from specdec.config import DRAFT_VOCAB_METHODS, SpecConfig
 from specdec.errors import UsageError
 
 # --quick: a few prompts per workload, batch 1, greedy (creative keeps its temperature):
@@ -90,6 +90,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                                                        "transformers assistant_model peer")
     p.add_argument("--spec-draft-n-max", type=positive_int, default=SpecConfig.draft_n_max,
                    help="most drafted tokens per step, every method")
+    p.add_argument("--spec-draft-vocab", default=SpecConfig.draft_vocab, choices=DRAFT_VOCAB_METHODS,
+                   help="how a --draft-model with another tokenizer drafts: tli, slem or auto")
     p.add_argument("--spec-model", default=None, help="EAGLE-3 head for the eagle3 methods (default: the shipped one)")
     p.add_argument("--spec-eagle-topk", type=positive_int, default=SpecConfig.eagle_topk)
     p.add_argument("--spec-num-steps", type=positive_int, default=SpecConfig.num_steps)
@@ -105,6 +107,7 @@ def config_from_args(args: argparse.Namespace, argv: list[str] | None = None) ->
     pick = lambda name: preset[name] if getattr(args, name) is None else getattr(args, name)
     try:
         base = SpecConfig(draft_n_max=args.spec_draft_n_max, draft_model=args.draft_model,
+                          draft_vocab=args.spec_draft_vocab,
                           spec_model=args.spec_model, eagle_topk=args.spec_eagle_topk,
                           num_steps=args.spec_num_steps, num_draft_tokens=args.spec_num_draft_tokens)
         defaults = DEFAULT_METHODS + (HEAD_METHODS if catalog.is_default(args.model) or args.spec_model else ())

@@ -37,6 +37,7 @@ from specdec.config import SamplingParams
 from specdec.llm import LLM
 from specdec.model.weights import gguf_file, resolve_model
 from specdec.stats import SpecStats
+from specdec.text import load_tokenizer
 
 PROMPT_LOOKUP_TOKENS = 10  # transformers' and llama-cpp-python's documented default
 
@@ -80,8 +81,10 @@ Peer.register(LlamaServerPeer)  # llama.cpp's llama-server rows (their own timin
 
 
 class TransformersPeer(Peer):
-    def __init__(self, model, eos_ids: list[int], mode: str = "plain", assistant=None) -> None:
+    def __init__(self, model, eos_ids: list[int], mode: str = "plain", assistant=None,
+                 tokenizers: tuple | None = None) -> None:
         self.model, self.eos_ids, self.mode, self.assistant = model, eos_ids, mode, assistant
+        self.tokenizers = tokenizers  # (target's, assistant's) when they differ: universal assisted generation
         self.name = "transformers" if mode == "plain" else f"transformers+{mode}"
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
@@ -101,6 +104,8 @@ class TransformersPeer(Peer):
             kwargs.update(prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS)
         elif self.mode == "assisted":
             kwargs.update(assistant_model=self.assistant)
+            if self.tokenizers is not None:
+                kwargs.update(tokenizer=self.tokenizers[0], assistant_tokenizer=self.tokenizers[1])
         with torch.inference_mode():
             out = self.model.generate(x, **kwargs)
         return out[0, len(prompt_ids):].tolist()
@@ -153,8 +158,12 @@ def make_peers(result: BenchResult, llm: LLM) -> list[Peer]:
         model = load_transformers(llm.folder, cfg.dtype)
         peers += [TransformersPeer(model, eos), TransformersPeer(model, eos, "prompt-lookup")]
         if cfg.draft_model:
-            assistant = load_transformers(resolve_model(cfg.draft_model), cfg.dtype)
-            peers.append(TransformersPeer(model, eos, "assisted", assistant))
+            draft_folder = resolve_model(cfg.draft_model)
+            assistant = load_transformers(draft_folder, cfg.dtype)
+            draft_tok = load_tokenizer(draft_folder)
+            other = draft_tok.get_vocab() != llm.tokenizer.get_vocab()  # drafts across tokenizers
+            peers.append(TransformersPeer(model, eos, "assisted", assistant,
+                                          (llm.tokenizer, draft_tok) if other else None))
     if "llama-cpp" in cfg.peers:
         gguf = gguf_file(cfg.model)  # the default and catalog names are GGUF files too
         llama_server = server_peers(cfg, gguf, result.notes)  # or a notice saying why not

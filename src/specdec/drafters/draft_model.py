@@ -1,4 +1,5 @@
-"""draft-model: a second, smaller model with the target's tokenizer drafts a chain.
+"""draft-model: a second, smaller model with the target's tokenizer drafts a chain (another
+tokenizer: ``cross_vocab.py``).
 
 The draft model has its own runner and KV cache (one slot per running
 sequence). Under sampling it samples from its own q, processed with the same

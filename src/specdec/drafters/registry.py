@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from specdec.config import SpecConfig, SpecType
 from specdec.drafters.adaptive import AdaptiveDrafter
 from specdec.drafters.base import ChainedDrafter, Drafter
+from specdec.drafters.cross_vocab import CrossVocab, CrossVocabDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_self import DraftSelfDrafter
 from specdec.drafters.eagle import EagleDrafter
@@ -15,7 +17,9 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.ngram_cache import NgramCacheDrafter, NgramCacheStore
 from specdec.drafters.ngram_map import NgramMapDrafter, NgramMapK4VDrafter
 from specdec.drafters.ngram_mod import NgramHashPool, NgramModDrafter
+from specdec.drafters.retokenize import TokenizerPair
 from specdec.drafters.suffix import SuffixCache, SuffixDrafter
+from specdec.drafters.vocab_map import VocabMap
 from specdec.errors import ModelLoadError
 from specdec.model.eagle_checkpoint import check_target, load_head
 from specdec.model.eagle_head import EagleHead
@@ -80,12 +84,13 @@ class DraftResources:
         self.ngram_cache = NgramCacheStore(spec.ngram_cache_file, spec.ngram_cache_static, vocab_size) \
             if SpecType.NGRAM_CACHE in types else None
         self.draft_runner: ModelRunner | None = None
+        self.cross_vocab: CrossVocab | None = None  # set when the draft model's tokenizer differs
         if SpecType.DRAFT_MODEL in types:
             self.draft_runner, folder = load_runner(
                 spec.draft_model, dtype=dtype, device=device,
                 max_seq_len=target.max_seq_len, num_slots=max_num_seqs,
             )
-            check_same_vocab(target, self.draft_runner, tokenizer, folder)
+            self.cross_vocab = cross_vocab_for(spec, target, self.draft_runner, tokenizer, folder)
         self.target = target
         self.eagle_head = load_eagle_head(spec.spec_model, target, tokenizer) if SpecType.EAGLE3 in types else None
 
@@ -104,9 +109,11 @@ class DraftResources:
 
     def _build(self, kind: SpecType) -> Drafter:
         shared = dict(cache=self.suffix_cache, runner=self.draft_runner, head=self.eagle_head, target=self.target,
-                      ngram_mod=self.ngram_mod_pool, ngram_cache=self.ngram_cache)
+                      ngram_mod=self.ngram_mod_pool, ngram_cache=self.ngram_cache, cross_vocab=self.cross_vocab)
         if kind is SpecType.ADAPTIVE:
             shared["members"] = [self._build(t) for t in adaptive_members(self.spec)]
+        if kind is SpecType.DRAFT_MODEL and self.cross_vocab is not None:
+            return CrossVocabDrafter.from_config(self.spec, **shared)
         return DRAFTERS[kind].from_config(self.spec, **shared)
 
     def loaded(self, types: Sequence[SpecType] | None = None) -> tuple[SpecType, ...]:
@@ -138,14 +145,29 @@ class DraftResources:
             self.ngram_cache.save()
 
 
-def check_same_vocab(target: ModelRunner, draft: ModelRunner, tokenizer, draft_folder) -> None:
-    """A draft model must share the target's tokenizer: its token ids mean the same text."""
+MIN_OVERLAP = 0.2  # below this share of the draft's tokens mapped, TLI rarely drafts what the target writes
+
+
+def cross_vocab_for(spec: SpecConfig, target: ModelRunner, draft: ModelRunner, tokenizer,
+                    draft_folder) -> CrossVocab | None:
+    """None when the draft model shares the target's tokenizer (its ids mean the same text); else
+    the tokenizer pair and vocabulary map it drafts through, reported in one line. ModelLoadError
+    when no token maps (nothing in common to draft)."""
     draft_tok = load_tokenizer(draft_folder)
-    if target.vocab_size != draft.vocab_size or tokenizer.get_vocab() != draft_tok.get_vocab():
-        raise ModelLoadError(
-            f"the draft model's vocabulary ({draft.vocab_size} tokens) differs from the target's "
-            f"({target.vocab_size}); a draft model needs the same tokenizer"
-        )
+    if target.vocab_size == draft.vocab_size and tokenizer.get_vocab() == draft_tok.get_vocab():
+        return None
+    if not (getattr(tokenizer, "is_fast", False) and getattr(draft_tok, "is_fast", False)):
+        raise ModelLoadError("a draft model with another tokenizer needs fast (tokenizer.json) tokenizers on both "
+                             "sides")
+    vocab = VocabMap.build(tokenizer, draft_tok, target.vocab_size, draft.vocab_size)
+    if vocab.num_mapped == 0:
+        raise ModelLoadError(f"the draft model's vocabulary ({draft.vocab_size} tokens) shares no token with the "
+                             f"target's ({target.vocab_size}): it cannot draft for it")
+    print(f"specdec: {vocab.summary()} (another tokenizer: drafting by {spec.draft_vocab})", file=sys.stderr)
+    if vocab.fraction < MIN_OVERLAP:
+        print(f"specdec: warning: only {vocab.fraction:.0%} of the draft model's tokens map to the target's: "
+              "it will be accepted rarely", file=sys.stderr)
+    return CrossVocab(TokenizerPair(tokenizer, draft_tok), vocab, spec.draft_vocab)
 
 
 def load_eagle_head(folder: str | None, target: ModelRunner, tokenizer) -> EagleHead:
