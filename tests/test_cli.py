@@ -124,6 +124,12 @@ def test_processed_logprobs_mode_and_scoring_a_prompt(tiny_llama):
         (["generate", "hi", "--spec-type", "ngram-mod", "--spec-ngram-mod-n-min", "9", "--spec-ngram-mod-n-max", "8"],
          "1 <= --spec-ngram-mod-n-min <= --spec-ngram-mod-n-max"),
         (["generate", "hi", "--logit-bias", "x"], "--logit-bias wants TOKEN=BIAS"),
+        (["generate", "hi", "--spec-layerskip-layers", "1,x"], "comma list of layer indices"),
+        (["generate", "hi", "--spec-layerskip-layers", "1", "--spec-layerskip-exit", "2"], "not both"),
+        (["generate", "hi", "--spec-layerskip-exit", "0"], "must be >= 1"),
+        # checked against the loaded model (SmolLM2-135M: 30 layers)
+        (["generate", "hi", "--spec-type", "draft-layerskip", "--spec-layerskip-layers", "3,30"],
+         "this model has layers 0-29"),
         (["generate", "hi", "--logprobs", "2"], "--logprobs needs --json"),
         (["generate", "hi", "--max-new-tokens", "0", "--prompt-logprobs", "1"], "--prompt-logprobs needs --json"),
         (["generate", "hi", "--logprobs-mode", "sampled"], "invalid choice"),

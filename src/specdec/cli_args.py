@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import argparse
 
-from specdec.config import DEFAULT_SPEC_TYPES, DRAFT_VOCAB_METHODS, LogprobsMode, SpecConfig, SpecType, parse_spec_types
+from specdec.config import (
+    DEFAULT_SPEC_TYPES,
+    DRAFT_VOCAB_METHODS,
+    LogprobsMode,
+    SpecConfig,
+    SpecType,
+    parse_layer_list,
+    parse_spec_types,
+)
 from specdec.errors import UsageError
 
 
@@ -59,7 +67,8 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "(re-probed with growing back-off)")
     g.add_argument("--spec-draft-n-max", type=positive_int, default=None, help="most drafted tokens per step")
     g.add_argument("--spec-draft-n-min", type=int, default=0, help="drop drafts shorter than this")
-    g.add_argument("--spec-draft-p-min", type=float, default=0.0, help="draft model stops below this probability")
+    g.add_argument("--spec-draft-p-min", type=float, default=0.0,
+                   help="draft-model and draft-layerskip stop drafting below this top probability")
     g.add_argument("--spec-ngram-size-n", type=positive_int, default=12, help="longest n-gram matched")
     g.add_argument("--spec-ngram-size-m", type=positive_int, default=48, help="most tokens an n-gram proposes")
     g.add_argument("--spec-ngram-min-hits", type=positive_int, default=1)
@@ -86,6 +95,14 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="eagle3: children expanded per tree node (1 = a chain)")
     g.add_argument("--spec-num-steps", type=positive_int, default=SpecConfig.num_steps,
                    help="eagle3: draft tree depth (head passes per draft)")
+    g.add_argument("--spec-layerskip-layers", default=None, metavar="auto|LIST",
+                   help="draft-layerskip: the layers the draft skips, a comma list of indices, or auto (the "
+                        "default: searched during generation by acceptance and cost); given, adaptive asks "
+                        "draft-layerskip too")
+    g.add_argument("--spec-layerskip-exit", type=positive_int, default=None, metavar="E",
+                   help="draft-layerskip: draft with the first E layers, then the final norm and LM head (early "
+                        "exit, for checkpoints trained for it such as facebook/layerskip-*); given, adaptive asks "
+                        "draft-layerskip too")
     g.add_argument("--spec-num-draft-tokens", type=positive_int, default=None,
                    help=f"eagle3: tree nodes verified per step (default {SpecConfig.num_draft_tokens}; "
                         "raises --spec-draft-n-max to match unless that is given)")
@@ -95,6 +112,7 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
     try:
         types = DEFAULT_SPEC_TYPES if args.spec_type is None else parse_spec_types(args.spec_type)
         num_draft = args.spec_num_draft_tokens or SpecConfig.num_draft_tokens
+        layers = args.spec_layerskip_layers
         n_max = args.spec_draft_n_max or (
             max(num_draft, SpecConfig.draft_n_max) if SpecType.EAGLE3 in types else SpecConfig.draft_n_max
         )
@@ -108,6 +126,9 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
             draft_model=args.draft_model, draft_vocab=args.spec_draft_vocab, spec_model=args.spec_model,
             eagle_topk=args.spec_eagle_topk,
             num_steps=args.spec_num_steps, num_draft_tokens=num_draft, min_acceptance=args.spec_min_acceptance,
+            layerskip_layers=None if layers is None else parse_layer_list(layers),
+            layerskip_exit=args.spec_layerskip_exit,
+            adaptive_layerskip=layers is not None or args.spec_layerskip_exit is not None,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

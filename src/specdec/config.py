@@ -164,12 +164,28 @@ class SpecType(str, enum.Enum):
     DRAFT_SELF = "draft-self"
     DRAFT_MODEL = "draft-model"
     EAGLE3 = "eagle3"
+    # The target itself with some layers skipped (or only its first E): drafters/layerskip.py.
+    DRAFT_LAYERSKIP = "draft-layerskip"
     # Runs the cheap drafters (and the draft model or EAGLE-3 head when one is given) and per
     # step picks or merges their proposals by measured acceptance and cost: drafters/adaptive.py.
     ADAPTIVE = "adaptive"
 
 
 DEFAULT_SPEC_TYPES = (SpecType.ADAPTIVE,)  # what `specdec serve`, `generate` and LLM draft with unless told
+
+
+def parse_layer_list(text: str) -> tuple[int, ...] | None:
+    """--spec-layerskip-layers: 'auto' -> None (searched); '4,6,8' -> (4, 6, 8); raises ValueError."""
+    if text.strip() == "auto":
+        return None
+    try:
+        layers = tuple(sorted({int(t) for t in text.split(",") if t.strip()}))
+    except ValueError:
+        raise ValueError(f"--spec-layerskip-layers wants 'auto' or a comma list of layer indices, got {text!r}") \
+            from None
+    if not layers:
+        raise ValueError("--spec-layerskip-layers is empty")
+    return layers
 
 
 def parse_spec_types(text: str) -> tuple[SpecType, ...]:
@@ -221,6 +237,11 @@ class SpecConfig:
     # --spec-num-draft-tokens: nodes sent to the verifier (capped by draft_n_max); 7 + the root is one
     # 8-row verify pass, the width where the CPU kernels' 4-row blocks end (docs/performance.md)
     num_draft_tokens: int = 7
+    # draft-layerskip: the layers the draft skips (None = searched on the fly, ``layerskip.SkipSearch``)
+    # or, with layerskip_exit = E, the first E layers only (early exit: LayerSkip checkpoints)
+    layerskip_layers: tuple[int, ...] | None = None  # --spec-layerskip-layers auto|LIST
+    layerskip_exit: int | None = None  # --spec-layerskip-exit E
+    adaptive_layerskip: bool = False  # adaptive asks draft-layerskip too (set by either flag above)
     # --spec-min-acceptance: speculation pauses (and is re-probed with growing back-off) while the
     # recent per-token acceptance is below this; also when it measures slower than plain decoding
     min_acceptance: float = 0.4
@@ -247,6 +268,12 @@ class SpecConfig:
             raise ValueError(f"--spec-min-acceptance must be in [0, 1], got {self.min_acceptance}")
         if min(self.eagle_topk, self.num_steps, self.num_draft_tokens) < 1:
             raise ValueError("--spec-eagle-topk, --spec-num-steps and --spec-num-draft-tokens must be >= 1")
+        if self.layerskip_layers is not None and self.layerskip_exit is not None:
+            raise ValueError("give either --spec-layerskip-layers or --spec-layerskip-exit, not both")
+        if self.layerskip_layers is not None and (not self.layerskip_layers or min(self.layerskip_layers) < 0):
+            raise ValueError(f"--spec-layerskip-layers needs layer indices >= 0, got {self.layerskip_layers}")
+        if self.layerskip_exit is not None and self.layerskip_exit < 1:
+            raise ValueError(f"--spec-layerskip-exit must be >= 1, got {self.layerskip_exit}")
 
     @property
     def enabled(self) -> bool:

@@ -155,6 +155,7 @@ class Engine:
             if not seq.params.greedy:
                 seq.generator = make_generator(seq.params.seed, self.runner.device)
             if seq.drafter is not None:
+                seq.drafter.bind_slot(seq.slot)
                 seq.drafter.begin(seq.prompt_ids, seq.params)
             if seq.params.prompt_logprobs is not None:
                 seq.prompt_logprobs = [None]

@@ -45,6 +45,7 @@ CANDIDATES: tuple[str, ...] = (
     "ngram-mod",
     "ngram-cache",
     "draft-self",
+    "draft-layerskip",
     "adaptive",
 )
 DRAFT_MODEL_METHOD = "draft-model"  # measured when --draft-model is given

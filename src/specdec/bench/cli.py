@@ -27,7 +27,7 @@ from specdec.bench.config import DEFAULT_METHODS, HEAD_METHODS, PEER_NAMES, Benc
 from specdec.bench.passes import add_passes_args, cmd_passes
 from specdec.bench.workloads import WORKLOAD_NAMES, load_workload, load_workload_file
 from specdec.cli_args import add_model_args, positive_int
-from specdec.config import DRAFT_VOCAB_METHODS, SpecConfig
+from specdec.config import DRAFT_VOCAB_METHODS, SpecConfig, parse_layer_list
 from specdec.errors import UsageError
 
 # --quick: a few prompts per workload, batch 1, greedy (creative keeps its temperature):
@@ -96,6 +96,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-eagle-topk", type=positive_int, default=SpecConfig.eagle_topk)
     p.add_argument("--spec-num-steps", type=positive_int, default=SpecConfig.num_steps)
     p.add_argument("--spec-num-draft-tokens", type=positive_int, default=SpecConfig.num_draft_tokens)
+    p.add_argument("--spec-layerskip-layers", default=None, metavar="auto|LIST",
+                   help="draft-layerskip: the layers skipped (default auto: searched; a LIST pins them)")
+    p.add_argument("--spec-layerskip-exit", type=positive_int, default=None, metavar="E",
+                   help="draft-layerskip: draft with the first E layers (early exit)")
     p.add_argument("--seed", type=int, default=0, help="base seed of sampled runs")
     p.add_argument("--ignore-eos", action="store_true",
                    help="every answer runs to --max-new-tokens (equal lengths: sampled cells compare fairly)")
@@ -109,7 +113,12 @@ def config_from_args(args: argparse.Namespace, argv: list[str] | None = None) ->
         base = SpecConfig(draft_n_max=args.spec_draft_n_max, draft_model=args.draft_model,
                           draft_vocab=args.spec_draft_vocab,
                           spec_model=args.spec_model, eagle_topk=args.spec_eagle_topk,
-                          num_steps=args.spec_num_steps, num_draft_tokens=args.spec_num_draft_tokens)
+                          num_steps=args.spec_num_steps, num_draft_tokens=args.spec_num_draft_tokens,
+                          layerskip_layers=None if args.spec_layerskip_layers is None
+                          else parse_layer_list(args.spec_layerskip_layers),
+                          layerskip_exit=args.spec_layerskip_exit,
+                          adaptive_layerskip=args.spec_layerskip_layers is not None
+                          or args.spec_layerskip_exit is not None)
         defaults = DEFAULT_METHODS + (HEAD_METHODS if catalog.is_default(args.model) or args.spec_model else ())
         text = args.methods or ",".join(defaults)
         text += ",draft-model" if args.draft_model and "draft-model" not in text else ""

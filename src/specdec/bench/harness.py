@@ -215,8 +215,10 @@ def measure_pass_costs(runner: MethodRunner, context_ids: list[int], max_width: 
 
 def run_oracle(runner: MethodRunner, result: BenchResult) -> None:
     cfg = result.config
-    # The oracle picks among single methods; adaptive is what it is measured against.
-    drafting = [m for m in cfg.methods if not m.is_plain and SpecType.ADAPTIVE not in m.spec.types]
+    # The oracle picks among single methods; adaptive is what it is measured against. draft-layerskip
+    # drafts on the target's own cache slot, which a replay without the engine does not have.
+    offline = lambda m: not {SpecType.ADAPTIVE, SpecType.DRAFT_LAYERSKIP} & set(m.spec.types)  # noqa: E731
+    drafting = [m for m in cfg.methods if not m.is_plain and offline(m)]
     greedy = [w for w in cfg.workloads if w.name in result.reference and w.temperature is None]
     if not drafting or not greedy:
         return

@@ -248,6 +248,10 @@ class AdaptiveDrafter(Drafter):
         measured pass cost prices the drafts."""
         return cls(members, None if target is None else target.pass_cost, spec.min_acceptance)
 
+    def bind_slot(self, slot: int) -> None:
+        for m in self.members:
+            m.drafter.bind_slot(slot)
+
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         self.greedy = sampling.greedy
         for m in self.members:

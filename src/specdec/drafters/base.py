@@ -2,6 +2,7 @@
 
 Life of a drafter within one request (one sequence)::
 
+    drafter.bind_slot(slot)                                # the target's cache slot of the request
     drafter.begin(prompt_ids, sampling)
     drafter.observe(target_hidden)                         # only drafters with hidden_layers: the prompt's
     loop:
@@ -117,10 +118,16 @@ class Drafter(ABC):
 
         ``shared`` holds the engine-wide objects the registry offers every drafter
         (``cache``: the SuffixCache; ``ngram_mod``: the n-gram hash pool; ``ngram_cache``:
-        the n-gram counts; ``runner``: the draft model's runner); each drafter takes what
+        the n-gram counts; ``runner``: the draft model's runner; ``target``: the target's runner;
+        ``layerskip``: the layer-skip search); each drafter takes what
         it needs and ignores the rest.
         """
         raise TypeError(f"{cls.__name__} cannot be built from a SpecConfig")
+
+    def bind_slot(self, slot: int) -> None:
+        """The target's KV cache slot of this request, given by the engine before ``begin``. Only a
+        drafter that drafts with the target itself reads it (draft-layerskip, which must leave the
+        slot's length as it found it)."""
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         """Start a request whose committed tokens so far are ``prompt_ids``."""
@@ -186,6 +193,10 @@ class ChainedDrafter(Drafter):
         self.name = ",".join(d.name for d in self.drafters)
         self.hidden_layers = tuple(sorted({i for d in self.drafters for i in d.hidden_layers}))
         self.last_used: int | None = None
+
+    def bind_slot(self, slot: int) -> None:
+        for d in self.drafters:
+            d.bind_slot(slot)
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         for d in self.drafters:

@@ -13,6 +13,7 @@ from specdec.drafters.cross_vocab import CrossVocab, CrossVocabDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_self import DraftSelfDrafter
 from specdec.drafters.eagle import EagleDrafter
+from specdec.drafters.layerskip import LayerSkipDrafter, SkipSearch
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.ngram_cache import NgramCacheDrafter, NgramCacheStore
 from specdec.drafters.ngram_map import NgramMapDrafter, NgramMapK4VDrafter
@@ -40,6 +41,7 @@ DRAFTERS: dict[SpecType, type[Drafter]] = {
     SpecType.DRAFT_SELF: DraftSelfDrafter,
     SpecType.DRAFT_MODEL: DraftModelDrafter,
     SpecType.EAGLE3: EagleDrafter,
+    SpecType.DRAFT_LAYERSKIP: LayerSkipDrafter,
     SpecType.ADAPTIVE: AdaptiveDrafter,
 }
 
@@ -50,8 +52,10 @@ ADAPTIVE_MEMBERS: tuple[SpecType, ...] = (SpecType.NGRAM, SpecType.NGRAM_MAP_K, 
 
 def adaptive_members(spec: SpecConfig) -> tuple[SpecType, ...]:
     """The members of an adaptive drafter: ``ADAPTIVE_MEMBERS``, plus draft-model with
-    --draft-model and eagle3 with --spec-model."""
+    --draft-model, eagle3 with --spec-model and draft-layerskip with --spec-layerskip-layers or
+    --spec-layerskip-exit (opt-in: a layer-skipping draft costs a large share of a pass)."""
     neural = ((SpecType.DRAFT_MODEL,) if spec.draft_model else ()) + ((SpecType.EAGLE3,) if spec.spec_model else ())
+    neural += (SpecType.DRAFT_LAYERSKIP,) if spec.adaptive_layerskip else ()
     return ADAPTIVE_MEMBERS + neural
 
 
@@ -65,7 +69,8 @@ def drafting_types(spec: SpecConfig) -> tuple[SpecType, ...]:
 
 class DraftResources:
     """Shared by all requests of one engine: the suffix cache, the n-gram pool and counts, the draft model,
-    the EAGLE head. ``close`` saves what must outlive the process (the ngram-cache file)."""
+    the EAGLE head, the layer-skip search (so its skip set is found once per model). ``close`` saves what
+    must outlive the process (the ngram-cache file)."""
 
     def __init__(
         self,
@@ -93,6 +98,7 @@ class DraftResources:
             self.cross_vocab = cross_vocab_for(spec, target, self.draft_runner, tokenizer, folder)
         self.target = target
         self.eagle_head = load_eagle_head(spec.spec_model, target, tokenizer) if SpecType.EAGLE3 in types else None
+        self.layerskip = SkipSearch.from_spec(spec, target) if SpecType.DRAFT_LAYERSKIP in types else None
 
     def new_drafter(self, types: Sequence[SpecType] | None = None) -> Drafter | None:
         """A fresh drafter for one request (None when speculation is off).
@@ -109,7 +115,8 @@ class DraftResources:
 
     def _build(self, kind: SpecType) -> Drafter:
         shared = dict(cache=self.suffix_cache, runner=self.draft_runner, head=self.eagle_head, target=self.target,
-                      ngram_mod=self.ngram_mod_pool, ngram_cache=self.ngram_cache, cross_vocab=self.cross_vocab)
+                      ngram_mod=self.ngram_mod_pool, ngram_cache=self.ngram_cache, cross_vocab=self.cross_vocab,
+                      layerskip=self.layerskip)
         if kind is SpecType.ADAPTIVE:
             shared["members"] = [self._build(t) for t in adaptive_members(self.spec)]
         if kind is SpecType.DRAFT_MODEL and self.cross_vocab is not None:

@@ -480,9 +480,10 @@ def decode_layers(
     x, row_slot, row_pos, row_write, seq_rows, mask,
     wqkv, bqkv, wo, w_gate_up, w_down, norms, qk_norms, k_cache, v_cache,
     cos, sin, cos_local, sin_local, sliding, window,
-    n_heads, n_kv, eps, scale, has_bias, qk_norm, sandwich, gelu, hidden_at, hidden,
+    n_heads, n_kv, eps, scale, has_bias, qk_norm, sandwich, gelu, run_layer, hidden_at, hidden,
 ):  # pragma: no cover - compiled
-    """Run the rows x [N, H] through every layer in place, writing their K/V to the cache.
+    """Run the rows x [N, H] through every layer l with run_layer[l] in place, writing their K/V
+    to the cache; a layer not run passes x through and writes no K/V (a layer-skipping draft).
 
     Per layer l: wqkv[l] [(Hq + 2 Hkv) D, H], bqkv[l], wo[l] [H, Hq D], w_gate_up[l] [2 I, H],
     w_down[l] [H, I]; norms[l] = (attn, mlp, post_attn, post_mlp) [4, H]; qk_norms[l] [2, D];
@@ -501,6 +502,10 @@ def decode_layers(
     gate_up = np.empty((n_rows, 2 * inter), dtype=np.float32)
     act = np.empty((n_rows, inter), dtype=np.float32)
     for layer in range(norms.shape[0]):
+        if not run_layer[layer]:
+            if hidden_at[layer] >= 0:
+                hidden[hidden_at[layer]] = x
+            continue
         rms_norm_rows(x, norms[layer, 0], eps, h)
         product(layer_weight(wqkv, layer), h, qkv)
         for r in range(n_rows):

@@ -272,12 +272,24 @@ class Transformer(nn.Module):
         kernels.dequantize_rows(*blocks.arrays(), blocks.k, ids.numpy().astype(np.int64), out)
         return torch.from_numpy(out)
 
+    def run_mask(self, layers: tuple[int, ...] | None) -> np.ndarray:
+        """[num_layers] bool: which layers a pass runs (``layers`` their indices; None = all)."""
+        n = self.config.num_layers
+        if layers is None:
+            return np.ones(n, dtype=np.bool_)
+        if any(not 0 <= i < n for i in layers):
+            raise ValueError(f"layer indices must be in [0, {n}), got {sorted(layers)}")
+        mask = np.zeros(n, dtype=np.bool_)
+        mask[list(layers)] = True
+        return mask
+
     def forward_rows(
-        self, rows: Rows, cache: KVCache, logits_rows: np.ndarray | None = None, hidden_layers: tuple[int, ...] = ()
+        self, rows: Rows, cache: KVCache, logits_rows: np.ndarray | None = None, hidden_layers: tuple[int, ...] = (),
+        layers: tuple[int, ...] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The fused pass (``cpu-kernels``): rows [N] -> logits [N or len(logits_rows), V] float32.
 
-        Hidden states as in ``forward``, per row: [N, H] float32 each.
+        Hidden states and ``layers`` as in ``forward``, per row: [N, H] float32 each.
         """
         c, f = self.config, self._fused
         x = self.embed_rows(rows.input_ids)  # [N, H]
@@ -295,7 +307,7 @@ class Transformer(nn.Module):
             kernels.as_numpy(cache.k_all), kernels.as_numpy(cache.v_all),
             f["cos"], f["sin"], f["cos_local"], f["sin_local"], f["sliding"], f["window"],
             f["n_heads"], f["n_kv"], f["eps"], f["scale"], f["has_bias"], f["qk_norm"], f["sandwich"], f["gelu"],
-            hidden_at, hidden,
+            self.run_mask(layers), hidden_at, hidden,
         )
         normed = np.empty_like(xn)
         kernels.rms_norm_rows(xn, f["final_norm"], f["eps"], normed)
@@ -320,10 +332,13 @@ class Transformer(nn.Module):
         cache: KVCache,
         logits_rows: torch.Tensor | None = None,
         hidden_layers: tuple[int, ...] = (),
+        layers: tuple[int, ...] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Run B x T new tokens, writing their K/V into ``cache``.
 
         logits_rows: [B, R] indices into T whose logits are wanted (None = all T).
+        layers: the layers to run (None = all); a layer not run passes the residual through and
+        writes no K/V (a layer-skipping draft; its hidden state is its input's).
         Returns logits [B, R or T, V] (float32) and the hidden states [B, T, H] after
         each layer in ``hidden_layers`` (the final normed hidden state is index -1).
         """
@@ -343,11 +358,13 @@ class Transformer(nn.Module):
             near = (batch.positions.unsqueeze(-1) - key_pos < c.sliding_window).unsqueeze(1)  # [B, 1, T, L]
             mask_local = mask & near
         hidden: list[torch.Tensor] = []
+        run = self.run_mask(layers)
         for layer in self.layers:
             local = layer.sliding
-            x = self._layer(
-                layer, x, batch, cache, freqs_local if local else freqs, mask_local if local else mask
-            )
+            if run[layer.index]:
+                x = self._layer(
+                    layer, x, batch, cache, freqs_local if local else freqs, mask_local if local else mask
+                )
             if layer.index in hidden_layers:
                 hidden.append(x)
         x = rms_norm(x, self.norm, c.rms_norm_eps)

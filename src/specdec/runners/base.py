@@ -20,6 +20,13 @@ them; ``tests/test_runner.py`` pins them against transformers. Such heads also l
 tokens up in the target's own tables: ``embed(ids)`` (input embeddings) and
 ``output_rows(ids)`` (rows of the LM head, whose product with the final normed
 state gives those tokens' logits).
+
+Layer subsets: ``run(seqs, layers=(i, ...))`` runs only those decoder layers (then the
+final norm and LM head); a layer not run passes the residual through and writes no K/V.
+That is a layer-skipping draft of the model itself (``drafters.layerskip``): it runs on the
+sequence's own slot, where the entries before the slot's length are the full model's, and
+is truncated away before the verify pass rewrites those positions for every layer. Only
+runners with ``supports_layer_skip`` take it.
 """
 
 from __future__ import annotations
@@ -62,6 +69,8 @@ class ModelRunner(ABC):
     device: torch.device
     dtype: torch.dtype
     supports_trees: bool = False
+    supports_layer_skip: bool = False  # ``run(..., layers=)`` runs a subset of the layers
+    num_layers: int = 0  # decoder layers (0 when unknown)
     backend: str = "torch"  # how the linear layers and attention run (see runners.load)
     weights_label: str = "float"  # the weights' format, for reports ("gguf Q4_1+Q8_0 (avx2+vnni)")
     # Whether a pass gives every sequence the widest one's rows (a [B, T] batch) rather than
@@ -95,8 +104,12 @@ class ModelRunner(ABC):
         return 0
 
     @abstractmethod
-    def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = ()) -> PassOutput:
-        """Run every sequence's new tokens in one pass; their K/V are appended to the cache."""
+    def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = (),
+            layers: tuple[int, ...] | None = None) -> PassOutput:
+        """Run every sequence's new tokens in one pass; their K/V are appended to the cache.
+
+        layers: the decoder layers to run (None = all; see the module docstring).
+        """
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """[n] token ids -> [n, H] float32 rows of the target's input embedding table."""

@@ -46,7 +46,10 @@ class GenericRunner(ModelRunner):
         self.caches[slot] = self._new_cache()
         return slot
 
-    def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = ()) -> PassOutput:
+    def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = (),
+            layers: tuple[int, ...] | None = None) -> PassOutput:
+        if layers is not None:
+            raise ValueError("the generic runner runs every layer; layer skipping needs a native model")
         t0 = time.perf_counter()
         logits, hidden = [], []
         for s in seqs:

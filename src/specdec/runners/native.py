@@ -19,6 +19,7 @@ QUANTIZED_PREFILL_ROWS = 256  # a long prompt over GGUF blocks runs in passes of
 
 class NativeRunner(ModelRunner):
     supports_trees = True
+    supports_layer_skip = True
 
     def __init__(
         self,
@@ -32,6 +33,7 @@ class NativeRunner(ModelRunner):
         super().__init__(max_seq_len, num_slots)
         self.model, self.config = model, config
         self.vocab_size = config.vocab_size
+        self.num_layers = config.num_layers
         self.eos_token_ids = config.eos_token_ids
         self.dtype, self.device = dtype, device
         self.backend = model.backend.name
@@ -57,7 +59,8 @@ class NativeRunner(ModelRunner):
     def kv_bytes(self) -> int:
         return self.cache.nbytes
 
-    def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = ()) -> PassOutput:
+    def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = (),
+            layers: tuple[int, ...] | None = None) -> PassOutput:
         t0 = time.perf_counter()
         if any(s.all_logits for s in seqs) and not all(s.all_logits for s in seqs):
             raise ValueError("a pass returns either all logits or the last ones for every sequence")
@@ -67,17 +70,18 @@ class NativeRunner(ModelRunner):
         # (unless the weights are GGUF blocks, which only the fused kernels read).
         fused = self.model.is_quantized or seqs[0].all_logits or num_rows <= FUSED_PREFILL_ROWS
         if self.model.is_quantized and not seqs[0].all_logits and num_rows > QUANTIZED_PREFILL_ROWS:
-            out_logits, out_hidden = self._run_prompt_chunks(seqs, hidden_layers)
+            out_logits, out_hidden = self._run_prompt_chunks(seqs, hidden_layers, layers)
             return PassOutput(out_logits, out_hidden, time.perf_counter() - t0)
         if self.model.backend.fused and fused:
-            out_logits, out_hidden = self._run_rows(seqs, hidden_layers)
+            out_logits, out_hidden = self._run_rows(seqs, hidden_layers, layers)
         else:
-            out_logits, out_hidden = self._run_batch(seqs, hidden_layers)
+            out_logits, out_hidden = self._run_batch(seqs, hidden_layers, layers)
         for s in seqs:
             self.lengths[s.slot] += len(s.token_ids)
         return PassOutput(out_logits, out_hidden, time.perf_counter() - t0)
 
-    def _run_prompt_chunks(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...]):
+    def _run_prompt_chunks(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...],
+                           layers: tuple[int, ...] | None):
         """A long prefill over GGUF blocks, one sequence and QUANTIZED_PREFILL_ROWS tokens per pass:
         the pass's scratch (its [rows, context] mask, activations) stays bounded at any prompt length."""
         out_logits, out_hidden = [], []
@@ -87,7 +91,7 @@ class NativeRunner(ModelRunner):
             hidden: list[list[torch.Tensor]] = []
             for i in range(0, len(s.token_ids), QUANTIZED_PREFILL_ROWS):
                 chunk = SeqInput(s.slot, s.token_ids[i : i + QUANTIZED_PREFILL_ROWS], all_logits=False)
-                logits, chunk_hidden = self._run_rows([chunk], hidden_layers)
+                logits, chunk_hidden = self._run_rows([chunk], hidden_layers, layers)
                 self.lengths[s.slot] += len(chunk.token_ids)
                 hidden.append(chunk_hidden[0])
             out_logits.append(logits[0])
@@ -104,10 +108,10 @@ class NativeRunner(ModelRunner):
         self.cache.compact(slot, start, keep)
         self.truncate(slot, start + len(keep))
 
-    def _run_batch(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...]):
+    def _run_batch(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...], layers: tuple[int, ...] | None):
         batch, logits_rows = self._make_batch(seqs)
         with torch.inference_mode():
-            logits, hidden = self.model(batch, self.cache, logits_rows, hidden_layers)
+            logits, hidden = self.model(batch, self.cache, logits_rows, hidden_layers, layers)
         out_logits, out_hidden = [], []
         for i, s in enumerate(seqs):
             n = len(s.token_ids)
@@ -115,11 +119,11 @@ class NativeRunner(ModelRunner):
             out_hidden.append([h[i, :n] for h in hidden])
         return out_logits, out_hidden
 
-    def _run_rows(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...]):
+    def _run_rows(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...], layers: tuple[int, ...] | None):
         rows = self._make_rows(seqs)
         logits_rows = None if seqs[0].all_logits else rows.seq_rows[1:] - 1
         with torch.inference_mode():
-            logits, hidden = self.model.forward_rows(rows, self.cache, logits_rows, hidden_layers)
+            logits, hidden = self.model.forward_rows(rows, self.cache, logits_rows, hidden_layers, layers)
         out_logits, out_hidden = [], []
         for i, s in enumerate(seqs):
             r0, r1 = int(rows.seq_rows[i]), int(rows.seq_rows[i + 1])

@@ -118,6 +118,9 @@ class GuardedDrafter(Drafter):
             self.request.error = f"drafter {self.name} failed: {type(exc).__name__}: {exc}"
             return None
 
+    def bind_slot(self, slot: int) -> None:
+        self._call(self.inner.bind_slot, slot)
+
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         self._call(self.inner.begin, prompt_ids, sampling)
 
