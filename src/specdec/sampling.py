@@ -64,5 +64,14 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """[N, V] probabilities -> [N] sampled token ids."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """[N, V] probabilities (each row summing to any positive total) -> [N] sampled token ids.
+
+    Inverse-CDF sampling: the first token whose running mass exceeds u * total, u uniform in
+    [0, 1), so a token of zero mass is never drawn. The running sums are float64 (off by
+    ~1e-16 of the total, not float32's ~1e-7 per add). ``torch.multinomial`` draws one
+    exponential per vocabulary entry on a CPU: 1-3 ms a token for 49K-152K vocabularies,
+    a tenth of a small model's decode step; this is one cumulative sum and one search.
+    """
+    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
+    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, generator=generator, device=probs.device)
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
