@@ -36,6 +36,7 @@ def test_monitor_reprobes_with_growing_backoff_and_resets_on_success():
             monitor.observe(None)
             steps += 1
         assert monitor.mode is Mode.PROBE and monitor.alpha == monitor.probe_alpha  # a fresh, hopeful look
+        assert monitor.draft_cap(8) == monitor.probe_tokens == 2  # ...with a short draft
         waits.append(steps)
         monitor.observe(rejected())
         assert monitor.mode is Mode.OFF  # one probe draft with nothing kept fails it: probes stay cheap
@@ -44,7 +45,7 @@ def test_monitor_reprobes_with_growing_backoff_and_resets_on_success():
         monitor.observe(None)
     for _ in range(3):  # the text turned repetitive: the probe succeeds
         monitor.observe(kept())
-    assert monitor.mode is Mode.ON and monitor.backoff == monitor.base_backoff
+    assert monitor.mode is Mode.ON and monitor.backoff == monitor.base_backoff and monitor.draft_cap(8) == 8
 
 
 def test_monitor_alpha_counts_tested_tokens_and_slower_than_plain_switches_off():

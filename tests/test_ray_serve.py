@@ -90,7 +90,7 @@ def chat(client, messages, **kwargs) -> tuple[str, str]:
 def test_same_greedy_text_as_specdec_serve(endpoint, client, tiny_llama):
     prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
     messages = [{"role": "user", "content": "Name a colour."}]
-    llm = LLM(str(tiny_llama), spec="ngram", max_model_len=MAX_LEN, max_num_seqs=SLOTS)
+    llm = LLM(str(tiny_llama), spec="ngram", max_model_len=MAX_LEN, max_num_seqs=SLOTS, plan_drafts=False)
     with running_server(create_app(llm, api_key=API_KEY)) as url:
         plain = openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
         outputs = []

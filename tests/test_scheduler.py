@@ -25,7 +25,7 @@ def test_draft_budget_table():
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama):
-    return LLM(str(tiny_llama), spec="ngram", max_model_len=256, max_num_seqs=4)
+    return LLM(str(tiny_llama), spec="ngram", max_model_len=256, max_num_seqs=4, plan_drafts=False)
 
 
 async def collect(req) -> tuple[list[list[int]], object]:

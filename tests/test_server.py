@@ -61,7 +61,7 @@ def running_server(app):
 @pytest.fixture(scope="module")
 def tiny(tiny_llama):
     """(base URL, served LLM, offline reference LLM without speculation)."""
-    llm = LLM(str(tiny_llama), spec="ngram", max_model_len=MAX_LEN, max_num_seqs=16)
+    llm = LLM(str(tiny_llama), spec="ngram", max_model_len=MAX_LEN, max_num_seqs=16, plan_drafts=False)
     offline = LLM(str(tiny_llama), max_model_len=MAX_LEN, spec="none")
     with running_server(create_app(llm, api_key=API_KEY)) as url:
         yield url, llm, offline
@@ -602,7 +602,7 @@ LOOPING_PROMPT = "héllo wörld 你好 🙂 x"  # the bigram tiny model loops on
 def looping(tiny_model_factory):
     """(base URL, served LLM) of a bigram tiny model with the n-gram and suffix drafters."""
     llm = LLM(str(tiny_model_factory("llama", bigram=True)), spec="ngram,suffix", max_model_len=MAX_LEN,
-              max_num_seqs=4)
+              max_num_seqs=4, plan_drafts=False)  # drafts whatever the machine's load
     with running_server(create_app(llm, api_key=API_KEY)) as url:
         yield url, llm
 
@@ -645,7 +645,7 @@ def test_ngram_cache_and_ngram_mod_served_and_the_cache_saved_at_shutdown(tiny_m
     cache_file = tmp_path / "lookup.bin"
     spec = SpecConfig(types=(SpecType.NGRAM_CACHE, SpecType.NGRAM_MOD), ngram_mod_n_match=2, ngram_mod_n_min=1,
                       ngram_cache_file=str(cache_file))
-    llm = LLM(folder, spec=spec, max_model_len=MAX_LEN, max_num_seqs=2)
+    llm = LLM(folder, spec=spec, max_model_len=MAX_LEN, max_num_seqs=2, plan_drafts=False)
     want = LLM(folder, max_model_len=MAX_LEN).generate(LOOPING_PROMPT, SamplingParams(max_new_tokens=30,
                                                                                       ignore_eos=True))[0]
     body = {"prompt": LOOPING_PROMPT, "max_tokens": 30, "temperature": 0, "ignore_eos": True}

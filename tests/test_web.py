@@ -65,7 +65,8 @@ def test_live_series_buckets_by_second():
 @pytest.fixture(scope="module")
 def web(tiny_model_factory):
     """(base URL, LLM) of a bigram tiny model served with the n-gram and suffix drafters and an API key."""
-    llm = LLM(str(tiny_model_factory("llama", bigram=True)), spec="ngram,suffix", max_model_len=512, max_num_seqs=4)
+    llm = LLM(str(tiny_model_factory("llama", bigram=True)), spec="ngram,suffix", max_model_len=512, max_num_seqs=4,
+              plan_drafts=False)
     with running_server(create_app(llm, api_key=API_KEY)) as url:
         yield url, llm
 

@@ -94,8 +94,13 @@ class LLM:
         backend: str | None = None,
         quantization: str | None = None,
         logprobs_mode: LogprobsMode | str = LogprobsMode.RAW_LOGPROBS,
+        plan_drafts: bool = True,
     ) -> None:
         self.logprobs_mode = _logprobs_mode(logprobs_mode)
+        # False: every step drafts the configured budget instead of what the measured pass costs
+        # say pays (``Engine.plan_drafts``): what tests of "speculation changes nothing" need, so
+        # they cannot pass by not speculating on a busy machine.
+        self.plan_drafts = plan_drafts
         # The one place that reads the environment and sets torch's threads (see model.backend).
         backend = backend or os.environ.get("SPECDEC_BACKEND", "auto")
         self.runner, self.folder = load_runner(
@@ -127,8 +132,8 @@ class LLM:
         self.spec = spec
         self.drafts = drafts or DraftResources(spec, self.runner, self.tokenizer, self._max_num_seqs,
                                                self._dtype, self._device)
-        self.engine = Engine(self.runner, spec.draft_n_max, spec.draft_n_min, min_acceptance=spec.min_acceptance,
-                             logprobs_mode=self.logprobs_mode)
+        self.engine = Engine(self.runner, spec.draft_n_max, spec.draft_n_min, plan_drafts=self.plan_drafts,
+                             min_acceptance=spec.min_acceptance, logprobs_mode=self.logprobs_mode)
         return self.drafts
 
     # -- prompts -------------------------------------------------------------------------------

@@ -85,13 +85,17 @@ class SpecMonitor:
 
     def __init__(self, min_acceptance: float = 0.4, window: int = 16, min_samples: int = 3,
                  base_backoff: int = 4, max_backoff: int = 512, prior: float = 0.6,
-                 probe_alpha: float = 0.9) -> None:
+                 probe_alpha: float = 0.9, probe_tokens: int = 2) -> None:
         if not 0.0 <= min_acceptance <= 1.0:
             raise ValueError(f"the minimum acceptance must be in [0, 1], got {min_acceptance}")
         self.min_acceptance, self.min_samples, self.prior = min_acceptance, min_samples, prior
         # A probe asks "has the text turned repetitive?": it is planned as if it had, so the cost
         # model lets it draft wherever such text would pay (not in a batch where nothing would).
         self.probe_alpha = probe_alpha
+        # ...and it drafts at most ``probe_tokens``: whether its first token or two are kept answers
+        # that question; a full draft made every failed probe cost a wide pass (at T=1, where
+        # nothing is kept, probes were most of what adaptive lost against plain decoding).
+        self.probe_tokens = probe_tokens
         self.base_backoff, self.max_backoff = base_backoff, max_backoff
         self._window: deque[WindowSums] = deque(maxlen=window)
         self.sums = WindowSums()
@@ -104,6 +108,10 @@ class SpecMonitor:
     @property
     def allows_draft(self) -> bool:
         return self.mode is not Mode.OFF
+
+    def draft_cap(self, cap: int) -> int:
+        """The most tokens to draft now: ``cap``, or ``probe_tokens`` while probing."""
+        return min(cap, self.probe_tokens) if self.mode is Mode.PROBE else cap
 
     @property
     def alpha(self) -> float:

@@ -271,7 +271,8 @@ class AdaptiveDrafter(Drafter):
             if not m.asked:
                 continue
             # A sampled member is asked for what ``choose`` will keep of it, known before it draws.
-            k = planned_length(m.monitor.alpha, max_tokens, self.cost)[0] if m.sampled else max_tokens
+            k = m.monitor.draft_cap(max_tokens)
+            k = planned_length(m.monitor.alpha, k, self.cost)[0] if m.sampled else k
             if k == 0:
                 m.asked = False
                 continue
