@@ -161,6 +161,32 @@ def test_greedy_identity_draft_model(tiny, tiny_model_factory):
     assert seq.stats.acceptance_rate > 0.9  # the target drafting for itself
 
 
+def test_greedy_identity_on_the_torch_backend(tiny_llama):
+    """The torch backend (what CUDA runs) in float32 on a CPU: greedy output with a draft model, a
+    look-up drafter and a tree equals plain decoding. Its verify rows are not bit-identical to
+    one-token passes (SDPA and F.linear sum in an order that depends on the pass width); they agree
+    to ~1e-5 here, so only a near-tie of the top two logits could flip a token (README: Numerics)."""
+    llm = LLM(str(tiny_llama), max_model_len=256, backend="torch")
+    assert llm.runner.backend == "torch"
+    engine = Engine(llm.runner, draft_n_max=6, plan_drafts=False)
+    prompt = [5, 6, 7, 8] * 4
+    plain = run(engine, prompt, greedy(32), None).output_ids
+    drafters = [drafter_for(llm, SpecType.DRAFT_MODEL, 6, str(tiny_llama)),  # the target drafting for itself
+                drafter_for(llm, SpecType.SUFFIX, 6), ReplayDrafter(plain, len(prompt), wrong_at=2, tree=True)]
+    for drafter in drafters:
+        seq = run(engine, prompt, greedy(32), drafter)
+        assert seq.output_ids == plain, drafter.name
+        assert seq.stats.drafted > 0 and seq.stats.accepted > 0, drafter.name
+    # how far a verify row is from the same token decoded alone, on this backend
+    runner, slot = llm.runner, llm.runner.allocate()
+    runner.run([SeqInput(slot, prompt, all_logits=False)])
+    alone = [runner.run([SeqInput(slot, [t])]).logits[0][-1] for t in plain[:8]]
+    runner.truncate(slot, len(prompt))
+    rows = runner.run([SeqInput(slot, plain[:8])]).logits[0]
+    runner.free(slot)
+    assert max(float((rows[i] - alone[i]).abs().max()) for i in range(8)) < 1e-3
+
+
 def test_draft_model_with_another_vocabulary_is_refused(tiny, tmp_path):
     from specdec.errors import ModelLoadError
     from tests.conftest import build_tiny_model
