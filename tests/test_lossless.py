@@ -163,16 +163,17 @@ def test_greedy_identity_draft_model(tiny, tiny_model_factory):
 
 def test_greedy_identity_on_the_torch_backend(tiny_llama):
     """The torch backend (what CUDA runs) in float32 on a CPU: greedy output with a draft model, a
-    look-up drafter and a tree equals plain decoding. Its verify rows are not bit-identical to
+    chain and a tree equals plain decoding. Its verify rows are not bit-identical to
     one-token passes (SDPA and F.linear sum in an order that depends on the pass width); they agree
-    to ~1e-5 here, so only a near-tie of the top two logits could flip a token (README: Numerics)."""
+    to ~1e-5 here, so only a near-tie of the top two logits could flip a token (README: Numerics).
+    Drafts: the draft model, and the known continuation corrupted at one token (chain and tree)."""
     llm = LLM(str(tiny_llama), max_model_len=256, backend="torch")
     assert llm.runner.backend == "torch"
     engine = Engine(llm.runner, draft_n_max=6, plan_drafts=False)
     prompt = [5, 6, 7, 8] * 4
     plain = run(engine, prompt, greedy(32), None).output_ids
     drafters = [drafter_for(llm, SpecType.DRAFT_MODEL, 6, str(tiny_llama)),  # the target drafting for itself
-                drafter_for(llm, SpecType.SUFFIX, 6), ReplayDrafter(plain, len(prompt), wrong_at=2, tree=True)]
+                ReplayDrafter(plain, len(prompt), wrong_at=3), ReplayDrafter(plain, len(prompt), wrong_at=2, tree=True)]
     for drafter in drafters:
         seq = run(engine, prompt, greedy(32), drafter)
         assert seq.output_ids == plain, drafter.name
