@@ -15,40 +15,45 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import torch
 
 import specdec.verify as verify_mod
-from specdec.config import SamplingParams
+from specdec.config import SamplingParams, SpecConfig, SpecType
 from specdec.drafters.adaptive import AdaptiveDrafter
 from specdec.drafters.base import Drafter, DraftProposal
 from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.draft_self import DraftSelfDrafter
 from specdec.drafters.dynamic_tree import sampled_children
 from specdec.drafters.eagle import EagleDrafter
+from specdec.drafters.registry import DraftResources
 from specdec.engine import Engine, SequenceState
 from specdec.model.eagle_head import EagleHead, EagleHeadConfig
 from specdec.pass_cost import PassCost
+from specdec.processors import SequenceProcessors
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.runners.load import load_runner
 from specdec.sampling import make_generator, probs_from_logits
-from tests.test_lossless import chi2_pvalue
+from specdec.tree import DraftTree
+from tests.test_lossless import MergingDrafter, chi2_pvalue
 
-VOCAB, OUT_LEN, TOP_K, N_SAMPLES, BATCH = 32, 5, 3, 4000, 1000
+VOCAB, OUT_LEN, TOP_K, N_SAMPLES, BATCH, MAX_LEN = 32, 5, 3, 4000, 1000, 32
 PROMPT = [3, 4, 5]
 PARAMS = SamplingParams(max_new_tokens=OUT_LEN, temperature=1.0, top_k=TOP_K, ignore_eos=True)
 ALPHA = 1e-3  # a lossless test passes above it, a broken verifier must fall below it
 
 
-def build_micro(folder: Path, seed: int, noise: float = 0.0, head_scale: float = 1.0) -> Path:
+def build_micro(folder: Path, seed: int, noise: float = 0.0, head_scale: float = 1.0, hidden: int = 16) -> Path:
     """A random one-layer Llama over 32 tokens. With ``noise``/``head_scale`` the model of ``seed``
-    is perturbed: a draft model close to the target (accepted often, rejected often)."""
+    is perturbed: a draft model close to the target (accepted often, rejected often). ``hidden`` 32
+    fits GGUF's 32-wide blocks (the quantized target)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(
-        "llama", vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        "llama", vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=64,
         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
     )
@@ -65,12 +70,31 @@ def build_micro(folder: Path, seed: int, noise: float = 0.0, head_scale: float =
     return folder
 
 
+@dataclass(frozen=True)
+class Case:
+    """What is sampled: the prompt, the sampling parameters and, per sequence, its processors
+    (penalties, grammar: None for none). Both the exact distribution and the engine's samples use it."""
+
+    params: SamplingParams = PARAMS
+    prompt: tuple[int, ...] = tuple(PROMPT)
+    processors: Callable[[list[int], SamplingParams], SequenceProcessors | None] = lambda prompt, params: None
+
+
+PLAIN = Case()
+
+
 @dataclass
 class Micro:
     target: ModelRunner
     draft: ModelRunner  # close to the target: a perturbed, flatter copy
-    dist: dict[tuple, float]  # the target's exact distribution of OUT_LEN-token outputs after PROMPT
+    dists: dict[Case, dict[tuple, float]]  # each case's exact distribution of OUT_LEN-token outputs
+    q: DraftQ  # the draft model's q per context, shared by the test drafters
     head: EagleHead | None = None  # an EAGLE-3 head for the target, built on first use
+
+    def dist(self, case: Case = PLAIN) -> dict[tuple, float]:
+        if case not in self.dists:
+            self.dists[case] = exact_distribution(self.target, case)
+        return self.dists[case]
 
 
 @pytest.fixture(scope="module")
@@ -81,26 +105,34 @@ def micro(tmp_path_factory) -> Micro:
     runners = []
     for name, kw in (("target", {}), ("draft", dict(head_scale=0.5))):
         folder = build_micro(root / name, seed=0, **kw)
-        runners.append(load_runner(str(folder), max_seq_len=16, num_slots=BATCH, backend="torch")[0])
-    yield Micro(runners[0], runners[1], exact_distribution(runners[0], PROMPT, PARAMS))
+        runners.append(load_runner(str(folder), max_seq_len=MAX_LEN, num_slots=BATCH, backend="torch")[0])
+    yield Micro(runners[0], runners[1], {}, DraftQ(runners[1]))
     torch.set_num_threads(threads)
 
 
-def exact_distribution(runner: ModelRunner, prompt: list[int], params: SamplingParams) -> dict[tuple, float]:
-    """P(output) for every OUT_LEN-token output, by enumerating prefixes (one batched pass per depth)."""
+def exact_distribution(runner: ModelRunner, case: Case) -> dict[tuple, float]:
+    """P(output) for every OUT_LEN-token output, by enumerating prefixes (batched passes per depth).
+    The case's processors see each prefix as their history, as they see a drafted path in a verify row."""
+    prompt = list(case.prompt)
     dist: dict[tuple, float] = {(): 1.0}
     for _ in range(OUT_LEN):
-        prefixes = list(dist)
-        slots = [runner.allocate() for _ in prefixes]
-        out = runner.run([SeqInput(s, [*prompt, *pre], all_logits=False) for s, pre in zip(slots, prefixes,
-                                                                                           strict=True)])
-        for s in slots:
-            runner.free(s)
         nxt = {}
-        for prefix, logits in zip(prefixes, out.logits, strict=True):
-            p = probs_from_logits(logits, params)[0]
-            for tok in torch.nonzero(p).flatten().tolist():
-                nxt[(*prefix, tok)] = dist[prefix] * float(p[tok])
+        prefixes = list(dist)
+        for start in range(0, len(prefixes), BATCH):
+            chunk = prefixes[start : start + BATCH]
+            slots = [runner.allocate() for _ in chunk]
+            out = runner.run([SeqInput(s, [*prompt, *pre], all_logits=False) for s, pre in zip(slots, chunk,
+                                                                                               strict=True)])
+            for s in slots:
+                runner.free(s)
+            for prefix, logits in zip(chunk, out.logits, strict=True):
+                tokens, procs = [*prompt, *prefix], case.processors(prompt, case.params)
+                if procs is not None:
+                    procs.advance(list(prefix))
+                    logits = procs.apply(logits, DraftTree.chain(tokens[-1], []), tokens)
+                p = probs_from_logits(logits, case.params)[0]
+                for tok in torch.nonzero(p).flatten().tolist():
+                    nxt[(*prefix, tok)] = dist[prefix] * float(p[tok])
         dist = nxt
     return dist
 
@@ -114,17 +146,19 @@ class Samples:
     trees: int  # steps whose draft was a tree of width >= 2
 
 
-def sample(micro: Micro, make_drafter: Callable[[], Drafter], n: int = N_SAMPLES, draft_n_min: int = 0,
-           draft_n_max: int = 4, seed: int = 0) -> Samples:
+def sample(micro: Micro, make_drafter: Callable[[], Drafter], case: Case = PLAIN, n: int = N_SAMPLES,
+           draft_n_min: int = 0, draft_n_max: int = 4, seed: int = 0, target: ModelRunner | None = None) -> Samples:
     """n outputs through ``Engine.run_batch`` in batches, the cost policy off (each step drafts its cap)."""
-    engine = Engine(micro.target, draft_n_max=draft_n_max, draft_n_min=draft_n_min, plan_drafts=False)
+    engine = Engine(target or micro.target, draft_n_max=draft_n_max, draft_n_min=draft_n_min, plan_drafts=False)
     out = Samples(Counter(), 0, 0, 0, 0)
     _count_steps(engine, out)
     for start in range(0, n, BATCH):
-        # seeds two apart: a draft model seeds its generator with the request's seed + 1
-        seqs = [SequenceState(PROMPT, SamplingParams(**{**PARAMS.__dict__, "seed": seed + 2 * i}),
-                              drafter=make_drafter())
-                for i in range(start, min(start + BATCH, n))]
+        seqs = []
+        for i in range(start, min(start + BATCH, n)):
+            # seeds two apart: a draft model seeds its generator with the request's seed + 1
+            params = replace(case.params, seed=seed + 2 * i)
+            seqs.append(SequenceState(list(case.prompt), params, drafter=make_drafter(),
+                                      processors=case.processors(list(case.prompt), params)))
         engine.run_batch(seqs)
         for s in seqs:
             out.counts[tuple(s.output_ids)] += 1
@@ -152,20 +186,22 @@ def _count_steps(engine: Engine, out: Samples) -> None:
     engine.step, engine._draft = counted, drafted
 
 
-def assert_lossless(s: Samples, micro: Micro, trees: bool = False, deep: bool = True) -> None:
-    pvalue = chi2_pvalue(s.counts, micro.dist)
+def assert_lossless(s: Samples, dist: dict[tuple, float], trees: bool = False, deep: bool = True,
+                    min_drafted: int = N_SAMPLES) -> float:
+    pvalue = chi2_pvalue(s.counts, dist)
     print(f"p = {pvalue:.3g}, {s.drafted} drafted, {s.accepted} accepted, {s.deep} deep, {s.trees} trees")
     assert pvalue > ALPHA, f"p = {pvalue:.3g}: the output distribution is not the target's"
-    assert_speculated(s, trees, deep)
+    assert_speculated(s, trees, deep, min_drafted)
+    return pvalue
 
 
-def assert_speculated(s: Samples, trees: bool = False, deep: bool = True) -> None:
+def assert_speculated(s: Samples, trees: bool = False, deep: bool = True, min_drafted: int = N_SAMPLES) -> None:
     """Drafts were verified and accepted (deep: >= 3 deep in 100 steps; False for the random EAGLE
-    head, which is right now and then only), and with ``trees``, most drafts were trees."""
-    assert s.drafted > N_SAMPLES and s.accepted > (N_SAMPLES // 2 if deep else 200), (s.drafted, s.accepted)
+    head and the look-up drafters, right now and then only), and with ``trees``, most drafts were trees."""
+    assert s.drafted > min_drafted and s.accepted > (N_SAMPLES // 2 if deep else 200), (s.drafted, s.accepted)
     assert not deep or s.deep > 100, f"only {s.deep} steps accepted >= 3 drafted tokens"
     if trees:
-        assert s.trees > N_SAMPLES, f"only {s.trees} tree drafts"
+        assert s.trees >= N_SAMPLES, f"only {s.trees} tree drafts"
 
 
 def draft_model(micro: Micro, p_min: float = 0.0) -> Callable[[], Drafter]:
@@ -177,7 +213,7 @@ def draft_model(micro: Micro, p_min: float = 0.0) -> Callable[[], Drafter]:
 
 def test_draft_model_keeps_the_distribution(micro):
     s = sample(micro, draft_model(micro))
-    assert_lossless(s, micro)
+    assert_lossless(s, micro.dist())
 
 
 def test_draft_model_with_p_min_and_n_min_keeps_the_distribution(micro):
@@ -185,7 +221,7 @@ def test_draft_model_with_p_min_and_n_min_keeps_the_distribution(micro):
     its sampled tokens; dropping a chain shorter than n-min then made whether x1 is verified
     depend on x1 (issue 22: p = 0.0001 at 3 tokens). Short sampled drafts are verified now."""
     s = sample(micro, draft_model(micro, p_min=0.6), draft_n_min=3)
-    assert_lossless(s, micro)
+    assert_lossless(s, micro.dist())
 
 
 # -- adaptive with a sampled member ----------------------------------------------------------------
@@ -208,13 +244,13 @@ def adaptive(micro: Micro, members: Callable[[], list[Drafter]]) -> Callable[[],
 
 def test_adaptive_with_a_draft_model_member_keeps_the_distribution(micro):
     s = sample(micro, adaptive(micro, lambda: [DraftModelDrafter(micro.draft, 0.6)]))
-    assert_lossless(s, micro)
+    assert_lossless(s, micro.dist())
 
 
 def test_adaptive_with_an_eagle_member_keeps_the_distribution(micro):
     """An EAGLE tree's shape follows its own draws, so it is cut by its planned length, like a chain."""
     s = sample(micro, adaptive(micro, lambda: [eagle(micro)]))
-    assert_lossless(s, micro, trees=True, deep=False)
+    assert_lossless(s, micro.dist(), trees=True, deep=False)
 
 
 # -- a tree: an EAGLE-3 head's sampled tree ------------------------------------------------------------
@@ -243,10 +279,49 @@ def eagle(micro: Micro, topk: int = 2, steps: int = 4, n: int = 4) -> EagleDraft
 
 def test_eagle_tree_keeps_the_distribution(micro):
     s = sample(micro, lambda: eagle(micro))
-    assert_lossless(s, micro, trees=True, deep=False)
+    assert_lossless(s, micro.dist(), trees=True, deep=False)
 
 
-class DraftModelTree(Drafter):
+class DraftQ:
+    """The draft model's q after a context (one pass over the whole context, under the sequence's
+    temperature/top-k/top-p/min-p, as the draft-model drafter computes it), memoized across a test's
+    sequences: 4000 samples visit a few thousand distinct contexts, so the test drafters below pay
+    that many passes instead of one per drafted token (~20000, a minute on 2 cores)."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner, self.cache = runner, {}
+
+    def __call__(self, tokens: list[int], params: SamplingParams) -> torch.Tensor:
+        key = (params.temperature, params.top_k, params.top_p, params.min_p, tuple(tokens))
+        if key not in self.cache:
+            slot = self.runner.allocate()
+            logits = self.runner.run([SeqInput(slot, tokens, all_logits=False)]).logits[0]
+            self.runner.free(slot)
+            self.cache[key] = probs_from_logits(logits, params)[0]
+        return self.cache[key]
+
+
+class DraftModelChain(Drafter):
+    """Test drafter: the draft-model drafter's chain (x_i drawn from q after the context and x_<i,
+    q carried) through DraftQ: every step drafts its whole budget."""
+
+    name = "draft-model-chain"
+
+    def __init__(self, q: DraftQ) -> None:
+        self.q = q
+
+    def begin(self, prompt_ids, sampling):
+        self.params, self.generator = sampling, make_generator(sampling.seed + 1, "cpu")
+
+    def propose(self, context, max_tokens):
+        token_ids, qs = [], []
+        while len(token_ids) < max_tokens:
+            qs.append(self.q([*context, *token_ids], self.params))
+            token_ids.append(int(torch.multinomial(qs[-1], 1, generator=self.generator)))
+        return DraftProposal(token_ids, probs=torch.stack(qs)) if token_ids else DraftProposal([])
+
+
+class DraftModelTree(DraftModelChain):
     """Test drafter: a sampled tree from the draft model's q, which is close to the target's: the
     root's first two children drawn without replacement (Gumbel top-k, as EAGLE draws them, child 2
     carrying q without child 1), then a chain under child 1. Width 2 and depth max_tokens - 1 with
@@ -256,24 +331,12 @@ class DraftModelTree(Drafter):
 
     name = "draft-model-tree"
 
-    def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
-
-    def begin(self, prompt_ids, sampling):
-        self.params, self.generator = sampling, make_generator(sampling.seed + 1, "cpu")
-
-    def _q(self, tokens: list[int]) -> torch.Tensor:
-        slot = self.runner.allocate()
-        logits = self.runner.run([SeqInput(slot, tokens, all_logits=False)]).logits[0]
-        self.runner.free(slot)
-        return probs_from_logits(logits, self.params)[0]
-
     def propose(self, context, max_tokens):
-        children = sampled_children(self.generator)(self._q(list(context)), min(2, max_tokens))
+        children = sampled_children(self.generator)(self.q(list(context), self.params), min(2, max_tokens))
         token_ids, parents, qs = [c.token for c in children], [0] * len(children), [c.q for c in children]
         path = token_ids[:1]
         while len(token_ids) < max_tokens:
-            q = self._q([*context, *path])
+            q = self.q([*context, *path], self.params)
             token_ids.append(int(torch.multinomial(q, 1, generator=self.generator)))
             parents.append(1 if len(path) == 1 else len(token_ids) - 1)
             qs.append(q)
@@ -283,9 +346,17 @@ class DraftModelTree(Drafter):
         return proposal
 
 
+def test_memoized_chain_draws_what_the_draft_model_drafter_draws(micro):
+    """DraftModelChain (the processors' tests use it) is the draft-model drafter's chain: on the
+    same seeds, the same outputs, drafts and acceptances."""
+    real, memo = (sample(micro, make, n=200) for make in (draft_model(micro), lambda: DraftModelChain(micro.q)))
+    assert real.counts == memo.counts and (real.drafted, real.accepted) == (memo.drafted, memo.accepted)
+    assert real.accepted > 200
+
+
 def test_sampled_tree_keeps_the_distribution(micro):
-    s = sample(micro, lambda: DraftModelTree(micro.draft))
-    assert_lossless(s, micro, trees=True)
+    s = sample(micro, lambda: DraftModelTree(micro.q))
+    assert_lossless(s, micro.dist(), trees=True)
 
 
 # -- the same harness catches a broken verifier, on chains and on trees -----------------------------------
@@ -295,9 +366,9 @@ def test_sampled_tree_keeps_the_distribution(micro):
 def test_harness_catches_resampling_from_p(micro, monkeypatch, shape):
     """The classic bug: after a rejection, sample from p instead of norm(max(0, p - q))."""
     monkeypatch.setattr(verify_mod, "_residual", lambda p, q, x: p)
-    s = sample(micro, draft_model(micro) if shape == "chain" else lambda: DraftModelTree(micro.draft))
+    s = sample(micro, lambda: DraftModelChain(micro.q) if shape == "chain" else DraftModelTree(micro.q))
     assert_speculated(s, trees=shape == "tree")
-    assert chi2_pvalue(s.counts, micro.dist) < ALPHA
+    assert chi2_pvalue(s.counts, micro.dist()) < ALPHA
 
 
 class OneToken(Drafter):
@@ -319,3 +390,98 @@ def test_n_min_drops_short_deterministic_drafts_only(micro):
     for sampled in (False, True):
         s = sample(micro, lambda sampled=sampled: OneToken(sampled), n=8, draft_n_min=2)
         assert (s.drafted > 0) == sampled
+
+
+# -- every look-up drafter, on a prompt that repeats the target's greedy chain --------------------------
+
+# Drafters that need nothing but tokens; ngram-mod's defaults (llama.cpp's) wait for 24-token repeats.
+LOOKUP_DRAFTERS = [t for t in SpecType if t not in (SpecType.NONE, SpecType.DRAFT_MODEL, SpecType.EAGLE3,
+                                                     SpecType.DRAFT_SELF)]
+SHORT_MATCHES = {SpecType.NGRAM_MOD: dict(ngram_mod_n_match=2, ngram_mod_n_min=1)}
+
+
+def lookup_case(target: ModelRunner) -> Case:
+    """The target's greedy chain from token 3, twice, then its start again: look-up drafters propose
+    the chain's rest, which the sampled target follows now and then."""
+    probe = SequenceState([3], SamplingParams(max_new_tokens=6, ignore_eos=True))
+    Engine(target).run_batch([probe])
+    chain = probe.output_ids
+    return Case(prompt=(3, *chain, 3, *chain, 3, *chain[:2]))
+
+
+@pytest.fixture(scope="module")
+def lookup(micro) -> Case:
+    return lookup_case(micro.target)
+
+
+def registry_drafter(target: ModelRunner, kind: SpecType) -> Callable[[], Drafter]:
+    """Fresh drafters of ``kind`` as the registry builds them, sharing its resources (suffix cache,
+    n-gram pool) across the run's sequences as a server's requests do."""
+    spec = SpecConfig(types=(kind,), draft_n_max=4, **SHORT_MATCHES.get(kind, {}))
+    resources = DraftResources(spec, target, None)
+
+    def make() -> Drafter:
+        drafter = resources.new_drafter()
+        if isinstance(drafter, AdaptiveDrafter):
+            drafter.cost = None  # verify what the members propose, whatever the timings
+        return drafter
+
+    return make
+
+
+@pytest.mark.parametrize("kind", LOOKUP_DRAFTERS, ids=lambda k: k.value)
+def test_lookup_drafters_keep_the_distribution(micro, lookup, kind):
+    s = sample(micro, registry_drafter(micro.target, kind), lookup)
+    assert_lossless(s, micro.dist(lookup), deep=False)
+
+
+def test_draft_self_keeps_the_distribution(micro, lookup):
+    """draft-self copies the output's own earlier continuations (never the prompt): with a 1-token
+    key, 5-token outputs repeat often enough to draft (its default 3-token key needs longer ones),
+    most after the look-up prompt, whose chain the target keeps cycling through."""
+    s = sample(micro, lambda: DraftSelfDrafter(key_size=1, max_tokens=4), lookup)
+    assert_lossless(s, micro.dist(lookup), deep=False, min_drafted=N_SAMPLES // 4)
+
+
+# -- the quantized target: GGUF Q4_1 blocks on the integer-dot kernels ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory) -> ModelRunner:
+    """A micro target (width 32: GGUF's blocks) quantized to Q4_1 at load, on the fused CPU kernels:
+    its own distribution, which speculation must keep too."""
+    folder = build_micro(tmp_path_factory.mktemp("micro-q4_1"), seed=0, hidden=32)
+    return load_runner(str(folder), max_seq_len=MAX_LEN, num_slots=BATCH, quantization="q4_1")[0]
+
+
+def test_quantized_target_keeps_the_distribution(micro, quantized):
+    """Look-up drafts (one-hot q): the verify rows come from the integer-dot kernels' multi-row passes."""
+    assert quantized.weights_label.startswith("gguf Q4_1")
+    case = lookup_case(quantized)
+    s = sample(micro, registry_drafter(quantized, SpecType.NGRAM), case, target=quantized)
+    assert_lossless(s, exact_distribution(quantized, case), deep=False)
+
+
+# -- adaptive merging two deterministic members' chains into a tree; a verifier that accepts all -----
+
+
+def test_adaptive_merged_trees_keep_the_distribution(micro, lookup):
+    """n-gram look-up and a second opinion that agrees on the first token, then differs: with
+    pass costs unmeasured (cost None) everything within the budget is verified, as one tree."""
+    s = sample(micro, lambda: MergingDrafter(split_at=1, vocab_size=VOCAB), lookup)
+    assert_lossless(s, micro.dist(lookup), trees=True, deep=False, min_drafted=N_SAMPLES // 2)
+
+
+def test_harness_catches_a_verifier_that_accepts_every_draft(micro, lookup, monkeypatch):
+    """Deterministic drafts (one-hot q) taken whole: the longest path, then a bonus token."""
+    real = verify_mod.verify_sampling
+
+    def accept_always(tree, target_probs, draft_probs, generator):
+        path = tree.path_to(max(range(tree.num_nodes), key=lambda n: tree.depths[n]))
+        last = real(tree, target_probs, draft_probs, generator)  # for a bonus token only
+        return verify_mod.VerifyResult([tree.tokens[n] for n in path[1:]] + last.token_ids[-1:], path)
+
+    monkeypatch.setattr(verify_mod, "verify_sampling", accept_always)
+    s = sample(micro, registry_drafter(micro.target, SpecType.NGRAM), lookup)
+    assert s.drafted > N_SAMPLES
+    assert chi2_pvalue(s.counts, micro.dist(lookup)) < ALPHA

@@ -15,7 +15,6 @@ import math
 
 import torch
 
-from specdec.cli_args import add_model_args, positive_int
 from specdec.llm import LLM
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import SamplingParams
@@ -35,13 +34,6 @@ def fixed_text() -> str:
     from pydoc_data.topics import topics
 
     return topics["assignment"]
-
-
-def add_accuracy_args(p: argparse.ArgumentParser) -> None:
-    add_model_args(p)
-    p.add_argument("--tokens", type=positive_int, default=1024, help="tokens of the fixed text scored")
-    p.add_argument("--max-new-tokens", type=positive_int, default=64, help="greedy tokens per prompt")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
 
 def score(runner: ModelRunner, ids: list[int]) -> tuple[torch.Tensor, float]:

@@ -51,8 +51,6 @@ CANDIDATES: tuple[str, ...] = (
 DRAFT_MODEL_METHOD = "draft-model"  # measured when --draft-model is given
 HEAD_METHOD = "eagle3"  # measured when an EAGLE-3 head fits the target
 MIN_SPEEDUP = 1.05  # a smaller measured gain is within run-to-run noise: plain decoding is advised
-MAX_TEMPERATURE = 2.0  # the OpenAI API's range
-MAX_BATCH_SIZE = 64  # one KV cache slot of --max-model-len per sequence
 PASS_ROUNDS = 5
 
 

@@ -7,18 +7,21 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specdec import catalog
-from specdec.bench import advise
 from specdec.bench.config import parse_methods
-from specdec.bench.harness import GreedyMismatchError
 from specdec.bench.workloads import WORKLOAD_NAMES, Workload, load_workload, load_workload_file
 from specdec.cli_args import add_model_args, positive_int
 from specdec.config import SpecConfig
-from specdec.drafters.registry import SHIPPED_HEAD
 from specdec.errors import UsageError
 
+if TYPE_CHECKING:  # the measuring side (advise.py, the harness) imports torch: loaded when advise runs
+    from specdec.bench import advise
+
 DEFAULT_WORKLOAD = "mt_bench"
+MAX_TEMPERATURE = 2.0  # the OpenAI API's range
+MAX_BATCH_SIZE = 64  # one KV cache slot of --max-model-len per sequence
 
 
 def add_advise_args(p: argparse.ArgumentParser) -> None:
@@ -27,9 +30,9 @@ def add_advise_args(p: argparse.ArgumentParser) -> None:
                    help=f"a workload name ({', '.join(WORKLOAD_NAMES)}) or a JSONL file of "
                         f'{{"prompt": ...}} or {{"turns": [...]}} rows (default {DEFAULT_WORKLOAD})')
     p.add_argument("--temperature", type=float, default=None,
-                   help=f"sampling temperature, 0 to {advise.MAX_TEMPERATURE:g} (default: the workload's own, else 0)")
+                   help=f"sampling temperature, 0 to {MAX_TEMPERATURE:g} (default: the workload's own, else 0)")
     p.add_argument("--batch-size", type=int, default=1,
-                   help=f"sequences decoded together, 1 to {advise.MAX_BATCH_SIZE} (default 1)")
+                   help=f"sequences decoded together, 1 to {MAX_BATCH_SIZE} (default 1)")
     p.add_argument("--draft-model", default=None, help="also measure this draft model (same tokenizer as the target)")
     p.add_argument("--spec-model", default=None,
                    help="also measure this EAGLE-3 head (default: the one shipped for the default model, if any)")
@@ -54,11 +57,14 @@ def read_workload(text: str) -> Workload:
 
 
 def config_from_args(args: argparse.Namespace) -> advise.AdviseConfig:
-    if args.temperature is not None and not 0 <= args.temperature <= advise.MAX_TEMPERATURE:
-        raise UsageError(f"--temperature must be in [0, {advise.MAX_TEMPERATURE:g}], got {args.temperature:g}")
-    if not 1 <= args.batch_size <= advise.MAX_BATCH_SIZE:
-        raise UsageError(f"--batch-size must be in [1, {advise.MAX_BATCH_SIZE}], got {args.batch_size}")
+    if args.temperature is not None and not 0 <= args.temperature <= MAX_TEMPERATURE:
+        raise UsageError(f"--temperature must be in [0, {MAX_TEMPERATURE:g}], got {args.temperature:g}")
+    if not 1 <= args.batch_size <= MAX_BATCH_SIZE:
+        raise UsageError(f"--batch-size must be in [1, {MAX_BATCH_SIZE}], got {args.batch_size}")
     workload = read_workload(args.workload)
+    from specdec.bench import advise  # after the input checks: they answer without loading torch
+    from specdec.drafters.registry import SHIPPED_HEAD
+
     temperature = args.temperature if args.temperature is not None else (workload.temperature or 0.0)
     workload = advise.first_requests(replace(workload, temperature=temperature), args.prompts)
     with_head = args.spec_model is not None or (catalog.is_default(args.model) and SHIPPED_HEAD.is_dir())
@@ -72,6 +78,9 @@ def config_from_args(args: argparse.Namespace) -> advise.AdviseConfig:
 
 def cmd_advise(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    from specdec.bench import advise
+    from specdec.bench.harness import GreedyMismatchError
+
     base = SpecConfig(draft_n_max=cfg.draft_n_max, draft_model=cfg.draft_model, spec_model=cfg.spec_model)
     try:
         methods = parse_methods(",".join(advise.candidate_names(cfg)), base)

@@ -18,13 +18,8 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import torch
-
 from specdec import catalog
-from specdec.bench import harness, metrics, report
-from specdec.bench.accuracy import add_accuracy_args, cmd_accuracy
-from specdec.bench.config import DEFAULT_METHODS, HEAD_METHODS, PEER_NAMES, BenchConfig, parse_methods
-from specdec.bench.passes import add_passes_args, cmd_passes
+from specdec.bench.config import DEFAULT_METHODS, HEAD_METHODS, PASS_WIDTHS, PEER_NAMES, BenchConfig, parse_methods
 from specdec.bench.workloads import WORKLOAD_NAMES, load_workload, load_workload_file
 from specdec.cli_args import add_model_args, positive_int
 from specdec.config import DRAFT_VOCAB_METHODS, SpecConfig, parse_layer_list
@@ -57,6 +52,25 @@ _floats = _number_list(float, 0, "numbers")
 
 def _names(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
+
+
+# The flags of every `specdec bench` command live here, the measuring modules (torch, numba) load
+# only when a command runs: --help and argument errors answer at once.
+def add_passes_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    p.add_argument("--context", type=positive_int, default=300, help="tokens already in the cache (default 300)")
+    p.add_argument("--widths", default=",".join(map(str, PASS_WIDTHS)), help="pass widths (default 1,2,4,8,16,32)")
+    p.add_argument("--rounds", type=positive_int, default=15, help="rounds over all widths (median kept)")
+    p.add_argument("--parts", action="store_true",
+                   help="also time each part of a pass alone (products by matrix kind, attention, LM head, the rest)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+
+def add_accuracy_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    p.add_argument("--tokens", type=positive_int, default=1024, help="tokens of the fixed text scored")
+    p.add_argument("--max-new-tokens", type=positive_int, default=64, help="greedy tokens per prompt")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -159,12 +173,18 @@ def command_line(argv: list[str] | None) -> str:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench_command == "passes":
+        from specdec.bench.passes import cmd_passes
+
         return cmd_passes(args)
     if args.bench_command == "accuracy":
-        return cmd_accuracy(args)
-    from specdec.bench import plots  # lazy: it imports matplotlib (about a second), which only bench needs
+        from specdec.bench.accuracy import cmd_accuracy
 
-    cfg = config_from_args(args, getattr(args, "argv", None))
+        return cmd_accuracy(args)
+    cfg = config_from_args(args, getattr(args, "argv", None))  # input errors answer before torch loads
+    import torch
+
+    from specdec.bench import harness, metrics, plots, report  # plots: matplotlib, about a second
+
     cfg.default_threads = torch.get_num_threads()  # before specdec's loader changes it
     cfg.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -196,6 +216,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def run_meta(cfg: BenchConfig, result, wall: float, code: str) -> dict:
+    import torch
+
+    from specdec.bench import report
+
     return {
         "command": cfg.command, "model": cfg.model or "SmolLM2-135M-Instruct (default)", "folder": result.folder,
         "dtype": cfg.dtype, "device": cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"),

@@ -12,6 +12,7 @@ DEFAULT_METHODS = ("none", "ngram", "ngram-map-k", "ngram-map-k4v", "ngram-mod",
                    "adaptive")
 HEAD_METHODS = ("eagle3", "suffix+eagle3")  # added by default where a head fits: the default model or --spec-model
 PEER_NAMES = ("transformers", "llama-cpp")
+PASS_WIDTHS = (1, 2, 4, 8, 16, 32)  # `specdec bench passes` by default
 
 
 @dataclass(frozen=True)

@@ -25,23 +25,10 @@ from numba import njit, prange
 
 from specdec.bench.records import peak_rss_bytes
 from specdec.bench.report import machine_info
-from specdec.cli_args import add_model_args, positive_int
 from specdec.errors import UsageError
 from specdec.llm import LLM
 from specdec.model.weights import gguf_file
 from specdec.runners.base import ModelRunner, SeqInput
-
-WIDTHS = (1, 2, 4, 8, 16, 32)
-
-
-def add_passes_args(p: argparse.ArgumentParser) -> None:
-    add_model_args(p)
-    p.add_argument("--context", type=positive_int, default=300, help="tokens already in the cache (default 300)")
-    p.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="pass widths (default 1,2,4,8,16,32)")
-    p.add_argument("--rounds", type=positive_int, default=15, help="rounds over all widths (median kept)")
-    p.add_argument("--parts", action="store_true",
-                   help="also time each part of a pass alone (products by matrix kind, attention, LM head, the rest)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
 
 @njit(parallel=True, cache=True, fastmath=True)
