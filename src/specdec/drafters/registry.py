@@ -166,6 +166,9 @@ def cross_vocab_for(spec: SpecConfig, target: ModelRunner, draft: ModelRunner, t
     if not (getattr(tokenizer, "is_fast", False) and getattr(draft_tok, "is_fast", False)):
         raise ModelLoadError("a draft model with another tokenizer needs fast (tokenizer.json) tokenizers on both "
                              "sides")
+    if len(draft_tok) > draft.vocab_size:  # its ids would index past the draft model's embedding
+        raise ModelLoadError(f"the draft model's tokenizer has {len(draft_tok):,} tokens but its vocabulary has "
+                             f"{draft.vocab_size:,} rows: the tokenizer in {draft_folder} does not belong to it")
     vocab = VocabMap.build(tokenizer, draft_tok, target.vocab_size, draft.vocab_size)
     if vocab.num_mapped == 0:
         raise ModelLoadError(f"the draft model's vocabulary ({draft.vocab_size} tokens) shares no token with the "
