@@ -150,6 +150,7 @@ def test_bad_input_is_one_line_without_traceback(args, message):
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow  # 25 s of CLI runs; the server's ngram-cache test covers writing and reading the file
 def test_ngram_cache_file_is_written_then_read_and_a_bad_one_refused(tiny_llama, tmp_path):
     cache = tmp_path / "lookup.bin"
     base = ["generate", "a b c a b c a b", "--model", str(tiny_llama), "--max-new-tokens", "16", "--json"]

@@ -232,6 +232,7 @@ def test_skip_mode_keeps_the_distribution(micro3):
     assert_lossless(s, micro3)
 
 
+@pytest.mark.slow  # 15 s; skip mode's 4000-sample test stays in the default suite
 def test_early_exit_with_p_min_keeps_the_distribution(micro3):
     """Exit after layer 2 (layer 2 skipped), the chain stopped where q is unsure: its length follows
     its own tokens, so a short sampled chain must be verified all the same (n-min 2 would drop it)."""
