@@ -37,6 +37,7 @@ from specdec.processors import SequenceProcessors
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.runners.load import load_runner
 from specdec.sampling import make_generator, probs_from_logits
+from specdec.sampling import sample as draw  # the draft-model drafter's draw, so the memoized chain equals it
 from specdec.tree import DraftTree
 from tests.test_lossless import MergingDrafter, chi2_pvalue
 
@@ -317,7 +318,7 @@ class DraftModelChain(Drafter):
         token_ids, qs = [], []
         while len(token_ids) < max_tokens:
             qs.append(self.q([*context, *token_ids], self.params))
-            token_ids.append(int(torch.multinomial(qs[-1], 1, generator=self.generator)))
+            token_ids.append(int(draw(qs[-1].unsqueeze(0), self.generator)[0]))
         return DraftProposal(token_ids, probs=torch.stack(qs)) if token_ids else DraftProposal([])
 
 
@@ -337,7 +338,7 @@ class DraftModelTree(DraftModelChain):
         path = token_ids[:1]
         while len(token_ids) < max_tokens:
             q = self.q([*context, *path], self.params)
-            token_ids.append(int(torch.multinomial(q, 1, generator=self.generator)))
+            token_ids.append(int(draw(q.unsqueeze(0), self.generator)[0]))
             parents.append(1 if len(path) == 1 else len(token_ids) - 1)
             qs.append(q)
             path.append(token_ids[-1])
@@ -395,8 +396,9 @@ def test_n_min_drops_short_deterministic_drafts_only(micro):
 # -- every look-up drafter, on a prompt that repeats the target's greedy chain --------------------------
 
 # Drafters that need nothing but tokens; ngram-mod's defaults (llama.cpp's) wait for 24-token repeats.
+# Model drafters are tested below and in their own files (test_layerskip.py).
 LOOKUP_DRAFTERS = [t for t in SpecType if t not in (SpecType.NONE, SpecType.DRAFT_MODEL, SpecType.EAGLE3,
-                                                     SpecType.DRAFT_SELF)]
+                                                     SpecType.DRAFT_SELF, SpecType.DRAFT_LAYERSKIP)]
 SHORT_MATCHES = {SpecType.NGRAM_MOD: dict(ngram_mod_n_match=2, ngram_mod_n_min=1)}
 
 
