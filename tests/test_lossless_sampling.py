@@ -26,14 +26,13 @@ from specdec.config import SamplingParams
 from specdec.drafters.adaptive import AdaptiveDrafter
 from specdec.drafters.base import Drafter, DraftProposal
 from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.drafters.dynamic_tree import sampled_children
 from specdec.drafters.eagle import EagleDrafter
 from specdec.engine import Engine, SequenceState
 from specdec.model.eagle_head import EagleHead, EagleHeadConfig
 from specdec.pass_cost import PassCost
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.runners.load import load_runner
-from specdec.sampling import make_generator, probs_from_logits
+from specdec.sampling import probs_from_logits
 from tests.test_lossless import chi2_pvalue
 
 VOCAB, OUT_LEN, TOP_K, N_SAMPLES, BATCH = 32, 5, 3, 4000, 1000
@@ -246,45 +245,19 @@ def test_eagle_tree_keeps_the_distribution(micro):
     assert_lossless(s, micro, trees=True, deep=False)
 
 
-class DraftModelTree(Drafter):
-    """Test drafter: a sampled tree from the draft model's q, which is close to the target's: the
-    root's first two children drawn without replacement (Gumbel top-k, as EAGLE draws them, child 2
-    carrying q without child 1), then a chain under child 1. Width 2 and depth max_tokens - 1 with
-    a fixed shape, so its paths are accepted 3 deep, which the random EAGLE head's are not.
-
-    Example (max_tokens 4): tokens [c1, c2, d, e], parents [0, 0, 1, 3]."""
-
-    name = "draft-model-tree"
-
-    def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
-
-    def begin(self, prompt_ids, sampling):
-        self.params, self.generator = sampling, make_generator(sampling.seed + 1, "cpu")
-
-    def _q(self, tokens: list[int]) -> torch.Tensor:
-        slot = self.runner.allocate()
-        logits = self.runner.run([SeqInput(slot, tokens, all_logits=False)]).logits[0]
-        self.runner.free(slot)
-        return probs_from_logits(logits, self.params)[0]
-
-    def propose(self, context, max_tokens):
-        children = sampled_children(self.generator)(self._q(list(context)), min(2, max_tokens))
-        token_ids, parents, qs = [c.token for c in children], [0] * len(children), [c.q for c in children]
-        path = token_ids[:1]
-        while len(token_ids) < max_tokens:
-            q = self._q([*context, *path])
-            token_ids.append(int(torch.multinomial(q, 1, generator=self.generator)))
-            parents.append(1 if len(path) == 1 else len(token_ids) - 1)
-            qs.append(q)
-            path.append(token_ids[-1])
-        proposal = DraftProposal.from_tree(token_ids, parents)
-        proposal.probs = torch.stack(qs)
-        return proposal
+def draft_tree(micro: Micro) -> Callable[[], Drafter]:
+    """The draft model's sampled tree (--spec-draft-p-split): at uncertain positions of the main chain
+    (top-k 3 leaves three candidates, the flatter draft often puts > 0.1 on the second) it branches into
+    a sibling drawn without replacement from q, continued as a chain; a 6-node budget leaves room for
+    paths accepted 3 deep, which the random EAGLE head's are not."""
+    return lambda: DraftModelDrafter(micro.draft, p_split=0.1, branches=2)
 
 
-def test_sampled_tree_keeps_the_distribution(micro):
-    s = sample(micro, lambda: DraftModelTree(micro.draft))
+TREE_N_MAX = 6
+
+
+def test_draft_model_tree_keeps_the_distribution(micro):
+    s = sample(micro, draft_tree(micro), draft_n_max=TREE_N_MAX)
     assert_lossless(s, micro, trees=True)
 
 
@@ -295,7 +268,8 @@ def test_sampled_tree_keeps_the_distribution(micro):
 def test_harness_catches_resampling_from_p(micro, monkeypatch, shape):
     """The classic bug: after a rejection, sample from p instead of norm(max(0, p - q))."""
     monkeypatch.setattr(verify_mod, "_residual", lambda p, q, x: p)
-    s = sample(micro, draft_model(micro) if shape == "chain" else lambda: DraftModelTree(micro.draft))
+    s = sample(micro, draft_model(micro)) if shape == "chain" else sample(micro, draft_tree(micro),
+                                                                          draft_n_max=TREE_N_MAX)
     assert_speculated(s, trees=shape == "tree")
     assert chi2_pvalue(s.counts, micro.dist) < ALPHA
 
