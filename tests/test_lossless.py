@@ -228,7 +228,8 @@ def test_greedy_identity_draft_model_tree(tiny, tiny_model_factory):
         assert seq.output_ids == plain
         trees = [p for p in proposals if not p.is_chain]
         assert trees and seq.stats.drafted > 0, (len(trees), seq.stats.drafted)
-    assert seq.stats.acceptance_rate > 0.4  # the target drafting for itself (a tree's branches are drafted too)
+    # the target drafting for itself: more than one drafted token kept per pass (every branch counts as drafted)
+    assert seq.stats.accepted > seq.stats.decode_passes, seq.stats
 
 
 def test_draft_model_with_another_vocabulary_drafts_across_tokenizers(tiny, tmp_path):
