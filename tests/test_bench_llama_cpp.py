@@ -78,7 +78,7 @@ def test_draft_simple_command_passes_the_draft_file_and_budget():
     row = ServerSettings(Path("/opt/llama-server"), Path("/m/model.gguf"), "draft-simple", threads=2, n_ctx=4096,
                          draft_n_max=8, draft_gguf=Path("/m/draft.gguf"))
     assert row.name == "llama.cpp draft-simple"
-    assert row.command(1)[-11:] == ["-np", "1", "--spec-type", "draft-simple", "--spec-draft-model", "/m/draft.gguf",
+    assert row.command(1)[-12:] == ["-np", "1", "--spec-type", "draft-simple", "--spec-draft-model", "/m/draft.gguf",
                                     "--spec-draft-threads", "2", "--spec-draft-threads-batch", "2",
                                     "--spec-draft-n-max", "8"]
     with pytest.raises(ValueError, match="only it takes a draft model"):
