@@ -74,6 +74,19 @@ def test_unknown_mode_is_rejected():
         settings("ngram-cache")
 
 
+def test_draft_simple_command_passes_the_draft_file_and_budget():
+    row = ServerSettings(Path("/opt/llama-server"), Path("/m/model.gguf"), "draft-simple", threads=2, n_ctx=4096,
+                         draft_n_max=8, draft_gguf=Path("/m/draft.gguf"))
+    assert row.name == "llama.cpp draft-simple"
+    assert row.command(1)[-12:] == ["-np", "1", "--spec-type", "draft-simple", "--spec-draft-model", "/m/draft.gguf",
+                                    "--spec-draft-threads", "2", "--spec-draft-threads-batch", "2",
+                                    "--spec-draft-n-max", "8"]
+    with pytest.raises(ValueError, match="only it takes a draft model"):
+        settings("draft-simple")
+    with pytest.raises(ValueError, match="only it takes a draft model"):
+        ServerSettings(Path("/b"), Path("/m.gguf"), "plain", 2, 512, draft_gguf=Path("/m/draft.gguf"))
+
+
 def test_supported_modes_from_help():
     assert supported_modes("-m FNAME\n--port N\n") == ["plain"]
     full = "--spec-type [none|ngram-cache|ngram-simple|ngram-map-k|ngram-map-k4v|ngram-mod]"
@@ -204,7 +217,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 argv = sys.argv[1:]
 if "--help" in argv:
-    print("--spec-type [none|ngram-simple|ngram-map-k|ngram-mod]")
+    print(os.environ.get("FAKE_LLAMA_HELP", "--spec-type [none|ngram-simple|ngram-map-k|ngram-mod]"))
     sys.exit(0)
 if os.environ.get("FAKE_LLAMA_FAIL"):
     print("error: failed to load model", flush=True)
@@ -267,6 +280,42 @@ def _alive(pid: int) -> bool:
 
 def _pids(tmp_path: Path) -> list[int]:
     return [int(x) for x in (tmp_path / "pids").read_text().split()]
+
+
+DRAFT_HELP = "--spec-type none,draft-simple,ngram-simple,ngram-map-k,ngram-mod\n--spec-draft-model FNAME\n" \
+             "--spec-draft-n-max N\n--spec-draft-threads N\n"
+
+
+def draft_config(tmp_path: Path, methods: str, draft: str | None = None) -> BenchConfig:
+    if draft is None:
+        draft = str(tmp_path / "draft.gguf")
+        Path(draft).touch()
+    base = SpecConfig(draft_model=draft)
+    return BenchConfig(methods=parse_methods(methods, base), workloads=[], draft_model=draft)
+
+
+def test_a_draft_model_method_adds_llama_cpp_draft_simple(fake_server, tmp_path, monkeypatch):
+    """With a draft-model (or adaptive) method and a GGUF draft: one more row, on the same draft file;
+    without such a method, or with a draft llama.cpp cannot read or a binary without the mode: none."""
+    monkeypatch.setenv("FAKE_LLAMA_HELP", DRAFT_HELP)
+    for methods in ("none,draft-model", "adaptive"):
+        notes: list[str] = []
+        rows = server_peers(draft_config(tmp_path, methods), Path("/m/model.gguf"), notes)
+        assert [r.name for r in rows][-1] == "llama.cpp draft-simple" and len(rows) == 5 and notes == []
+        assert rows[-1].settings.draft_gguf == tmp_path / "draft.gguf"
+    notes = []
+    assert len(server_peers(draft_config(tmp_path, "none,ngram"), Path("/m/model.gguf"), notes)) == 4
+    assert notes == []
+    folder = tmp_path / "hf-draft"
+    folder.mkdir()
+    assert len(server_peers(draft_config(tmp_path, "none,draft-model", str(folder)), Path("/m/model.gguf"),
+                            notes)) == 4
+    assert len(notes) == 1 and "draft-simple skipped" in notes[0] and "not a GGUF file" in notes[0]
+    monkeypatch.delenv("FAKE_LLAMA_HELP")
+    notes = []
+    rows = server_peers(draft_config(tmp_path, "none,draft-model"), Path("/m/model.gguf"), notes)
+    assert "llama.cpp draft-simple" not in [r.name for r in rows]
+    assert len(notes) == 1 and "lacks --spec-type draft-simple" in notes[0]
 
 
 @pytest.mark.slow  # starts and stops a server per mode: 76 s
@@ -346,3 +395,25 @@ def test_real_llama_server_on_the_default_model(default_model_folder, capsys):
     assert c.stop_type == "eos" and c.token_ids[-1] == tok.eos_token_id and len(c.token_ids) == c.predicted_n
     with capsys.disabled():  # the measured notes, for the record
         print("\n" + textwrap.indent("\n".join(notes), "  "))
+
+
+@pytest.mark.slow
+def test_real_llama_server_draft_simple_on_the_default_model(default_model_folder):
+    """llama-server's draft mode with the default model's GGUF drafting for itself: it drafts and accepts."""
+    from transformers import AutoTokenizer
+
+    from specdec.model.weights import default_model_path
+
+    if llama_cpp.find_llama_server() is None:
+        pytest.skip("no llama-server binary: run `bash scripts/build_llama_cpp.sh` (about 15+ min on 2 cores)")
+    gguf = default_model_path()
+    cfg = BenchConfig(methods=parse_methods("none,draft-model", SpecConfig(draft_model=str(gguf))), workloads=[],
+                      draft_model=str(gguf), max_model_len=1024, draft_n_max=4)
+    notes: list[str] = []
+    row = server_peers(cfg, gguf, notes)[-1]
+    assert row.name == "llama.cpp draft-simple", notes
+    tok = AutoTokenizer.from_pretrained(default_model_folder)
+    prompt = tok(tok.apply_chat_template([{"role": "user", "content": "Count from 1 to 20."}], tokenize=False,
+                                         add_generation_prompt=True), add_special_tokens=False).input_ids
+    outputs, stats = row.run([prompt], [SamplingParams(max_new_tokens=24)], lambda n: None)
+    assert 1 <= len(outputs[0]) <= 24 and stats.drafted > 0 and stats.accepted > 0, (stats.drafted, notes)

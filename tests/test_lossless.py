@@ -9,6 +9,7 @@ chi-square they share lives here.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.ngram_map import chains_to_proposal
 from specdec.drafters.registry import DraftResources
 from specdec.engine import Engine, SequenceState
+from specdec.errors import ModelLoadError
 from specdec.llm import LLM
 from specdec.logprobs import LogprobsMode
 from specdec.runners.base import SeqInput
@@ -223,6 +225,39 @@ def test_greedy_identity_on_the_torch_backend(tiny_llama):
     assert max(float((rows[i] - alone[i]).abs().max()) for i in range(8)) < 1e-3
 
 
+def recorded_proposals(drafter: Drafter) -> list[DraftProposal]:
+    """The list that ``drafter``'s proposals are appended to from now on."""
+    proposals: list[DraftProposal] = []
+    propose = drafter.propose
+
+    def recorded(context, max_tokens):
+        proposals.append(propose(context, max_tokens))
+        return proposals[-1]
+
+    drafter.propose = recorded
+    return proposals
+
+
+def test_greedy_identity_draft_model_tree(tiny, tiny_model_factory):
+    """--spec-draft-p-split: the draft model's trees (its top candidates at uncertain positions) keep
+    the output; some verified trees branch and some branches are accepted. The tiny models' q is flat
+    (49,152 tokens), hence the low p-split."""
+    prompt = list(range(200, 230))
+    engine = Engine(tiny.runner, draft_n_max=6, plan_drafts=False)
+    plain = run(engine, prompt, greedy(40), None).output_ids
+    for draft, split in ((tiny_model_factory("llama", seed=1), 1e-4), (tiny_model_factory("llama"), 1e-4)):
+        spec = SpecConfig(types=(SpecType.DRAFT_MODEL,), draft_n_max=6, draft_model=str(draft),
+                          draft_p_split=split, draft_branches=3)
+        drafter = DraftResources(spec, tiny.runner, tiny.tokenizer).new_drafter()
+        proposals = recorded_proposals(drafter)
+        seq = run(engine, prompt, greedy(40), drafter)
+        assert seq.output_ids == plain
+        trees = [p for p in proposals if not p.is_chain]
+        assert trees and seq.stats.drafted > 0, (len(trees), seq.stats.drafted)
+    # the target drafting for itself: more than one drafted token kept per pass (every branch counts as drafted)
+    assert seq.stats.accepted > seq.stats.decode_passes, seq.stats
+
+
 def test_draft_model_with_another_vocabulary_drafts_across_tokenizers(tiny, tmp_path):
     """A draft whose tokenizer differs (one special token renamed) drafts through the vocabulary
     map (drafters/cross_vocab.py; tests/test_cross_vocab.py tests TLI and SLEM at length)."""
@@ -243,6 +278,8 @@ def test_draft_model_with_another_vocabulary_drafts_across_tokenizers(tiny, tmp_
         resources.cross_vocab.method = method
         seq = run(engine, prompt, greedy(24), resources.new_drafter())
         assert seq.output_ids == plain and seq.stats.drafted > 0
+    with pytest.raises(ModelLoadError, match="--spec-draft-p-split drafts trees with a draft model that shares"):
+        DraftResources(replace(spec, draft_p_split=0.1), tiny.runner, tiny.tokenizer)  # TLI / SLEM draft chains
 
 
 # -- greedy on the real default model ------------------------------------------------------------

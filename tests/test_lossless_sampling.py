@@ -360,6 +360,24 @@ def test_sampled_tree_keeps_the_distribution(micro):
     assert_lossless(s, micro.dist(), trees=True)
 
 
+def draft_tree(micro: Micro) -> Callable[[], Drafter]:
+    """The draft-model drafter's own sampled tree (--spec-draft-p-split): at uncertain positions of the
+    main chain (top-k 3 leaves three candidates, the flatter draft often puts > 0.3 on the second) it
+    branches into a sibling drawn without replacement from q, continued as a chain. A split halves the
+    depth (breadth-first in a 6-node budget): p-split 0.3 splits about every third step."""
+    return lambda: DraftModelDrafter(micro.draft, p_split=0.3, branches=2)
+
+
+TREE_N_MAX = 6
+TREE_MIN = N_SAMPLES // 4  # steps whose draft was a tree of width 2 (~2100 measured)
+
+
+def test_draft_model_tree_keeps_the_distribution(micro):
+    s = sample(micro, draft_tree(micro), draft_n_max=TREE_N_MAX)
+    assert_lossless(s, micro.dist())
+    assert s.trees > TREE_MIN, f"only {s.trees} tree drafts"
+
+
 # -- the same harness catches a broken verifier, on chains and on trees -----------------------------------
 
 

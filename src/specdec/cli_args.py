@@ -69,6 +69,12 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-draft-n-min", type=int, default=0, help="drop drafts shorter than this")
     g.add_argument("--spec-draft-p-min", type=float, default=0.0,
                    help="draft-model and draft-layerskip stop drafting below this top probability")
+    g.add_argument("--spec-draft-p-split", type=float, nargs="?", const=0.1, default=None, metavar="P",
+                   help="draft model drafts a tree: branch where a candidate after the first has probability "
+                        "above P (alone: 0.1, llama.cpp's default); off unless given")
+    g.add_argument("--spec-draft-branches", type=positive_int, default=SpecConfig.draft_branches,
+                   help="most branches of a --spec-draft-p-split tree, the main chain counted "
+                        "(llama-speculative's -np)")
     g.add_argument("--spec-ngram-size-n", type=positive_int, default=12, help="longest n-gram matched")
     g.add_argument("--spec-ngram-size-m", type=positive_int, default=48, help="most tokens an n-gram proposes")
     g.add_argument("--spec-ngram-min-hits", type=positive_int, default=1)
@@ -118,7 +124,8 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
         )
         return SpecConfig(
             types=types, draft_n_max=n_max, draft_n_min=args.spec_draft_n_min,
-            draft_p_min=args.spec_draft_p_min, ngram_size_n=args.spec_ngram_size_n,
+            draft_p_min=args.spec_draft_p_min, draft_p_split=args.spec_draft_p_split,
+            draft_branches=args.spec_draft_branches, ngram_size_n=args.spec_ngram_size_n,
             ngram_size_m=args.spec_ngram_size_m, ngram_min_hits=args.spec_ngram_min_hits,
             ngram_mod_n_match=args.spec_ngram_mod_n_match, ngram_mod_n_min=args.spec_ngram_mod_n_min,
             ngram_mod_n_max=args.spec_ngram_mod_n_max, ngram_cache_file=args.spec_ngram_cache_file,

@@ -217,6 +217,10 @@ class SpecConfig:
     draft_n_max: int = 8  # --spec-draft-n-max: most tokens drafted per step
     draft_n_min: int = 0  # --spec-draft-n-min: drop drafts shorter than this
     draft_p_min: float = 0.0  # --spec-draft-p-min: draft model stops below this top prob
+    # --spec-draft-p-split: the draft model drafts a tree, branching where a candidate after the first has
+    # q above this (llama.cpp's --draft-p-split; 0.1 is its default); None: chains (drafters/draft_model.py)
+    draft_p_split: float | None = None
+    draft_branches: int = 2  # --spec-draft-branches: most branches of that tree (llama-speculative's -np)
     ngram_size_n: int = 12  # --spec-ngram-size-n: longest n-gram matched
     ngram_size_m: int = 48  # --spec-ngram-size-m: most tokens proposed by n-gram lookup
     ngram_min_hits: int = 1  # --spec-ngram-min-hits
@@ -261,6 +265,10 @@ class SpecConfig:
             raise ValueError("--spec-ngram-cache-file and --spec-ngram-cache-static need --spec-type ngram-cache")
         if SpecType.DRAFT_MODEL in self.types and not self.draft_model:
             raise ValueError("--spec-type draft-model needs --draft-model")
+        if self.draft_p_split is not None and not 0.0 < self.draft_p_split < 1.0:
+            raise ValueError(f"--spec-draft-p-split must be in (0, 1), got {self.draft_p_split}")
+        if self.draft_branches < 1:
+            raise ValueError(f"--spec-draft-branches must be >= 1, got {self.draft_branches}")
         if self.draft_vocab not in DRAFT_VOCAB_METHODS:
             raise ValueError(f"unknown --spec-draft-vocab {self.draft_vocab!r}; choose from: "
                              f"{', '.join(DRAFT_VOCAB_METHODS)}")

@@ -31,6 +31,9 @@ is accepted with .2 / .5. P(a) = .25 * .2 + .5 * .4 = .25, not .2. What holds th
 - grammar cuts (``grammar.GrammarMatcher.cut``): a draft with q keeps its first invalid
   token (rejected with probability 1 here) and drops only its descendants.
 - draft model: p-min stops after token i on q_{i+1}, a function of tokens 1..i.
+- draft-model trees (``draft_model``, --spec-draft-p-split): a split is decided from the sorted
+  probabilities of q before drawing; siblings are drawn without replacement, in draw order; a
+  branch's length follows the main chain (its earlier sibling's subtree) and its own p-min.
 - EAGLE trees (``dynamic_tree``): a slot is scored by rank, not by its token; children
   are taken in draw order; the first n nodes (any truncation) are a token-blind prefix.
 - adaptive: a sampled member is priced and cut by ``planned_length`` (alpha, budget,

@@ -104,6 +104,11 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                                                        "transformers assistant_model peer")
     p.add_argument("--spec-draft-n-max", type=positive_int, default=SpecConfig.draft_n_max,
                    help="most drafted tokens per step, every method")
+    p.add_argument("--spec-draft-p-split", type=float, nargs="?", const=0.1, default=None, metavar="P",
+                   help="the draft model drafts trees, branching where a later candidate's probability is above P "
+                        "(alone: 0.1, llama.cpp's default); off unless given")
+    p.add_argument("--spec-draft-branches", type=positive_int, default=SpecConfig.draft_branches,
+                   help="most branches of a --spec-draft-p-split tree, the main chain counted")
     p.add_argument("--spec-draft-vocab", default=SpecConfig.draft_vocab, choices=DRAFT_VOCAB_METHODS,
                    help="how a --draft-model with another tokenizer drafts: tli, slem or auto")
     p.add_argument("--spec-model", default=None, help="EAGLE-3 head for the eagle3 methods (default: the shipped one)")
@@ -125,7 +130,8 @@ def config_from_args(args: argparse.Namespace, argv: list[str] | None = None) ->
     pick = lambda name: preset[name] if getattr(args, name) is None else getattr(args, name)
     try:
         base = SpecConfig(draft_n_max=args.spec_draft_n_max, draft_model=args.draft_model,
-                          draft_vocab=args.spec_draft_vocab,
+                          draft_vocab=args.spec_draft_vocab, draft_p_split=args.spec_draft_p_split,
+                          draft_branches=args.spec_draft_branches,
                           spec_model=args.spec_model, eagle_topk=args.spec_eagle_topk,
                           num_steps=args.spec_num_steps, num_draft_tokens=args.spec_num_draft_tokens,
                           layerskip_layers=None if args.spec_layerskip_layers is None

@@ -1,7 +1,9 @@
-"""llama.cpp's ``llama-server`` as a bench peer: plain decoding and its n-gram speculation.
+"""llama.cpp's ``llama-server`` as a bench peer: plain decoding, its n-gram speculation and its draft model.
 
 Rows ``llama.cpp plain``, ``llama.cpp ngram-simple``, ``llama.cpp ngram-map-k`` and
-``llama.cpp ngram-mod`` (llama-server's ``--spec-type`` names). Each row runs one
+``llama.cpp ngram-mod`` (llama-server's ``--spec-type`` names), and ``llama.cpp draft-simple``
+(``--spec-type draft-simple --spec-draft-model FILE``, the bench's --draft-model as a GGUF file)
+when a method of the run drafts with a draft model (draft-model, or adaptive with one). Each row runs one
 llama-server process per cell (started on 127.0.0.1 on a free port, stopped when the
 cell ends, also on error) on the same GGUF file, with the bench's thread count, and
 gets the same chat-templated prompt token ids, token budget and sampling settings as
@@ -41,10 +43,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.bench.config import BenchConfig
-from specdec.config import SamplingParams
+from specdec.config import SamplingParams, SpecType
+from specdec.model.weights import gguf_file
 from specdec.stats import SpecStats
 
-MODES = ("plain", "ngram-simple", "ngram-map-k", "ngram-mod")
+MODES = ("plain", "ngram-simple", "ngram-map-k", "ngram-mod")  # the rows every run has
+DRAFT_MODE = "draft-simple"  # the row a run with a draft model adds: llama-server's draft model mode
 NAME_PREFIX = "llama.cpp "  # row names: "llama.cpp plain", "llama.cpp ngram-simple", ...
 GREEDY_SEED = 0
 START_TIMEOUT_S = 180.0
@@ -86,10 +90,13 @@ class ServerSettings:
     threads: int
     n_ctx: int
     draft_n_max: int | None = None  # cap on drafted tokens per step (the bench's budget); None: llama.cpp's
+    draft_gguf: Path | None = None  # the draft model of DRAFT_MODE
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"unknown llama.cpp mode {self.mode!r}; choose from {', '.join(MODES)}")
+        if self.mode not in (*MODES, DRAFT_MODE):
+            raise ValueError(f"unknown llama.cpp mode {self.mode!r}; choose from {', '.join((*MODES, DRAFT_MODE))}")
+        if (self.mode == DRAFT_MODE) != (self.draft_gguf is not None):
+            raise ValueError(f"llama.cpp {DRAFT_MODE} and only it takes a draft model GGUF file")
 
     @property
     def name(self) -> str:
@@ -103,6 +110,11 @@ class ServerSettings:
             return cmd
         cmd += ["--spec-type", self.mode]
         n = self.draft_n_max
+        if self.mode == DRAFT_MODE:
+            # The draft runs on the same threads; n-max is the bench's budget (llama.cpp's default is 3).
+            cmd += ["--spec-draft-model", str(self.draft_gguf), "--spec-draft-threads", str(self.threads),
+                    "--spec-draft-threads-batch", str(self.threads)]
+            return cmd + (["--spec-draft-n-max", str(n)] if n is not None else [])
         if n is not None:
             # Draft lengths are per type in llama.cpp: the m-gram size for ngram-simple / ngram-map-k;
             # n-max and n-min for ngram-mod (n-min kept at its default 48/64 share of n-max).
@@ -118,6 +130,24 @@ def supported_modes(help_text: str) -> list[str]:
     if "--spec-type" not in help_text:
         return ["plain"]
     return [m for m in MODES if m == "plain" or m in help_text]
+
+
+def supports_draft_model(help_text: str) -> bool:
+    """Whether the binary runs DRAFT_MODE with the flags ``ServerSettings.command`` passes."""
+    return all(flag in help_text for flag in (DRAFT_MODE, "--spec-draft-model", "--spec-draft-n-max",
+                                              "--spec-draft-threads"))
+
+
+def draft_gguf(cfg: BenchConfig, notes: list[str]) -> Path | None:
+    """The run's draft model as a GGUF file when a method drafts with it; else None (with a notice when
+    there is a draft model llama.cpp cannot read)."""
+    drafts = any(t in (SpecType.DRAFT_MODEL, SpecType.ADAPTIVE) for m in cfg.methods for t in m.spec.types)
+    if not cfg.draft_model or not drafts:
+        return None
+    path = gguf_file(cfg.draft_model)
+    if path is None:
+        _notice(notes, f"llama.cpp {DRAFT_MODE} skipped: the draft model {cfg.draft_model} is not a GGUF file.")
+    return path
 
 
 def request_body(prompt_ids: list[int], params: SamplingParams) -> dict:
@@ -390,8 +420,16 @@ def server_peers(cfg: BenchConfig, gguf: Path | None, notes: list[str]) -> list[
         _notice(notes, f"{binary} lacks llama.cpp modes {', '.join(m for m in MODES if m not in modes)}.")
     family = Family(notes)
     threads = cfg.peer_threads or os.cpu_count() or 1
-    return [LlamaServerPeer(ServerSettings(binary, gguf, m, threads, cfg.max_model_len, cfg.draft_n_max), family)
+    rows = [LlamaServerPeer(ServerSettings(binary, gguf, m, threads, cfg.max_model_len, cfg.draft_n_max), family)
             for m in modes]
+    draft = draft_gguf(cfg, notes)
+    if draft is not None and not supports_draft_model(help_text):
+        _notice(notes, f"llama.cpp {DRAFT_MODE} skipped: {binary} lacks --spec-type {DRAFT_MODE} / "
+                       "--spec-draft-model.")
+    elif draft is not None:
+        settings = ServerSettings(binary, gguf, DRAFT_MODE, threads, cfg.max_model_len, cfg.draft_n_max, draft)
+        rows.append(LlamaServerPeer(settings, family))
+    return rows
 
 
 def _notice(notes: list[str], text: str) -> None:

@@ -1,20 +1,43 @@
-"""draft-model: a second, smaller model with the target's tokenizer drafts a chain (another
-tokenizer: ``cross_vocab.py``).
+"""draft-model: a second, smaller model with the target's tokenizer drafts a chain or a tree
+(another tokenizer: ``cross_vocab.py``, chains only).
 
 The draft model has its own runner and KV cache (one slot per running
 sequence). Under sampling it samples from its own q, processed with the same
 SamplingParams as the target's p, and hands q to the verifier, which then
 accepts with min(1, p/q): lossless whatever the draft model is.
+
+Trees (``--spec-draft-p-split P``, llama.cpp's ``llama-speculative -np N --draft-p-split P``;
+SpecInfer): along the main chain (each node's first child), a position whose next candidates
+have q above P also branches into them (at most ``branches`` branches in all, the main chain
+counted); each branch is continued as a chain. Like llama.cpp the tree grows breadth-first
+within the node budget (``max_tokens``): at each depth the main chain, then every branch
+already open, then the new siblings get a node while the budget lasts.
+
+Worked example (greedy, budget 6, branches 2, P 0.1): q after the root is {a: .6, b: .3, ...}:
+b > .1 splits; depth 1 gives a, b (2 nodes), depth 2 a->c, b->d (4), depth 3 c->e, d->f (6).
+Tokens [a, c, e, b, d, f], parents [0, 1, 2, 0, 4, 5]: the main chain first, then each branch.
+
+Under sampling the siblings are drawn without replacement from q (Gumbel top-k, child i
+carrying q without children 0..i-1: ``dynamic_tree.sampled_children``), which the verifier's
+recursive rejection makes exact. The shape stays token-blind (verify.py's rule): a split is
+decided from the sorted probabilities of q before anything is drawn, and a branch's length
+follows the main chain (its earlier sibling's subtree), never its own tokens but through p-min.
+
+The draft runs one token per pass, branch after branch: the main chain first, then each
+branch from its split point (the cache truncated back to it); the next step's catch-up keeps
+whatever prefix of the committed text the cache still holds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters.base import EMPTY, Drafter, DraftProposal
+from specdec.drafters.dynamic_tree import Child, greedy_children, sampled_children
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator, probs_from_logits, sample
 
@@ -22,9 +45,14 @@ from specdec.sampling import make_generator, probs_from_logits, sample
 class DraftModelDrafter(Drafter):
     name = "draft-model"
 
-    def __init__(self, runner: ModelRunner, p_min: float = 0.0) -> None:
+    def __init__(self, runner: ModelRunner, p_min: float = 0.0, p_split: float | None = None,
+                 branches: int = 2) -> None:
+        if p_split is not None and not (0.0 < p_split < 1.0 and branches >= 1):
+            raise ValueError(f"draft trees need 0 < p split < 1 and branches >= 1, got {p_split}, {branches}")
         self.runner = runner
         self.p_min = p_min  # --spec-draft-p-min: stop drafting once the top probability drops below
+        self.p_split = p_split  # --spec-draft-p-split: branch where a later candidate's q is above; None: chains
+        self.branches = branches  # --spec-draft-branches: most branches of a tree, the main chain counted
         self.slot = -1
         self.cached: list[int] = []  # tokens whose K/V the draft cache holds, in order
         self.params = SamplingParams()
@@ -34,10 +62,14 @@ class DraftModelDrafter(Drafter):
     def from_config(
         cls, spec: SpecConfig, runner: ModelRunner | None = None, **shared: object
     ) -> DraftModelDrafter:
-        """``runner`` is the engine's loaded draft model; other ``shared`` objects are unused."""
+        """``runner`` is the engine's loaded draft model; ``target`` (when given) tells whether trees can be
+        verified (a target runner without trees verifies chains: the draft then drafts chains)."""
         if runner is None:
             raise ValueError("draft-model needs a loaded draft model runner (see DraftResources)")
-        return cls(runner, p_min=spec.draft_p_min)
+        target = shared.get("target")
+        trees = target is None or getattr(target, "supports_trees", False)
+        return cls(runner, p_min=spec.draft_p_min, p_split=spec.draft_p_split if trees else None,
+                   branches=spec.draft_branches)
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         if self.slot < 0:
@@ -53,6 +85,8 @@ class DraftModelDrafter(Drafter):
         if max_tokens <= 0 or len(context) + max_tokens + 1 >= self.runner.max_seq_len:
             return EMPTY
         logits = self._catch_up(context)  # [V]: the draft's prediction after the root
+        if self.p_split is not None and self.branches > 1:
+            return self._tree(len(context), logits, max_tokens)
         tokens: list[int] = []
         q_rows: list[torch.Tensor] = []
         for i in range(max_tokens):
@@ -73,6 +107,70 @@ class DraftModelDrafter(Drafter):
         probs = torch.stack(q_rows) if q_rows else None
         return DraftProposal(tokens, probs=probs)
 
+    def _q(self, logits: torch.Tensor) -> torch.Tensor:
+        """[V] the draft's distribution: plain softmax under greedy (p-min, p-split read it), else q."""
+        if self.params.greedy:
+            return torch.softmax(logits.float(), dim=-1)
+        return probs_from_logits(logits.unsqueeze(0), self.params)[0]
+
+    def _pick(self, q: torch.Tensor, k: int) -> list[Child]:
+        """k children of one node: the top k (greedy) or k draws without replacement from q."""
+        return greedy_children(q, k) if self.params.greedy else sampled_children(self.generator)(q, k)
+
+    def _split_width(self, q: torch.Tensor, most: int) -> int:
+        """1 + the candidates after the first whose q is above p-split, at most ``most``: from the
+        sorted probabilities alone, before any token is drawn."""
+        top = torch.topk(q, min(most, q.shape[-1])).values.tolist()
+        return 1 + sum(1 for p in top[1:] if p > self.p_split)
+
+    def _tree(self, root_len: int, logits: torch.Tensor, max_tokens: int) -> DraftProposal:
+        """The main chain breadth-first with its splits planned, then each branch (module docstring)."""
+        main: list[Child] = []
+        branches: list[_Branch] = []
+        count = 0
+        while count < max_tokens:
+            depth = len(main) + 1
+            q = self._q(logits)
+            if depth > 1 and float(q.max()) < self.p_min:
+                break
+            extend = [b for b in branches if b.end == depth - 1][: max_tokens - count - 1]
+            room = max_tokens - count - 1 - len(extend)  # nodes left for new siblings at this depth
+            width = self._split_width(q, 1 + min(self.branches - 1 - len(branches), room))
+            children = self._pick(q, width)
+            if not children:
+                break
+            main.append(children[0])
+            count += 1 + len(extend) + len(children) - 1
+            for b in extend:
+                b.end = depth
+            branches += [_Branch(depth, c, depth) for c in children[1:]]
+            if count < max_tokens:
+                logits = self._run([children[0].token])
+        token_ids = [c.token for c in main]
+        parents = list(range(len(main)))
+        qs = [c.q for c in main]
+        for b in branches:
+            token_ids.append(b.first.token)
+            parents.append(b.depth - 1)
+            qs.append(b.first.q)
+            self.cached = self.cached[: root_len + b.depth - 1]
+            self.runner.truncate(self.slot, len(self.cached))
+            logits = self._run([b.first.token])
+            for depth in range(b.depth + 1, b.end + 1):
+                q = self._q(logits)
+                if float(q.max()) < self.p_min:
+                    break
+                child = self._pick(q, 1)[0]
+                parents.append(len(token_ids))
+                token_ids.append(child.token)
+                qs.append(child.q)
+                if depth < b.end:
+                    logits = self._run([child.token])
+        proposal = DraftProposal.from_tree(token_ids, parents)
+        if not self.params.greedy:
+            proposal.probs = torch.stack(qs)
+        return proposal
+
     def end(self, context: Sequence[int]) -> None:
         if self.slot >= 0:
             self.runner.free(self.slot)
@@ -92,3 +190,12 @@ class DraftModelDrafter(Drafter):
         out = self.runner.run([SeqInput(self.slot, tokens, all_logits=False)])
         self.cached.extend(tokens)
         return out.logits[0][-1]
+
+
+@dataclass
+class _Branch:
+    """A sibling of the main chain's node at ``depth``, continued as a chain down to ``end``."""
+
+    depth: int
+    first: Child
+    end: int

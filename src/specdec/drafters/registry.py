@@ -163,6 +163,9 @@ def cross_vocab_for(spec: SpecConfig, target: ModelRunner, draft: ModelRunner, t
     draft_tok = load_tokenizer(draft_folder)
     if target.vocab_size == draft.vocab_size and tokenizer.get_vocab() == draft_tok.get_vocab():
         return None
+    if spec.draft_p_split is not None:
+        raise ModelLoadError("--spec-draft-p-split drafts trees with a draft model that shares the target's "
+                             "tokenizer; this one has another (tli/slem draft chains): drop --spec-draft-p-split")
     if not (getattr(tokenizer, "is_fast", False) and getattr(draft_tok, "is_fast", False)):
         raise ModelLoadError("a draft model with another tokenizer needs fast (tokenizer.json) tokenizers on both "
                              "sides")
