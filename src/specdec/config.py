@@ -164,6 +164,7 @@ class SpecType(str, enum.Enum):
     DRAFT_SELF = "draft-self"
     DRAFT_MODEL = "draft-model"
     EAGLE3 = "eagle3"
+    DRAFT_MTP = "draft-mtp"  # the target checkpoint's own multi-token-prediction module: drafters/mtp.py
     # Runs the cheap drafters (and the draft model or EAGLE-3 head when one is given) and per
     # step picks or merges their proposals by measured acceptance and cost: drafters/adaptive.py.
     ADAPTIVE = "adaptive"

@@ -13,6 +13,7 @@ from specdec.drafters.cross_vocab import CrossVocab, CrossVocabDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_self import DraftSelfDrafter
 from specdec.drafters.eagle import EagleDrafter
+from specdec.drafters.mtp import MtpDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.ngram_cache import NgramCacheDrafter, NgramCacheStore
 from specdec.drafters.ngram_map import NgramMapDrafter, NgramMapK4VDrafter
@@ -23,6 +24,7 @@ from specdec.drafters.vocab_map import VocabMap
 from specdec.errors import ModelLoadError
 from specdec.model.eagle_checkpoint import check_target, load_head
 from specdec.model.eagle_head import EagleHead
+from specdec.model.mtp_checkpoint import load_mtp_head
 from specdec.runners.base import ModelRunner
 from specdec.runners.load import load_runner
 from specdec.text import load_tokenizer
@@ -40,6 +42,7 @@ DRAFTERS: dict[SpecType, type[Drafter]] = {
     SpecType.DRAFT_SELF: DraftSelfDrafter,
     SpecType.DRAFT_MODEL: DraftModelDrafter,
     SpecType.EAGLE3: EagleDrafter,
+    SpecType.DRAFT_MTP: MtpDrafter,
     SpecType.ADAPTIVE: AdaptiveDrafter,
 }
 
@@ -65,7 +68,10 @@ def drafting_types(spec: SpecConfig) -> tuple[SpecType, ...]:
 
 class DraftResources:
     """Shared by all requests of one engine: the suffix cache, the n-gram pool and counts, the draft model,
-    the EAGLE head. ``close`` saves what must outlive the process (the ngram-cache file)."""
+    the EAGLE head, the target's MTP module. ``close`` saves what must outlive the process (the ngram-cache file).
+
+    target_model: what the target was loaded from (``load_runner``'s model): draft-mtp reads the MTP
+    module shipped in that checkpoint."""
 
     def __init__(
         self,
@@ -75,6 +81,7 @@ class DraftResources:
         max_num_seqs: int = 1,
         dtype: str = "float32",
         device: str | None = None,
+        target_model: str | None = None,
     ) -> None:
         self.spec = spec
         types = drafting_types(spec)
@@ -93,6 +100,7 @@ class DraftResources:
             self.cross_vocab = cross_vocab_for(spec, target, self.draft_runner, tokenizer, folder)
         self.target = target
         self.eagle_head = load_eagle_head(spec.spec_model, target, tokenizer) if SpecType.EAGLE3 in types else None
+        self.mtp_head = load_mtp_head(target_model, target) if SpecType.DRAFT_MTP in types else None
 
     def new_drafter(self, types: Sequence[SpecType] | None = None) -> Drafter | None:
         """A fresh drafter for one request (None when speculation is off).
@@ -109,6 +117,7 @@ class DraftResources:
 
     def _build(self, kind: SpecType) -> Drafter:
         shared = dict(cache=self.suffix_cache, runner=self.draft_runner, head=self.eagle_head, target=self.target,
+                      mtp_head=self.mtp_head,
                       ngram_mod=self.ngram_mod_pool, ngram_cache=self.ngram_cache, cross_vocab=self.cross_vocab)
         if kind is SpecType.ADAPTIVE:
             shared["members"] = [self._build(t) for t in adaptive_members(self.spec)]

@@ -108,3 +108,19 @@ def _concat(parts: list[Weight]) -> Weight:
         return QuantMatrix.concat(parts)  # type: ignore[arg-type]
     return torch.cat([p if isinstance(p, torch.Tensor) else torch.from_numpy(p.dense()) for p in parts])
 
+
+
+def read_float_tensors(path: Path, prefix: str) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+    """(every tensor whose name starts with ``prefix``, dequantised to float32 in row-major
+    [rows, k] shape; the file's metadata values): for the small modules read beside a model."""
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as exc:  # noqa: BLE001 - any parse failure is a bad file
+        raise ModelLoadError(f"cannot read GGUF {path}: {type(exc).__name__}: {exc}") from None
+    meta = {name: f.contents() for name, f in reader.fields.items() if not name.startswith("tokenizer.")}
+    out = {}
+    for t in reader.tensors:
+        if t.name.startswith(prefix):
+            shape = tuple(int(n) for n in reversed(t.shape))  # ggml lists the fastest dimension first
+            out[t.name] = torch.from_numpy(np.array(_dequantize(t), dtype=np.float32).reshape(shape))
+    return out, meta
