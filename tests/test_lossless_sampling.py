@@ -28,8 +28,10 @@ from specdec.drafters.base import Drafter, DraftProposal
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.dynamic_tree import sampled_children
 from specdec.drafters.eagle import EagleDrafter
+from specdec.drafters.mtp import MtpDrafter
 from specdec.engine import Engine, SequenceState
 from specdec.model.eagle_head import EagleHead, EagleHeadConfig
+from specdec.model.mtp_head import MtpHead, MtpHeadConfig
 from specdec.pass_cost import PassCost
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.runners.load import load_runner
@@ -319,3 +321,39 @@ def test_n_min_drops_short_deterministic_drafts_only(micro):
     for sampled in (False, True):
         s = sample(micro, lambda sampled=sampled: OneToken(sampled), n=8, draft_n_min=2)
         assert (s.drafted > 0) == sampled
+
+
+# -- draft-mtp: an MTP module's sampled chains ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mtp_head(micro, tmp_path_factory) -> MtpHead:
+    """An MTP module for the micro target: its block, norm and head the target's own (read from the
+    same seed's checkpoint), ``eh_proj = [I, small noise]``: close to the target's next-token
+    distribution from the token alone (accepted often), not equal to it (rejected often)."""
+    from safetensors.torch import load_file
+
+    w = load_file(build_micro(tmp_path_factory.mktemp("micro-mtp"), seed=0) / "model.safetensors")
+    gen = torch.Generator().manual_seed(7)
+    H = micro.target.config.hidden_size
+    parts = {"input_layernorm": "input_layernorm", "post_attention_layernorm": "post_attention_layernorm",
+             "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
+             "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
+             "down_proj": "mlp.down_proj"}
+    weights = {ours: w[f"model.layers.0.{hf}.weight"] for ours, hf in parts.items()}
+    weights |= dict(enorm=torch.ones(H), hnorm=torch.ones(H), shared_head_norm=w["model.norm.weight"],
+                    lm_head=w["lm_head.weight"], eh_proj=torch.cat([torch.eye(H), 0.3 * torch.randn(H, H, generator=gen)
+                                                                     / H**0.5], dim=1))
+    return MtpHead(MtpHeadConfig(block=micro.target.config, layout="deepseek", mask_first_embed=True), weights)
+
+
+def test_mtp_chain_keeps_the_distribution(micro, mtp_head):
+    s = sample(micro, lambda: MtpDrafter(mtp_head, micro.target, 4))
+    assert_lossless(s, micro)
+
+
+def test_harness_catches_resampling_from_p_with_mtp(micro, mtp_head, monkeypatch):
+    monkeypatch.setattr(verify_mod, "_residual", lambda p, q, x: p)
+    s = sample(micro, lambda: MtpDrafter(mtp_head, micro.target, 4))
+    assert_speculated(s)
+    assert chi2_pvalue(s.counts, micro.dist) < ALPHA

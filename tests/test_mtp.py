@@ -35,8 +35,9 @@ BLOCK = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn
          "mlp.up_proj.weight", "mlp.down_proj.weight")
 
 
-def add_mtp(folder: Path, layout: str, noise: float, seed: int = 0) -> Path:
-    """Give ``folder``'s one-layer model unit-RMS embeddings and an MTP module in ``layout``."""
+def add_mtp(folder: Path, layout: str, noise: float, attention: float, seed: int = 0) -> Path:
+    """Give ``folder``'s one-layer model unit-RMS embeddings and an MTP module in ``layout``, its
+    own attention output scaled by ``attention`` (0: the target's next-token function exactly)."""
     file = folder / "model.safetensors"
     w = load_file(file)
     embed = w["model.embed_tokens.weight"]
@@ -47,7 +48,7 @@ def add_mtp(folder: Path, layout: str, noise: float, seed: int = 0) -> Path:
     block = {name: w[f"model.layers.0.{name}"].clone()
              for name in (*BLOCK, "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
                           "self_attn.q_norm.weight", "self_attn.k_norm.weight") if f"model.layers.0.{name}" in w}
-    block["self_attn.o_proj.weight"] = 0.3 * torch.randn(H, H, generator=gen)  # its own attention counts a little
+    block["self_attn.o_proj.weight"] = attention * torch.randn(H, H, generator=gen)
     ones = torch.ones(H)
     if layout == "deepseek":
         p = "model.layers.1."
@@ -69,11 +70,15 @@ def add_mtp(folder: Path, layout: str, noise: float, seed: int = 0) -> Path:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, default_model_folder) -> dict[str, Path]:
+    """deepseek, qwen: modules whose attention and hidden-state input count (for the computation
+    test); tracking: one close to the target (drafts accepted, some rejected)."""
     out = {}
-    for name, arch, layout in (("deepseek", "llama", "deepseek"), ("qwen", "qwen3", "qwen3-next")):
+    for name, arch, layout, noise, attention in (("deepseek", "llama", "deepseek", 1.0, 0.3),
+                                                 ("qwen", "qwen3", "qwen3-next", 1.0, 0.3),
+                                                 ("tracking", "llama", "deepseek", 0.05, 0.001)):
         folder = build_tiny_model(tmp_path_factory.mktemp(f"mtp-{name}"), arch, default_model_folder, seed=5,
                                   num_layers=1, bigram=True)
-        out[name] = add_mtp(folder, layout, noise=1.5)
+        out[name] = add_mtp(folder, layout, noise, attention)
     return out
 
 
@@ -161,15 +166,15 @@ def test_module_logits_equal_the_written_out_computation(models, name):
 
 
 def test_greedy_output_is_identical_and_drafts_are_accepted(models):
-    llm = LLM(str(models["deepseek"]), spec="draft-mtp", max_model_len=256)
-    plain = LLM(str(models["deepseek"]), spec="none", max_model_len=256)
+    llm = LLM(str(models["tracking"]), spec="draft-mtp", max_model_len=256)
+    plain = LLM(str(models["tracking"]), spec="none", max_model_len=256)
     params = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
     prompts = ["The quick brown fox", "def add(a, b):", "Once upon a time"]
     got, want = llm.generate(prompts, params), plain.generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     drafted, accepted = sum(o.stats.drafted for o in got), sum(o.stats.accepted for o in got)
     print(f"{drafted} drafted, {accepted} accepted")
-    assert drafted > 40 and 10 < accepted < drafted  # accepted and rejected both
+    assert drafted > 40 and drafted // 3 < accepted < drafted  # accepted and rejected both
 
 
 # -- the GGUF layout ---------------------------------------------------------------------------------------
