@@ -248,3 +248,27 @@ def test_a_target_without_mtp_tensors_is_one_clear_error(tiny_llama):
 def test_unsupported_architectures_are_refused(raw, message):
     with pytest.raises(ModelLoadError, match=message):
         check_supported(None, raw)
+
+
+def test_vllms_mtp_method_selects_draft_mtp():
+    from specdec.config import SpecType
+    from specdec.server.cli import spec_from_vllm_config
+
+    spec, _ = spec_from_vllm_config('{"method": "mtp", "num_speculative_tokens": 2}')
+    assert spec.types == (SpecType.DRAFT_MTP,) and spec.draft_n_max == 2
+
+
+def test_a_gguf_without_nextn_tensors_is_one_clear_error(models, tmp_path):
+    from gguf import GGUFWriter
+
+    path = tmp_path / "plain.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(H, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    cfg, _ = read_model_config(models["deepseek"])
+    with pytest.raises(ModelLoadError, match="has no nextn tensors"):
+        read_mtp_weights(path, cfg)

@@ -123,16 +123,23 @@ def _keys(file: Path) -> list[str]:
 def _gguf_weights(path: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
     from specdec.model.gguf_weights import read_float_tensors
 
-    tensors, meta = read_float_tensors(path, "blk.")
-    arch = str(meta.get("general.architecture", ""))
-    nextn = int(meta.get(f"{arch}.nextn_predict_layers") or 0)  # type: ignore[call-overload]
-    if nextn < 1:
-        raise ModelLoadError(f"draft-mtp: {path.name} has no nextn tensors ({arch}.nextn_predict_layers is not "
-                             "set): --spec-type draft-mtp needs a GGUF converted with its MTP module")
-    n = int(meta.get(f"{arch}.block_count") or config.num_layers + nextn) - nextn  # type: ignore[call-overload]
+    found: dict[str, str] = {}  # the file's architecture and the module's tensor prefix
+
+    def nextn_block(meta: dict[str, object]) -> str:
+        arch = found["arch"] = str(meta.get("general.architecture", ""))
+        nextn = int(meta.get(f"{arch}.nextn_predict_layers") or 0)  # type: ignore[call-overload]
+        if nextn < 1:
+            raise ModelLoadError(f"draft-mtp: {path.name} has no nextn tensors ({arch}.nextn_predict_layers is "
+                                 "not set): --spec-type draft-mtp needs a GGUF converted with its MTP module")
+        blocks = int(meta.get(f"{arch}.block_count") or config.num_layers + nextn)  # type: ignore[call-overload]
+        found["prefix"] = f"blk.{blocks - nextn}."
+        return found["prefix"]
+
+    tensors = read_float_tensors(path, nextn_block)
+    arch, prefix = found["arch"], found["prefix"]
     gguf_of = {BLOCK_PARTS[hf]: gg for w in layer_weights(config) for hf, gg in zip(w.hf, w.gguf, strict=True)}
-    wanted = {ours: f"blk.{n}.{theirs}" for ours, theirs in GGUF_NEXTN.items()}
-    wanted |= {ours: f"blk.{n}.{gguf_of[ours]}" for ours in weight_names(config) if ours in gguf_of}
+    wanted = {ours: prefix + theirs for ours, theirs in GGUF_NEXTN.items()}
+    wanted |= {ours: prefix + gguf_of[ours] for ours in weight_names(config) if ours in gguf_of}
     out = {}
     for ours, name in wanted.items():
         if name not in tensors:
