@@ -272,3 +272,12 @@ def test_a_gguf_without_nextn_tensors_is_one_clear_error(models, tmp_path):
     cfg, _ = read_model_config(models["deepseek"])
     with pytest.raises(ModelLoadError, match="has no nextn tensors"):
         read_mtp_weights(path, cfg)
+
+
+def test_cli_reports_a_target_without_mtp_in_one_line(tiny_llama):
+    from tests.test_cli import specdec
+
+    out = specdec("generate", "hi", "--model", str(tiny_llama), "--spec-type", "draft-mtp", "--max-new-tokens", "2")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "has no MTP module" in lines[0]
