@@ -31,8 +31,10 @@ from specdec.runners.base import SeqInput
 from specdec.sampling import probs_from_logits
 from specdec.tree import DraftTree
 
-# Drafters that need nothing but tokens (eagle3 needs a head: tests/test_eagle3.py runs these checks for it)
-TOKEN_DRAFTERS = [t for t in SpecType if t not in (SpecType.NONE, SpecType.DRAFT_MODEL, SpecType.EAGLE3)]
+# Drafters that need nothing but tokens (eagle3 needs a head: tests/test_eagle3.py runs these checks for it;
+# draft-mtp a checkpoint with an MTP module: tests/test_mtp.py and test_lossless_sampling.py)
+TOKEN_DRAFTERS = [t for t in SpecType
+                  if t not in (SpecType.NONE, SpecType.DRAFT_MODEL, SpecType.EAGLE3, SpecType.DRAFT_MTP)]
 
 
 class ReplayDrafter(Drafter):
