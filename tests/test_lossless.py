@@ -31,9 +31,11 @@ from specdec.runners.base import SeqInput
 from specdec.sampling import probs_from_logits
 
 # Drafters that need nothing but tokens (eagle3 needs a head: tests/test_eagle3.py runs these checks for it;
+# draft-mtp a checkpoint with an MTP module: tests/test_mtp.py;
 # draft-layerskip a model whose skipped layers matter little: tests/test_layerskip.py)
 TOKEN_DRAFTERS = [t for t in SpecType
-                  if t not in (SpecType.NONE, SpecType.DRAFT_MODEL, SpecType.EAGLE3, SpecType.DRAFT_LAYERSKIP)]
+                  if t not in (SpecType.NONE, SpecType.DRAFT_MODEL, SpecType.EAGLE3, SpecType.DRAFT_LAYERSKIP,
+                               SpecType.DRAFT_MTP)]
 
 
 class ReplayDrafter(Drafter):

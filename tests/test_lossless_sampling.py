@@ -29,9 +29,11 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_self import DraftSelfDrafter
 from specdec.drafters.dynamic_tree import sampled_children
 from specdec.drafters.eagle import EagleDrafter
+from specdec.drafters.mtp import MtpDrafter
 from specdec.drafters.registry import DraftResources
 from specdec.engine import Engine, SequenceState
 from specdec.model.eagle_head import EagleHead, EagleHeadConfig
+from specdec.model.mtp_head import MtpHead, MtpHeadConfig
 from specdec.pass_cost import PassCost
 from specdec.processors import SequenceProcessors
 from specdec.runners.base import ModelRunner, SeqInput
@@ -414,9 +416,10 @@ def test_n_min_drops_short_deterministic_drafts_only(micro):
 # -- every look-up drafter, on a prompt that repeats the target's greedy chain --------------------------
 
 # Drafters that need nothing but tokens; ngram-mod's defaults (llama.cpp's) wait for 24-token repeats.
-# Model drafters are tested below and in their own files (test_layerskip.py).
+# Model drafters are tested below (draft-mtp at the end) and in their own files (test_layerskip.py).
 LOOKUP_DRAFTERS = [t for t in SpecType if t not in (SpecType.NONE, SpecType.DRAFT_MODEL, SpecType.EAGLE3,
-                                                     SpecType.DRAFT_SELF, SpecType.DRAFT_LAYERSKIP)]
+                                                     SpecType.DRAFT_SELF, SpecType.DRAFT_LAYERSKIP,
+                                                     SpecType.DRAFT_MTP)]
 SHORT_MATCHES = {SpecType.NGRAM_MOD: dict(ngram_mod_n_match=2, ngram_mod_n_min=1)}
 
 
@@ -505,3 +508,43 @@ def test_harness_catches_a_verifier_that_accepts_every_draft(micro, lookup, monk
     s = sample(micro, registry_drafter(micro.target, SpecType.NGRAM), lookup)
     assert s.drafted > N_SAMPLES
     assert chi2_pvalue(s.counts, micro.dist(lookup)) < ALPHA
+
+
+# -- draft-mtp: an MTP module's sampled chains ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mtp_head(micro, tmp_path_factory) -> MtpHead:
+    """An MTP module for the micro target: its block, norm and head the target's own (read from the
+    same seed's checkpoint), ``eh_proj = [I, small noise]``, ``enorm`` at the embeddings' scale:
+    near the target's next-token distribution (accepted often), not equal to it (rejected often)."""
+    from safetensors.torch import load_file
+
+    w = load_file(build_micro(tmp_path_factory.mktemp("micro-mtp"), seed=0) / "model.safetensors")
+    gen = torch.Generator().manual_seed(7)
+    H = micro.target.config.hidden_size
+    parts = {"input_layernorm": "input_layernorm", "post_attention_layernorm": "post_attention_layernorm",
+             "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
+             "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
+             "down_proj": "mlp.down_proj"}
+    weights = {ours: w[f"model.layers.0.{hf}.weight"] for ours, hf in parts.items()}
+    rms = w["model.embed_tokens.weight"].pow(2).mean(-1).sqrt().mean()  # enorm(e) ~ e
+    weights |= dict(enorm=rms * torch.ones(H), hnorm=torch.ones(H), shared_head_norm=w["model.norm.weight"],
+                    lm_head=w["lm_head.weight"], eh_proj=torch.cat([torch.eye(H), 0.1 * torch.randn(H, H, generator=gen)
+                                                                     / H**0.5], dim=1))
+    return MtpHead(MtpHeadConfig(block=micro.target.config, layout="deepseek"), weights)
+
+
+def test_mtp_chain_keeps_the_distribution(micro, mtp_head):
+    """Sampled chains of 3 from the module's own q (the recurrent steps included), verified by rejection."""
+    s = sample(micro, lambda: MtpDrafter(mtp_head, micro.target, 3), draft_n_max=3)
+    assert_lossless(s, micro.dist())
+
+
+@pytest.mark.slow  # 20 s; test_harness_catches_resampling_from_p pins the harness on chains by default
+def test_harness_catches_resampling_from_p_with_mtp(micro, mtp_head, monkeypatch):
+    """The MTP chain's test has teeth: the same samples with a verifier that resamples from p fail it."""
+    monkeypatch.setattr(verify_mod, "_residual", lambda p, q, x: p)
+    s = sample(micro, lambda: MtpDrafter(mtp_head, micro.target, 3), draft_n_max=3)
+    assert_speculated(s)
+    assert chi2_pvalue(s.counts, micro.dist()) < ALPHA

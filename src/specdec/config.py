@@ -166,6 +166,7 @@ class SpecType(str, enum.Enum):
     EAGLE3 = "eagle3"
     # The target itself with some layers skipped (or only its first E): drafters/layerskip.py.
     DRAFT_LAYERSKIP = "draft-layerskip"
+    DRAFT_MTP = "draft-mtp"  # the target checkpoint's own multi-token-prediction module: drafters/mtp.py
     # Runs the cheap drafters (and the draft model or EAGLE-3 head when one is given) and per
     # step picks or merges their proposals by measured acceptance and cost: drafters/adaptive.py.
     ADAPTIVE = "adaptive"

@@ -119,6 +119,7 @@ class LLM:
         self.model_name = str(model) if model else "SmolLM2-135M-Instruct"
         self.grammars = GrammarCompiler(self.tokenizer, self.runner.vocab_size, self.runner.eos_token_ids)
         self._dtype, self._device, self._max_num_seqs = dtype, device, max_num_seqs
+        self._model = None if model is None else str(model)  # draft-mtp reads its MTP module
         self.set_spec(spec or SpecConfig())
 
     def set_spec(self, spec: SpecConfig | str, drafts: DraftResources | None = None) -> DraftResources:
@@ -131,7 +132,7 @@ class LLM:
             spec = SpecConfig(types=parse_spec_types(spec))
         self.spec = spec
         self.drafts = drafts or DraftResources(spec, self.runner, self.tokenizer, self._max_num_seqs,
-                                               self._dtype, self._device)
+                                               self._dtype, self._device, target_model=self._model)
         self.engine = Engine(self.runner, spec.draft_n_max, spec.draft_n_min, plan_drafts=self.plan_drafts,
                              min_acceptance=spec.min_acceptance, logprobs_mode=self.logprobs_mode)
         return self.drafts

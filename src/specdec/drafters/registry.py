@@ -14,6 +14,7 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_self import DraftSelfDrafter
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.layerskip import LayerSkipDrafter, SkipSearch
+from specdec.drafters.mtp import MtpDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.ngram_cache import NgramCacheDrafter, NgramCacheStore
 from specdec.drafters.ngram_map import NgramMapDrafter, NgramMapK4VDrafter
@@ -24,6 +25,7 @@ from specdec.drafters.vocab_map import VocabMap
 from specdec.errors import ModelLoadError
 from specdec.model.eagle_checkpoint import check_target, load_head
 from specdec.model.eagle_head import EagleHead
+from specdec.model.mtp_checkpoint import load_mtp_head
 from specdec.runners.base import ModelRunner
 from specdec.runners.load import load_runner
 from specdec.text import load_tokenizer
@@ -42,6 +44,7 @@ DRAFTERS: dict[SpecType, type[Drafter]] = {
     SpecType.DRAFT_MODEL: DraftModelDrafter,
     SpecType.EAGLE3: EagleDrafter,
     SpecType.DRAFT_LAYERSKIP: LayerSkipDrafter,
+    SpecType.DRAFT_MTP: MtpDrafter,
     SpecType.ADAPTIVE: AdaptiveDrafter,
 }
 
@@ -69,8 +72,11 @@ def drafting_types(spec: SpecConfig) -> tuple[SpecType, ...]:
 
 class DraftResources:
     """Shared by all requests of one engine: the suffix cache, the n-gram pool and counts, the draft model,
-    the EAGLE head, the layer-skip search (so its skip set is found once per model). ``close`` saves what
-    must outlive the process (the ngram-cache file)."""
+    the EAGLE head, the layer-skip search (so its skip set is found once per model), the target's MTP
+    module. ``close`` saves what must outlive the process (the ngram-cache file).
+
+    target_model: what the target was loaded from (``load_runner``'s model): draft-mtp reads the MTP
+    module shipped in that checkpoint."""
 
     def __init__(
         self,
@@ -80,6 +86,7 @@ class DraftResources:
         max_num_seqs: int = 1,
         dtype: str = "float32",
         device: str | None = None,
+        target_model: str | None = None,
     ) -> None:
         self.spec = spec
         types = drafting_types(spec)
@@ -99,6 +106,7 @@ class DraftResources:
         self.target = target
         self.eagle_head = load_eagle_head(spec.spec_model, target, tokenizer) if SpecType.EAGLE3 in types else None
         self.layerskip = SkipSearch.from_spec(spec, target) if SpecType.DRAFT_LAYERSKIP in types else None
+        self.mtp_head = load_mtp_head(target_model, target) if SpecType.DRAFT_MTP in types else None
 
     def new_drafter(self, types: Sequence[SpecType] | None = None) -> Drafter | None:
         """A fresh drafter for one request (None when speculation is off).
@@ -116,7 +124,7 @@ class DraftResources:
     def _build(self, kind: SpecType) -> Drafter:
         shared = dict(cache=self.suffix_cache, runner=self.draft_runner, head=self.eagle_head, target=self.target,
                       ngram_mod=self.ngram_mod_pool, ngram_cache=self.ngram_cache, cross_vocab=self.cross_vocab,
-                      layerskip=self.layerskip)
+                      layerskip=self.layerskip, mtp_head=self.mtp_head)
         if kind is SpecType.ADAPTIVE:
             shared["members"] = [self._build(t) for t in adaptive_members(self.spec)]
         if kind is SpecType.DRAFT_MODEL and self.cross_vocab is not None:

@@ -138,10 +138,9 @@ class EagleHead(nn.Module):
         self.register_buffer("t2d", torch.zeros(c.target_vocab_size, dtype=torch.bool))  # in the draft vocab
         # [L, D/2] complex; capped: a 128k-context target would otherwise cost 128 MB of tables
         self.max_positions = min(c.max_position_embeddings, MAX_POSITIONS)
-        table = rope_table(c.layer_config(), c.rope_theta, self.max_positions)
-        angles = torch.cat([table.angle(), table.angle()], dim=-1)  # rotate-half layout: [L, D]
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        cos, sin = rotate_half_tables(c.layer_config(), self.max_positions)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
         self.fast: dict[str, QuantMatrix] = {}  # int8 copies for drafting on a CPU (quantize_for_cpu)
 
     # -- pieces ------------------------------------------------------------------------------
@@ -250,16 +249,30 @@ class EagleHead(nn.Module):
         (itself included; L covers every row written so far).
         """
         residual, q, k, v = self.qkv(hidden, embeds, positions)
-        cache.k[rows] = k
-        cache.v[rows] = v
-        L = visible.shape[1]
-        keys = cache.k[:L].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
-        values = cache.v[:L].transpose(0, 1).unsqueeze(0)
-        attn = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=visible.unsqueeze(0).unsqueeze(0),
-            enable_gqa=True,
-        )  # [1, Hq, n, D]
-        return self.finish(residual, attn[0].transpose(0, 1).reshape(len(rows), -1))
+        return self.finish(residual, cached_attention(q, k, v, cache, rows, visible))
+
+
+def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: HeadCache, rows: torch.Tensor,
+                     visible: torch.Tensor) -> torch.Tensor:
+    """A head layer's attention over its own cache: write k, v [n, Hkv, D] at ``rows``, then each of
+    the n queries q [n, Hq, D] attends to the cache rows ``visible`` [n, L] marks -> [n, Hq * D]."""
+    cache.k[rows] = k
+    cache.v[rows] = v
+    L = visible.shape[1]
+    keys = cache.k[:L].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+    values = cache.v[:L].transpose(0, 1).unsqueeze(0)
+    attn = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=visible.unsqueeze(0).unsqueeze(0),
+        enable_gqa=True,
+    )  # [1, Hq, n, D]
+    return attn[0].transpose(0, 1).reshape(len(rows), -1)
+
+
+def rotate_half_tables(config: ModelConfig, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [max_positions, head_dim] of ``config``'s rope in Hugging Face's rotate-half layout."""
+    table = rope_table(config, config.rope_theta, max_positions)
+    angles = torch.cat([table.angle(), table.angle()], dim=-1)
+    return angles.cos(), angles.sin()
 
 
 def quantize_q8(weight: torch.Tensor) -> QuantMatrix:
@@ -268,9 +281,11 @@ def quantize_q8(weight: torch.Tensor) -> QuantMatrix:
 
 
 class HeadCache:
-    """The head's own K/V for one sequence: rows in the order entries were run, grown on demand."""
+    """The head's own K/V for one sequence: rows in the order entries were run, grown on demand.
+    ``config``: anything with ``num_kv_heads`` and ``head_dim`` (a head's config, a ModelConfig)."""
 
-    def __init__(self, config: EagleHeadConfig, device: torch.device | str = "cpu", capacity: int = 256) -> None:
+    def __init__(self, config: EagleHeadConfig | ModelConfig, device: torch.device | str = "cpu",
+                 capacity: int = 256) -> None:
         self.shape = (config.num_kv_heads, config.head_dim)
         self.k = torch.zeros(capacity, *self.shape, device=device)
         self.v = torch.zeros(capacity, *self.shape, device=device)

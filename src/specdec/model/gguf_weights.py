@@ -11,6 +11,7 @@ dequantised here, with one notice line, and requantized nowhere: they stay float
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -108,3 +109,20 @@ def _concat(parts: list[Weight]) -> Weight:
         return QuantMatrix.concat(parts)  # type: ignore[arg-type]
     return torch.cat([p if isinstance(p, torch.Tensor) else torch.from_numpy(p.dense()) for p in parts])
 
+
+
+def read_float_tensors(path: Path, prefix: Callable[[dict[str, object]], str]) -> dict[str, torch.Tensor]:
+    """Every tensor whose name starts with ``prefix(metadata)`` (the file's metadata values, the
+    tokenizer's left out; it may raise ModelLoadError), dequantised to float32 in row-major [rows, k]
+    shape: for the small modules read beside a model. Only those tensors are read."""
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as exc:  # noqa: BLE001 - any parse failure is a bad file
+        raise ModelLoadError(f"cannot read GGUF {path}: {type(exc).__name__}: {exc}") from None
+    start = prefix({name: f.contents() for name, f in reader.fields.items() if not name.startswith("tokenizer.")})
+    out = {}
+    for t in reader.tensors:
+        if t.name.startswith(start):
+            shape = tuple(int(n) for n in reversed(t.shape))  # ggml lists the fastest dimension first
+            out[t.name] = torch.from_numpy(np.array(_dequantize(t), dtype=np.float32).reshape(shape))
+    return out

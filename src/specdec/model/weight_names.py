@@ -69,3 +69,13 @@ def rope_heads(config: ModelConfig, rope: Rope) -> tuple[int, int]:
     """(heads, head_dim) of the rows a part's rope reorder works on."""
     heads = {"q": config.num_heads, "k": config.num_kv_heads, "head": 1}[rope]
     return heads, config.head_dim
+
+
+def is_mtp_weight(name: str, num_layers: int) -> bool:
+    """Whether ``name`` (a Hugging Face name, "model." stripped) belongs to a multi-token-prediction
+    module shipped beside the model: DeepSeek / GLM's extra ``layers.{num_layers + i}``, Qwen3-Next's
+    ``mtp.*``. The target's loader leaves them to ``model.mtp_checkpoint``."""
+    if name.startswith("mtp."):
+        return True
+    parts = name.split(".", 2)
+    return len(parts) > 2 and parts[0] == "layers" and parts[1].isdigit() and int(parts[1]) >= num_layers

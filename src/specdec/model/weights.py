@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from specdec import catalog
 from specdec.config import ModelConfig
 from specdec.errors import ModelLoadError
-from specdec.model.weight_names import layer_weights, rope_heads
+from specdec.model.weight_names import is_mtp_weight, layer_weights, rope_heads
 
 NATIVE_ARCHS = {
     "llama": "llama",
@@ -291,7 +291,7 @@ def _convert(hf: dict[str, torch.Tensor], c: ModelConfig, dtype: torch.dtype) ->
                      for j, t in enumerate(parts)]
             out[p + w.name] = torch.cat(parts) if len(parts) > 1 else parts[0]
     hf.pop("lm_head.weight", None)  # tied copies some checkpoints store anyway
-    hf = {k: v for k, v in hf.items() if not k.endswith("rotary_emb.inv_freq")}
+    hf = {k: v for k, v in hf.items() if not k.endswith("rotary_emb.inv_freq") and not is_mtp_weight(k, c.num_layers)}
     if hf:
         raise ModelLoadError(f"unexpected weights in checkpoint: {sorted(hf)[:5]}")
     return {k: v.to(dtype).contiguous() for k, v in out.items()}

@@ -71,7 +71,8 @@ def spec_from_vllm_config(text: str) -> tuple[SpecConfig, int | None]:
     """vLLM's --speculative-config JSON -> (SpecConfig, disable_by_batch_size). Raises ValueError.
 
     {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4} -> ngram, K=5, n-gram size 4;
-    {"method": "suffix", ...}; {"method": "draft_model", "model": "path"} (or just {"model": "path"}).
+    {"method": "suffix", ...}; {"method": "draft_model", "model": "path"} (or just {"model": "path"});
+    {"method": "mtp", "num_speculative_tokens": 2} -> draft-mtp (the target checkpoint's MTP module).
     """
     try:
         cfg = json.loads(text)
@@ -83,7 +84,8 @@ def spec_from_vllm_config(text: str) -> tuple[SpecConfig, int | None]:
     model = cfg.get("model")
     if method is None:
         method = "ngram" if model in ("ngram", "[ngram]") else ("draft_model" if model else None)
-    aliases = {"ngram": SpecType.NGRAM, "suffix": SpecType.SUFFIX, "draft_model": SpecType.DRAFT_MODEL}
+    aliases = {"ngram": SpecType.NGRAM, "suffix": SpecType.SUFFIX, "draft_model": SpecType.DRAFT_MODEL,
+               "mtp": SpecType.DRAFT_MTP}
     aliases.update({t.value: t for t in SpecType if t is not SpecType.NONE})
     if method not in aliases:
         raise ValueError(f"--speculative-config method {method!r} is not supported; "
