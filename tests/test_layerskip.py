@@ -29,6 +29,7 @@ from tests.test_lossless_sampling import (
     Micro,
     assert_lossless,
     assert_speculated,
+    build_micro,
     sample,
 )
 
@@ -38,24 +39,8 @@ NUM_LAYERS, QUIET = 4, (1, 2, 3)  # the greedy model: layers 1-3 add little
 def build_skippable(folder: Path, num_layers: int, quiet: tuple[int, ...], vocab: int, hidden: int,
                     seed: int = 0, quiet_scale: float = 0.15) -> Path:
     """A random Llama whose ``quiet`` layers' o_proj and down_proj are scaled by ``quiet_scale``."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(
-        "llama", vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=hidden // 2, max_position_embeddings=128,
-        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-    )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(1.0, 0.1) if "norm" in name else p.normal_(0.0, 0.5)
-        for i in quiet:
-            layer = model.model.layers[i]
-            layer.self_attn.o_proj.weight.mul_(quiet_scale)
-            layer.mlp.down_proj.weight.mul_(quiet_scale)
-    model.save_pretrained(folder)
-    return folder
+    return build_micro(folder, seed, hidden=hidden, num_layers=num_layers, vocab=vocab, head_dim=hidden // 2,
+                       max_positions=128, quiet=quiet, quiet_scale=quiet_scale)
 
 
 @pytest.fixture(scope="module")

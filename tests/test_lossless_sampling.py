@@ -49,15 +49,18 @@ PARAMS = SamplingParams(max_new_tokens=OUT_LEN, temperature=1.0, top_k=TOP_K, ig
 ALPHA = 1e-3  # a lossless test passes above it, a broken verifier must fall below it
 
 
-def build_micro(folder: Path, seed: int, noise: float = 0.0, head_scale: float = 1.0, hidden: int = 16) -> Path:
-    """A random one-layer Llama over 32 tokens. With ``noise``/``head_scale`` the model of ``seed``
-    is perturbed: a draft model close to the target (accepted often, rejected often). ``hidden`` 32
-    fits GGUF's 32-wide blocks (the quantized target)."""
+def build_micro(folder: Path, seed: int, noise: float = 0.0, head_scale: float = 1.0, hidden: int = 16,
+                num_layers: int = 1, vocab: int = VOCAB, head_dim: int = 8, max_positions: int = 64,
+                quiet: tuple[int, ...] = (), quiet_scale: float = 1.0) -> Path:
+    """A random Llama (one layer over 32 tokens unless told). With ``noise``/``head_scale`` the model
+    of ``seed`` is perturbed: a draft model close to the target (accepted often, rejected often).
+    ``hidden`` 32 fits GGUF's 32-wide blocks (the quantized target). The ``quiet`` layers' o_proj and
+    down_proj are scaled by ``quiet_scale`` (layers a layer-skipping draft may skip)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(
-        "llama", vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=64,
+        "llama", vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=head_dim, max_position_embeddings=max_positions,
         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
     )
     torch.manual_seed(seed)
@@ -69,6 +72,9 @@ def build_micro(folder: Path, seed: int, noise: float = 0.0, head_scale: float =
         for p in model.parameters():
             p.add_(noise * torch.randn(p.shape, generator=gen))
         model.lm_head.weight.mul_(head_scale)
+        for i in quiet:
+            model.model.layers[i].self_attn.o_proj.weight.mul_(quiet_scale)
+            model.model.layers[i].mlp.down_proj.weight.mul_(quiet_scale)
     model.save_pretrained(folder)
     return folder
 
