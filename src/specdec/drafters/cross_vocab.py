@@ -41,7 +41,6 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.retokenize import DraftContext, TokenizerPair
 from specdec.drafters.vocab_map import VocabMap
 from specdec.runners.base import ModelRunner
-from specdec.sampling import probs_from_logits, sample
 
 TRIAL_STEPS = 4  # steps each method is tried before auto compares them
 PROBE_EVERY = 32  # auto re-tries the method it is not using every this many steps
@@ -133,24 +132,8 @@ class CrossVocabDrafter(DraftModelDrafter):
 
     def _tli(self, logits: torch.Tensor, max_tokens: int) -> DraftProposal:
         """Draft inside the intersection; target ids, and q in the target's vocabulary."""
-        tokens: list[int] = []
-        q_rows: list[torch.Tensor] = []
-        for i in range(max_tokens):
-            masked = logits.float()[: len(self.outside)] + self.outside  # [V_draft]
-            if self.params.greedy:
-                top_p, top = torch.softmax(masked, dim=-1).max(dim=-1)
-                if i > 0 and float(top_p) < self.p_min:
-                    break
-                draft_token = int(top)
-            else:
-                q = probs_from_logits(masked.unsqueeze(0), self.params)[0]
-                if i > 0 and float(q.max()) < self.p_min:
-                    break
-                draft_token = int(sample(q.unsqueeze(0), self.generator)[0])
-                q_rows.append(q)
-            tokens.append(int(self.d2t[draft_token]))
-            if i + 1 < max_tokens:
-                logits = self._run([draft_token])
+        drafted, q_rows = self._chain(logits, max_tokens, mask=self.outside)
+        tokens = [int(self.d2t[t]) for t in drafted]
         return DraftProposal(tokens, probs=self._target_q(q_rows) if q_rows else None)
 
     def _target_q(self, q_rows: list[torch.Tensor]) -> torch.Tensor:

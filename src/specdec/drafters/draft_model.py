@@ -87,25 +87,29 @@ class DraftModelDrafter(Drafter):
         logits = self._catch_up(context)  # [V]: the draft's prediction after the root
         if self.p_split is not None and self.branches > 1:
             return self._tree(len(context), logits, max_tokens)
+        tokens, q_rows = self._chain(logits, max_tokens)
+        return DraftProposal(tokens, probs=torch.stack(q_rows) if q_rows else None)
+
+    def _chain(self, logits: torch.Tensor, max_tokens: int, mask: torch.Tensor | None = None,
+               ) -> tuple[list[int], list[torch.Tensor]]:
+        """Up to max_tokens draft tokens from ``logits`` on (argmax, or drawn from q), p-min stopping
+        after the first, and their q rows when sampling. ``mask`` ([V], 0 or -inf) is added to every
+        step's logits first (cross-tokenizer TLI: only tokens with a twin may be drafted)."""
         tokens: list[int] = []
         q_rows: list[torch.Tensor] = []
         for i in range(max_tokens):
+            q = self._q(logits if mask is None else logits.float()[: len(mask)] + mask)
+            if i > 0 and float(q.max()) < self.p_min:
+                break
             if self.params.greedy:
-                top_p, top = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-                if i > 0 and float(top_p) < self.p_min:
-                    break
-                token = int(top)
+                token = int(q.argmax())
             else:
-                q = probs_from_logits(logits.unsqueeze(0), self.params)[0]
-                if i > 0 and float(q.max()) < self.p_min:
-                    break
                 token = int(sample(q.unsqueeze(0), self.generator)[0])
                 q_rows.append(q)
             tokens.append(token)
             if i + 1 < max_tokens:
                 logits = self._run([token])
-        probs = torch.stack(q_rows) if q_rows else None
-        return DraftProposal(tokens, probs=probs)
+        return tokens, q_rows
 
     def _q(self, logits: torch.Tensor) -> torch.Tensor:
         """[V] the draft's distribution: plain softmax under greedy (p-min, p-split read it), else q."""
