@@ -103,7 +103,7 @@ def test_verify_rows_are_bit_identical_to_decoding_alone(tiny_model_factory, arc
 
 
 def assert_verify_rows_bit_identical(runner) -> None:
-    """Chains, trees, batched and 40-row passes against one-token passes of the same tokens (also
+    """Chains, trees, batched, 24-row and 40-row passes against one-token passes of the same tokens (also
     used by tests/test_quant.py for the GGUF-block kernels)."""
     draft = [7, 300, 41, 5, 999, 12, 64, 8]
 
@@ -129,6 +129,10 @@ def assert_verify_rows_bit_identical(runner) -> None:
     runner.truncate(b, start_b)
     assert torch.equal(batched[0], alone(a, draft[:3]))
     assert torch.equal(batched[1], alone(b, draft[:6]))
+    one_sweep = runner.run([SeqInput(a, draft * 2), SeqInput(b, draft)]).logits  # 24 rows: one sweep of the weights
+    runner.truncate(a, start_a)
+    runner.truncate(b, start_b)
+    assert torch.equal(one_sweep[0], alone(a, draft * 2))
     wide = runner.run([SeqInput(a, draft * 3), SeqInput(b, draft * 2)]).logits  # 40 rows: wider than prefill's
     runner.truncate(a, start_a)
     runner.truncate(b, start_b)
