@@ -155,7 +155,10 @@ def make_peers(result: BenchResult, llm: LLM) -> list[Peer]:
     eos = list(llm.runner.eos_token_ids)
     peers: list[Peer] = []
     if "transformers" in cfg.peers:
-        model = load_transformers(llm.folder, cfg.dtype)
+        # A GGUF target's folder holds only its config and tokenizer: transformers runs the float
+        # copy of its weights (dequantised once into the same cache), so greedy outputs may differ.
+        folder = resolve_model(cfg.model) if gguf_file(cfg.model) is not None else llm.folder
+        model = load_transformers(folder, cfg.dtype)
         peers += [TransformersPeer(model, eos), TransformersPeer(model, eos, "prompt-lookup")]
         if cfg.draft_model:
             draft_folder = resolve_model(cfg.draft_model)
