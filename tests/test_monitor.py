@@ -72,3 +72,17 @@ def test_monitor_held_steps_count_a_drafter_with_nothing_does_not():
     for _ in range(4):
         monitor.observe(None, held=True)  # the cost model kept saying no: re-measure alpha
     assert monitor.mode is Mode.PROBE
+
+
+def test_a_first_draft_that_keeps_nothing_decides_when_asked():
+    """Sampled requests' adaptive members: the first draft is judged as a probe is (full length kept)."""
+    monitor = SpecMonitor(min_samples=3)
+    monitor.judge_first_draft()
+    assert monitor.mode is Mode.ON and monitor.draft_cap(8) == 8
+    monitor.observe(rejected())
+    assert monitor.mode is Mode.OFF and monitor.num_switch_offs == 1
+    lucky = SpecMonitor(min_samples=3)
+    lucky.judge_first_draft()
+    lucky.observe(kept())
+    lucky.observe(rejected())  # only the first draft decides alone; later ones wait for min_samples
+    assert lucky.mode is Mode.ON

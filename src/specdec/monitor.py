@@ -104,6 +104,14 @@ class SpecMonitor:
         self.idle = 0  # steps without a draft since the last one (OFF: since switching off)
         self.num_switch_offs = 0
         self.num_probes = 0
+        self.first_draft_decides = False  # see ``judge_first_draft``
+
+    def judge_first_draft(self) -> None:
+        """Judge the next draft as a probe is judged: nothing kept switches speculation off at once
+        (the draft keeps its full length). For a sampled request's look-up members: a deterministic
+        draft survives only where the target's draw matches it, so a first miss is telling, and at
+        temperature 1 the three drafts a fresh monitor waited for were a third of what adaptive lost."""
+        self.first_draft_decides = True
 
     @property
     def allows_draft(self) -> bool:
@@ -137,7 +145,8 @@ class SpecMonitor:
             self.sums.add(self._window[0], -1)
         self._window.append(sample)
         self.sums.add(sample)
-        if self.mode is Mode.PROBE and sample.tested and not sample.accepted:
+        first, self.first_draft_decides = self.first_draft_decides, False
+        if (self.mode is Mode.PROBE or first) and sample.tested and not sample.accepted:
             # A probe's draft with nothing kept answers "has the text turned repetitive?" at once:
             # judging it on min_samples drafts made probes at T=1 cost three full drafts each.
             self._switch_off()

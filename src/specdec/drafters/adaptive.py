@@ -256,6 +256,8 @@ class AdaptiveDrafter(Drafter):
         self.greedy = sampling.greedy
         for m in self.members:
             m.sampled = False
+            if not sampling.greedy:
+                m.monitor.judge_first_draft()
             m.drafter.begin(prompt_ids, sampling)
 
     def observe(self, target_hidden: Mapping[int, torch.Tensor]) -> None:
