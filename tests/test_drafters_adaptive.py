@@ -127,3 +127,45 @@ def test_a_sampled_offer_is_cut_by_its_plan_never_by_its_drawn_length():
         assert picked.token_ids == proposal.token_ids and picked.probs is not None
     assert planned_length(0.8, 1, cost)[0] == 0  # one token never pays: the member is not verified
     assert len(choose([Offer("draft-model", 0.8, short)], 1, cost, greedy=False)) == 0
+
+
+class Dear(Script):
+    """A right member that must first spend ``catch_up`` seconds on the context it has not seen
+    (a draft model's pass over the prompt)."""
+
+    def __init__(self, truth: list[int], catch_up: float) -> None:
+        super().__init__("dear", truth, right=True)
+        self.catch_up, self.asked = catch_up, 0
+
+    def catch_up_seconds(self, context):
+        return self.catch_up
+
+    def propose(self, context, max_tokens):
+        self.asked += 1
+        return super().propose(context, max_tokens)
+
+
+@pytest.mark.parametrize("max_new, catch_up, asked", [(100, 50.0, False), (100, 5.0, True), (10, 5.0, False)])
+def test_a_member_is_asked_only_where_the_request_can_repay_its_catch_up(max_new, catch_up, asked):
+    """Plain decoding costs 1 s a token here, a 4-token draft at alpha 0.6 ~0.6 s a token: at best
+    0.4 s saved per remaining token, so 5 s of catch-up pays over 100 tokens, not over 10."""
+    truth = list(range(100, 300))
+    dear = Dear(truth, catch_up)
+    drafter = AdaptiveDrafter([dear], cost_model(per_token=0.1))
+    drafter.begin(truth[:1], SamplingParams(max_new_tokens=max_new))
+    drafter.propose(truth[:1], 4)
+    assert (dear.asked == 1) == asked
+
+
+def test_with_every_member_off_no_rows_are_planned_and_the_back_offs_still_run_out():
+    truth = list(range(100, 300))
+    drafter = AdaptiveDrafter([Script("wrong", truth, right=False)], cost_model(per_token=0.1))
+    run_script(drafter, truth, 3)  # three rejections: switched off
+    monitor = drafter.members[0].monitor
+    assert not monitor.allows_draft and drafter.planned_alpha(0.9) is None
+    context = truth[:10]
+    for _ in range(monitor.backoff):  # steps the engine gave adaptive no budget: propose never called
+        drafter.accept(context, 0)
+        context = truth[: len(context) + 1]
+    assert monitor.mode.value == "probe" and drafter.planned_alpha(0.9) == monitor.probe_alpha
+    assert drafter.planned_alpha(0.3) == 0.3  # the sequence's own measured alpha caps the plan

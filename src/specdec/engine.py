@@ -225,7 +225,7 @@ class Engine:
         if not self.plan_drafts:
             return [cap if s.drafter is not None else 0 for s in seqs]
         caps = [s.monitor.draft_cap(cap) if s.drafter is not None and s.monitor.allows_draft else 0 for s in seqs]
-        alphas = [s.monitor.alpha if c else None for s, c in zip(seqs, caps, strict=True)]
+        alphas = [s.drafter.planned_alpha(s.monitor.alpha) if c else None for s, c in zip(seqs, caps, strict=True)]
         draft_seconds = [s.stats.draft_seconds / max(s.stats.decode_passes, 1) for s in seqs]
         return plan_draft_lengths(alphas, caps, self.runner.pass_cost, self.runner.pads_batches, draft_seconds)
 

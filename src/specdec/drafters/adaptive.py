@@ -240,6 +240,7 @@ class AdaptiveDrafter(Drafter):
         self.hidden_layers = tuple(sorted({i for d in members for i in d.hidden_layers}))
         self.greedy = True
         self._root_at: int | None = None  # context length at the last propose
+        self._ends_at = 1 << 30  # context length at which the request's token budget runs out
 
     @classmethod
     def from_config(cls, spec: SpecConfig, members: Sequence[Drafter] = (), target: ModelRunner | None = None,
@@ -254,6 +255,7 @@ class AdaptiveDrafter(Drafter):
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         self.greedy = sampling.greedy
+        self._ends_at = len(prompt_ids) + sampling.max_new_tokens
         for m in self.members:
             m.sampled = False
             if not sampling.greedy:
@@ -269,7 +271,7 @@ class AdaptiveDrafter(Drafter):
         self._root_at = len(context)
         offers = []
         for m in self.members:
-            m.offered, m.asked = None, self._worth_asking(m, max_tokens)
+            m.offered, m.asked = None, self._worth_asking(m, max_tokens, context)
             if not m.asked:
                 continue
             # A sampled member is asked for what ``choose`` will keep of it, known before it draws.
@@ -278,26 +280,44 @@ class AdaptiveDrafter(Drafter):
             if k == 0:
                 m.asked = False
                 continue
+            catch_up = m.drafter.catch_up_seconds(context)
             t0 = time.perf_counter()
             proposal = m.drafter.propose(context, k)
-            m.draft_seconds += 0.3 * (time.perf_counter() - t0 - m.draft_seconds)
+            spent = max(0.0, time.perf_counter() - t0 - catch_up)  # a prompt's catch-up is priced apart
+            m.draft_seconds += 0.3 * (spent - m.draft_seconds)
             m.sampled = proposal.probs is not None and not self.greedy
             if len(proposal):
                 m.offered = proposal
                 offers.append(Offer(m.drafter.name, m.monitor.alpha, proposal))
         return choose(offers, max_tokens, self.cost, self.greedy)
 
-    def _worth_asking(self, m: Member, k: int) -> bool:
+    def planned_alpha(self, alpha: float) -> float | None:
+        """The best alpha among the members it would ask (a probing one's is the probe's), not the
+        sequence's: with every member off it proposes nothing, and a batch planned rows for it at the
+        sequence monitor's probe alpha (at batch 16, T=1: a fifth of the passes carried such rows)."""
+        alphas = [m.monitor.alpha for m in self.members if m.monitor.allows_draft]
+        return min(alpha, max(alphas)) if alphas else None
+
+    def _worth_asking(self, m: Member, k: int, context: Sequence[int]) -> bool:
         """Switched on, and its expected tokens repay its drafting time over plain decoding; a probe
-        is always asked (its alpha is what the probe measures)."""
+        is always asked (its alpha is what the probe measures). A member that must first catch up
+        on the context (a draft model's pass over the whole prompt) is asked only where the rest of
+        the request could repay that: on Qwen2.5-Coder-1.5B a 0.5B draft spent 4-5 s on a RAG
+        prompt to draft 1-2 of its 18 tokens."""
         if not m.monitor.allows_draft:
             return False
-        if m.monitor.mode is Mode.PROBE or not measured(self.cost):
+        if not measured(self.cost):
             return True
         cost, alpha = self.cost, m.monitor.alpha
-        plain_rate = 1.0 / cost.estimate(1)
-        return any(expected_tokens(alpha, n) / (cost.estimate(n + 1) + m.draft_seconds) > plain_rate
-                   for n in range(1, k + 1))
+        plain = cost.estimate(1)
+        best = max(expected_tokens(alpha, n) / (cost.estimate(n + 1) + m.draft_seconds) for n in range(1, k + 1))
+        catch_up = m.drafter.catch_up_seconds(context)
+        if catch_up > 0.0:
+            # at best every remaining token comes at the best rate: the most it could save
+            remaining = max(0, self._ends_at - len(context))
+            if catch_up >= remaining * (plain - 1.0 / best):
+                return False
+        return m.monitor.mode is Mode.PROBE or best > 1.0 / plain
 
     def accept(self, context: Sequence[int], num_accepted: int) -> None:
         committed = context[self._root_at :] if self._root_at is not None else ()
@@ -308,8 +328,9 @@ class AdaptiveDrafter(Drafter):
                 m.monitor.observe(WindowSums(1, len(m.offered), accepted, tested, accepted + 1))
             else:
                 m.drafter.accept(context, 0)
-                if self._root_at is not None:  # a step this drafter was asked in (or held back from)
-                    m.monitor.observe(None, held=not m.asked)
+                # held: not asked, or the engine gave adaptive no budget this step (``planned_alpha``
+                # says no rows while every member is off: their back-offs must still run out)
+                m.monitor.observe(None, held=not m.asked)
             m.offered, m.asked = None, False
         self._root_at = None
 

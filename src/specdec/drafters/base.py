@@ -154,6 +154,17 @@ class Drafter(ABC):
         """Recent acceptance of each drafter this one chooses among (the adaptive drafter's members)."""
         return {}
 
+    def catch_up_seconds(self, context: Sequence[int]) -> float:
+        """What the next ``propose`` would spend before drafting: a draft model's pass over the
+        context it has not seen (the whole prompt, at a request's first draft). 0 when negligible
+        or unknown; the adaptive drafter weighs it against what the request's rest could save."""
+        return 0.0
+
+    def planned_alpha(self, alpha: float) -> float | None:
+        """The acceptance the engine's batch planner should expect of the next draft, given the
+        sequence monitor's ``alpha``; None: nothing will be proposed, so plan no rows for it."""
+        return alpha
+
     # -- catching up with the context, for drafters that index the tokens they have seen ----------
 
     def _sync(self, context: Sequence[int]) -> None:

@@ -190,9 +190,19 @@ class DraftModelDrafter(Drafter):
         self.runner.truncate(self.slot, keep)
         return self._run(list(context[keep:]))
 
+    def catch_up_seconds(self, context: Sequence[int]) -> float:
+        """The draft's pass over the context it has not cached, priced by its runner's measured pass
+        costs (``_run`` times every pass into them: a prompt's pass and the 1-5-token ones)."""
+        todo = len(context) - len(self.cached)
+        if todo <= 1:
+            return 0.0
+        return self.runner.pass_cost.estimate(todo) or 0.0
+
     def _run(self, tokens: list[int]) -> torch.Tensor:
         out = self.runner.run([SeqInput(self.slot, tokens, all_logits=False)])
         self.cached.extend(tokens)
+        if out.seconds:
+            self.runner.pass_cost.observe(len(tokens), out.seconds)
         return out.logits[0][-1]
 
 
