@@ -42,6 +42,9 @@ from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator, probs_from_logits, sample
 
 
+STEP_CATCH_UP = 16  # tokens a draft catches up on after one verify step, at most (a draft's budget and the bonus)
+
+
 class DraftModelDrafter(Drafter):
     name = "draft-model"
 
@@ -191,10 +194,11 @@ class DraftModelDrafter(Drafter):
         return self._run(list(context[keep:]))
 
     def catch_up_seconds(self, context: Sequence[int]) -> float:
-        """The draft's pass over the context it has not cached, priced by its runner's measured pass
-        costs (``_run`` times every pass into them: a prompt's pass and the 1-5-token ones)."""
+        """The draft's pass over a context it has not cached (a prompt), priced by its runner's
+        measured pass costs (``_run`` times every pass into them). A step's own catch-up (the
+        accepted tokens and the bonus one) is part of drafting and is not counted here."""
         todo = len(context) - len(self.cached)
-        if todo <= 1:
+        if todo <= STEP_CATCH_UP:
             return 0.0
         return self.runner.pass_cost.estimate(todo) or 0.0
 
