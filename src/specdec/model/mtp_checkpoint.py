@@ -74,7 +74,8 @@ def check_made_for(config: ModelConfig, target: ModelConfig | None, where: str) 
     """A module trained for another target (``--spec-model DIR``, `specdec train mtp`): one line naming what differs."""
     if target is None:
         return
-    for what, ours, theirs in (("hidden size", config.hidden_size, target.hidden_size),
+    for what, ours, theirs in (("architecture", config.arch, target.arch),
+                               ("hidden size", config.hidden_size, target.hidden_size),
                                ("vocabulary", config.vocab_size, target.vocab_size),
                                ("layer count", config.num_layers, target.num_layers)):
         if ours != theirs:

@@ -77,6 +77,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                          ttt_steps=parallel or args.ttt_steps, eval_every=args.eval_every, seed=args.seed,
                          bf16=args.precision == "bf16", parallel=parallel > 0,
                          train_lm_head=getattr(args, "train_lm_head", False))
+    out.mkdir(parents=True, exist_ok=True)  # (the data may live elsewhere: --data-dir)
     trainer = Trainer(head, tables, data, out, config, device, io)
     if args.resume:
         trainer.load_state()
