@@ -554,3 +554,42 @@ def test_harness_catches_resampling_from_p_with_mtp(micro, mtp_head, monkeypatch
     s = sample(micro, lambda: MtpDrafter(mtp_head, micro.target, 3), draft_n_max=3)
     assert_speculated(s)
     assert chi2_pvalue(s.counts, micro.dist()) < ALPHA
+
+
+# -- P-EAGLE: chains and trees from a parallel head's K distributions of one pass --------------------------
+
+
+@pytest.fixture(scope="module")
+def parallel_head(micro) -> EagleHead:
+    """``tiny_head``'s recipe with K = 3 parallel positions: its mask entries, random, also draft near
+    the target's p (the LM head is the target's, sharpened), so drafts past the root are accepted too."""
+    head = EagleHead(EagleHeadConfig.for_target(micro.target.config, VOCAB, parallel_tokens=3))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if p.dim() == 2 or name.startswith("mask_"):
+                p.normal_(0.0, 0.05)
+        head.set_vocab(torch.arange(VOCAB))
+        head.lm_head.weight.copy_(2.0 * micro.target.output_rows(torch.arange(VOCAB)))
+    return head
+
+
+def parallel(micro: Micro, head: EagleHead, topk: int) -> Callable[[], Drafter]:
+    return lambda: EagleDrafter(head, micro.target, topk=topk, num_steps=3, num_draft_tokens=4, parallel=True)
+
+
+# trees of 4 nodes from the 3 positions, and (slow: 30 s, the tree covers its path) a chain of 3
+@pytest.mark.parametrize("topk", [2, pytest.param(1, marks=pytest.mark.slow)])
+def test_parallel_drafting_keeps_the_distribution(micro, parallel_head, topk):
+    """Each node carries the q of its depth's position, the distribution it was drawn from."""
+    s = sample(micro, parallel(micro, parallel_head, topk))
+    assert_lossless(s, micro.dist(), trees=topk > 1, deep=False)
+
+
+@pytest.mark.slow  # 30 s; test_harness_catches_resampling_from_p pins the harness on chains and trees by default
+def test_harness_catches_resampling_from_p_with_parallel_drafting(micro, parallel_head, monkeypatch):
+    """The parallel chain's test has teeth: a verifier that resamples from p fails it on the same samples."""
+    monkeypatch.setattr(verify_mod, "_residual", lambda p, q, x: p)
+    s = sample(micro, parallel(micro, parallel_head, 1))
+    assert_speculated(s, deep=False)
+    assert chi2_pvalue(s.counts, micro.dist()) < ALPHA

@@ -96,11 +96,15 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "exact match: its text re-encoded by the target's tokenizer) or auto (the one measured "
                         "to be accepted more); both lossless")
     g.add_argument("--spec-model", default=None,
-                   help="EAGLE-3 head folder for --spec-type eagle3 (default: the head shipped for the default model)")
+                   help="EAGLE-3 head folder for --spec-type eagle3 (default: the head shipped for the default model); "
+                        "for draft-mtp, a module trained by `specdec train mtp` (default: the target's own)")
     g.add_argument("--spec-eagle-topk", type=positive_int, default=SpecConfig.eagle_topk,
                    help="eagle3: children expanded per tree node (1 = a chain)")
     g.add_argument("--spec-num-steps", type=positive_int, default=SpecConfig.num_steps,
                    help="eagle3: draft tree depth (head passes per draft)")
+    g.add_argument("--spec-parallel-drafting", action="store_true",
+                   help="eagle3: a P-EAGLE head (specdec train eagle3 --parallel K) drafts its K tokens in one "
+                        "pass instead of K")
     g.add_argument("--spec-layerskip-layers", default=None, metavar="auto|LIST",
                    help="draft-layerskip: the layers the draft skips, a comma list of indices, or auto (the "
                         "default: searched during generation by acceptance and cost); given, adaptive asks "
@@ -118,6 +122,8 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
     try:
         types = DEFAULT_SPEC_TYPES if args.spec_type is None else parse_spec_types(args.spec_type)
         num_draft = args.spec_num_draft_tokens or SpecConfig.num_draft_tokens
+        if args.spec_parallel_drafting and not {SpecType.EAGLE3, SpecType.ADAPTIVE} & set(types):
+            raise ValueError("--spec-parallel-drafting drafts with an EAGLE-3 head: it needs --spec-type eagle3")
         layers = args.spec_layerskip_layers
         n_max = args.spec_draft_n_max or (
             max(num_draft, SpecConfig.draft_n_max) if SpecType.EAGLE3 in types else SpecConfig.draft_n_max
@@ -133,6 +139,7 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
             draft_model=args.draft_model, draft_vocab=args.spec_draft_vocab, spec_model=args.spec_model,
             eagle_topk=args.spec_eagle_topk,
             num_steps=args.spec_num_steps, num_draft_tokens=num_draft, min_acceptance=args.spec_min_acceptance,
+            parallel_drafting=args.spec_parallel_drafting,
             layerskip_layers=None if layers is None else parse_layer_list(layers),
             layerskip_exit=args.spec_layerskip_exit,
             adaptive_layerskip=layers is not None or args.spec_layerskip_exit is not None,

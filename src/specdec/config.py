@@ -242,6 +242,10 @@ class SpecConfig:
     # --spec-num-draft-tokens: nodes sent to the verifier (capped by draft_n_max); 7 + the root is one
     # 8-row verify pass, the width where the CPU kernels' 4-row blocks end (docs/performance.md)
     num_draft_tokens: int = 7
+    # --spec-parallel-drafting (vLLM's "parallel_drafting"): a P-EAGLE head drafts all its K positions in
+    # one pass (``specdec train eagle3 --parallel K``); the tree is at most min(K, num_steps) deep. Other
+    # drafters ignore it (a bench's methods share one SpecConfig)
+    parallel_drafting: bool = False
     # draft-layerskip: the layers the draft skips (None = searched on the fly, ``layerskip.SkipSearch``)
     # or, with layerskip_exit = E, the first E layers only (early exit: LayerSkip checkpoints)
     layerskip_layers: tuple[int, ...] | None = None  # --spec-layerskip-layers auto|LIST

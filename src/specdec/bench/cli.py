@@ -115,6 +115,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-eagle-topk", type=positive_int, default=SpecConfig.eagle_topk)
     p.add_argument("--spec-num-steps", type=positive_int, default=SpecConfig.num_steps)
     p.add_argument("--spec-num-draft-tokens", type=positive_int, default=SpecConfig.num_draft_tokens)
+    p.add_argument("--spec-parallel-drafting", action="store_true",
+                   help="eagle3 methods draft with a P-EAGLE head's K positions in one pass")
     p.add_argument("--spec-layerskip-layers", default=None, metavar="auto|LIST",
                    help="draft-layerskip: the layers skipped (default auto: searched; a LIST pins them)")
     p.add_argument("--spec-layerskip-exit", type=positive_int, default=None, metavar="E",
@@ -134,6 +136,7 @@ def config_from_args(args: argparse.Namespace, argv: list[str] | None = None) ->
                           draft_branches=args.spec_draft_branches,
                           spec_model=args.spec_model, eagle_topk=args.spec_eagle_topk,
                           num_steps=args.spec_num_steps, num_draft_tokens=args.spec_num_draft_tokens,
+                          parallel_drafting=args.spec_parallel_drafting,
                           layerskip_layers=None if args.spec_layerskip_layers is None
                           else parse_layer_list(args.spec_layerskip_layers),
                           layerskip_exit=args.spec_layerskip_exit,

@@ -12,11 +12,19 @@ ancestors) and forgotten afterwards: only real entries stay.
 Greedy requests build the tree from the head's probabilities (``dynamic_tree``);
 sampled requests draw it from the head's q under the request's sampling settings
 and hand q to the verifier, which keeps the target's distribution exactly.
+
+Parallel drafting (P-EAGLE, ``parallel=True``, a head trained with ``--parallel K``):
+the catch-up step also runs the head's K - 1 mask entries after the root, so one
+head pass gives the distributions of all K drafted positions (``EagleHead``'s
+docstring). The tree is built from them as from sequential steps, except that a
+node's children are drawn from its depth's distribution, whatever its token: the
+same chain or best-first tree, each node carrying the q it was drawn from.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import torch
 
@@ -32,10 +40,14 @@ class EagleDrafter(Drafter):
     name = "eagle3"
 
     def __init__(self, head: EagleHead, target: ModelRunner, topk: int = 4, num_steps: int = 4,
-                 num_draft_tokens: int = 7) -> None:
+                 num_draft_tokens: int = 7, parallel: bool = False) -> None:
         if min(topk, num_steps, num_draft_tokens) < 1:
             raise ValueError("eagle3 needs topk, num_steps and num_draft_tokens >= 1")
+        if parallel and not head.config.parallel_tokens:
+            raise ValueError("parallel drafting needs a head trained for it (specdec train eagle3 --parallel K)")
         self.head, self.target = head, target
+        # parallel: the K drafted positions of one pass (the tree is at most that deep); else 0
+        self.num_parallel = head.config.parallel_tokens if parallel else 0
         self.topk, self.num_steps, self.num_draft_tokens = topk, num_steps, num_draft_tokens
         self.hidden_layers = head.config.feature_layers
         self.device = head.d2t.device
@@ -50,7 +62,7 @@ class EagleDrafter(Drafter):
         """``head``: the engine's loaded EAGLE head; ``target``: the target runner (its embeddings)."""
         if head is None or target is None:
             raise ValueError("eagle3 needs a loaded head and the target runner (see DraftResources)")
-        return cls(head, target, spec.eagle_topk, spec.num_steps, spec.num_draft_tokens)
+        return cls(head, target, spec.eagle_topk, spec.num_steps, spec.num_draft_tokens, spec.parallel_drafting)
 
     def _reset(self) -> None:
         self.num_real = 0  # head cache rows holding real entries: positions 1..num_real
@@ -79,27 +91,37 @@ class EagleDrafter(Drafter):
         if len(context) + self.num_steps >= self.head.max_positions:
             return EMPTY  # past the head's rope table
         with torch.inference_mode():
+            if self.num_parallel:
+                return self._draft_parallel(context, max_tokens)
             self._catch_up(context)
             return self._draft(len(context) - 1, max_tokens)
 
     # -- the head's real entries -----------------------------------------------------------------
-    def _catch_up(self, context: Sequence[int]) -> None:
-        """Run the entries of positions num_real + 1 .. root (features g_{p-1}, token x_p)."""
-        if not self.num_pending:
-            return
-        features = torch.cat(self.pending)
-        m, start = features.shape[0], self.num_real
-        ids = torch.tensor(context[start + 1 : start + 1 + m], device=self.device)
-        positions = torch.arange(start + 1, start + 1 + m, device=self.device)
-        self.cache.reserve(start + m + self.num_draft_tokens + 1)
-        visible = torch.ones(m, start + m, dtype=torch.bool, device=self.device)
-        visible[:, start:] = torch.ones(m, m, dtype=torch.bool, device=self.device).tril()
-        rows = torch.arange(start, start + m, device=self.device)
-        out = self.head.step(self.head.project(features.float()), self._embed(ids), positions, self.cache, rows,
-                             visible)
-        self.root_out = out[-1]
+    def _catch_up(self, context: Sequence[int], num_mask: int = 0) -> torch.Tensor:
+        """Run the entries of positions num_real + 1 .. root (features g_{p-1}, token x_p), then
+        ``num_mask`` P-EAGLE mask entries at root + 1 ..; returns the outputs of the root and the
+        mask entries [1 + num_mask, H]. Only the real entries stay: mask rows are overwritten later."""
+        if not self.num_pending and not num_mask:
+            return self.root_out.unsqueeze(0)
+        m, start = self.num_pending, self.num_real
+        n = m + num_mask
+        positions = torch.arange(start + 1, start + 1 + n, device=self.device)
+        self.cache.reserve(start + n + self.num_draft_tokens + 1)
+        visible = torch.ones(n, start + n, dtype=torch.bool, device=self.device)
+        visible[:, start:] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        rows = torch.arange(start, start + n, device=self.device)
+        hidden, embeds = self.head.mask_inputs((num_mask,)) if num_mask else (None, None)
+        if m:
+            ids = torch.tensor(context[start + 1 : start + 1 + m], device=self.device)
+            real = self.head.project(torch.cat(self.pending).float()), self._embed(ids)
+            hidden = real[0] if hidden is None else torch.cat([real[0], hidden])
+            embeds = real[1] if embeds is None else torch.cat([real[1], embeds])
+        out = self.head.step(hidden, embeds, positions, self.cache, rows, visible)
+        if m:
+            self.root_out = out[m - 1]
         self.num_real += m
         self.pending, self.num_pending = [], 0
+        return torch.cat([self.root_out.unsqueeze(0), out[m:]])
 
     def _embed(self, target_ids: torch.Tensor) -> torch.Tensor:
         return self.target.embed(target_ids).to(self.device)
@@ -121,10 +143,23 @@ class EagleDrafter(Drafter):
                            min(self.num_steps, budget), budget)
         if not nodes:
             return EMPTY
+        return self._proposal(nodes)
+
+    def _draft_parallel(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
+        """One head pass over the new real entries and the K - 1 mask entries -> the K positions' q;
+        node children at depth d are drawn from q_d (module docstring)."""
+        budget = min(self.num_draft_tokens, max_tokens)
+        depth = min(self.num_parallel, self.num_steps, budget)
+        qs = self._q(self._catch_up(context, depth - 1))  # [depth, Vd]: q of drafted tokens 1..depth
+        pick = greedy_children if self.params.greedy else sampled_children(self.generator)
+        nodes = build_tree(qs[0], lambda new, nodes: qs[[nodes[n - 1].depth for n in new]], pick, self.topk,
+                           depth, budget)
+        return self._proposal(nodes) if nodes else EMPTY
+
+    def _proposal(self, nodes: list[DraftNode]) -> DraftProposal:
         token_ids = self.head.draft_to_target(torch.tensor([n.token for n in nodes], device=self.device)).tolist()
-        proposal = DraftProposal.from_tree(token_ids, [n.parent for n in nodes])
-        proposal.probs = None if self.params.greedy else self._full_vocab([n.q for n in nodes])
-        return proposal
+        tree = DraftProposal.from_tree(token_ids, [n.parent for n in nodes])
+        return replace(tree, probs=None if self.params.greedy else self._full_vocab([n.q for n in nodes]))
 
     def _full_vocab(self, qs: list[torch.Tensor | None]) -> torch.Tensor:
         """Draft-vocabulary q's -> [N, V] over the target's vocabulary (zero outside the draft one)."""

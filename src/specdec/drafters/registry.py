@@ -23,7 +23,7 @@ from specdec.drafters.retokenize import TokenizerPair
 from specdec.drafters.suffix import SuffixCache, SuffixDrafter
 from specdec.drafters.vocab_map import VocabMap
 from specdec.errors import ModelLoadError
-from specdec.model.eagle_checkpoint import check_target, load_head
+from specdec.model.eagle_checkpoint import check_parallel, check_target, load_head
 from specdec.model.eagle_head import EagleHead
 from specdec.model.mtp_checkpoint import load_mtp_head
 from specdec.runners.base import ModelRunner
@@ -104,9 +104,12 @@ class DraftResources:
             )
             self.cross_vocab = cross_vocab_for(spec, target, self.draft_runner, tokenizer, folder)
         self.target = target
-        self.eagle_head = load_eagle_head(spec.spec_model, target, tokenizer) if SpecType.EAGLE3 in types else None
+        self.eagle_head = load_eagle_head(spec.spec_model, target, tokenizer, spec.parallel_drafting) \
+            if SpecType.EAGLE3 in types else None
         self.layerskip = SkipSearch.from_spec(spec, target) if SpecType.DRAFT_LAYERSKIP in types else None
-        self.mtp_head = load_mtp_head(target_model, target) if SpecType.DRAFT_MTP in types else None
+        # draft-mtp: the target checkpoint's module, or one trained for it (`specdec train mtp`, --spec-model)
+        self.mtp_head = load_mtp_head(spec.spec_model or target_model, target) if SpecType.DRAFT_MTP in types \
+            else None
 
     def new_drafter(self, types: Sequence[SpecType] | None = None) -> Drafter | None:
         """A fresh drafter for one request (None when speculation is off).
@@ -191,8 +194,9 @@ def cross_vocab_for(spec: SpecConfig, target: ModelRunner, draft: ModelRunner, t
     return CrossVocab(TokenizerPair(tokenizer, draft_tok), vocab, spec.draft_vocab)
 
 
-def load_eagle_head(folder: str | None, target: ModelRunner, tokenizer) -> EagleHead:
-    """The head in ``folder`` (None: the one shipped for the default model), checked against the target."""
+def load_eagle_head(folder: str | None, target: ModelRunner, tokenizer, parallel: bool = False) -> EagleHead:
+    """The head in ``folder`` (None: the one shipped for the default model), checked against the target
+    (and, with ``parallel``, that it was trained for parallel drafting)."""
     path = Path(folder).expanduser() if folder else SHIPPED_HEAD
     if folder is None and not path.is_dir():
         raise ModelLoadError("no EAGLE-3 head ships with this build yet: train one with `specdec train eagle3 "
@@ -206,6 +210,7 @@ def load_eagle_head(folder: str | None, target: ModelRunner, tokenizer) -> Eagle
             raise ModelLoadError(f"{exc}; the shipped head fits the default model only: pass --spec-model DIR") \
                 from None
         raise
+    check_parallel(head, parallel, where=str(path))
     if head.d2t.device.type == "cpu":
         head.quantize_for_cpu()
     return head

@@ -10,6 +10,12 @@ trained here run elsewhere and published heads run here::
                        layers.0.self_attn.{q,k,v,o}_proj.weight, layers.0.mlp.{gate,up,down}_proj.weight,
                        norm.weight, lm_head.weight, d2t (offsets: target = d + d2t[d]), t2d (bool mask)
 
+A P-EAGLE head (``specdec train eagle3 --parallel K``) says speculators_model_type
+"peagle" with ``para_depths`` K (speculators' name for the parallel positions) and
+stores its mask entry as ``mask_hidden`` [3H_t] (speculators' name) and ``mask_embed``
+[H] (ours: speculators embeds a mask token id with a trained copy of the embedding
+table, which we never store).
+
 The original EAGLE-3 release (a LlamaConfig with ``draft_vocab_size``, weights under
 ``midlayer.``) loads as well. The target's embedding table is never stored: the head
 looks tokens up in the target's own. Pickled checkpoints are refused.
@@ -50,6 +56,8 @@ NAMES = {
     "lm_head.weight": "lm_head.weight",
     "d2t": "d2t",
     "t2d": "t2d",
+    "mask_hidden": "mask_hidden",
+    "mask_embed": "mask_embed",
 }
 
 
@@ -68,9 +76,11 @@ def config_to_json(c: EagleHeadConfig, dtype: str = "bfloat16") -> dict:
         "max_position_embeddings": c.max_position_embeddings, "hidden_act": "silu", "attention_bias": False,
         "mlp_bias": False, "tie_word_embeddings": False,
     }
+    parallel = {"para_depths": c.parallel_tokens} if c.parallel_tokens else {}
     return {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
+        "architectures": ["PEagleSpeculator" if c.parallel_tokens else "Eagle3Speculator"],
+        "speculators_model_type": "peagle" if c.parallel_tokens else "eagle3",
+        **parallel,
         "speculators_version": "0.3.0",
         "torch_dtype": dtype,
         "draft_vocab_size": c.draft_vocab_size,
@@ -108,6 +118,7 @@ def config_from_json(raw: dict, target_num_layers: int, has_fc_bias: bool = Fals
             max_position_embeddings=int(layer.get("max_position_embeddings", 8192)),
             norm_before_residual=bool(raw.get("norm_before_residual", False)), fc_bias=has_fc_bias,
             verifier=dict(verifier),
+            parallel_tokens=int(raw.get("para_depths") or 0) if raw.get("speculators_model_type") == "peagle" else 0,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"not an EAGLE-3 head config (missing or bad {exc})") from None
@@ -178,7 +189,7 @@ def _fill(head: EagleHead, tensors: dict[str, torch.Tensor], folder: Path) -> No
         for name in wanted:
             if name not in tensors:
                 continue
-            src = tensors[name]
+            src = tensors[name].reshape(-1) if name == "mask_hidden" else tensors[name]  # speculators: [1, 1, F]
             dst = params[name] if name in params else getattr(head, name)
             if tuple(src.shape) != tuple(dst.shape):
                 raise ModelLoadError(
@@ -218,3 +229,12 @@ def check_target(head: EagleHead, target_config, target_vocab_size: int, tokeniz
         raise ModelLoadError(f"{prefix}made for another tokenizer (vocabulary fingerprint {want} differs)")
     if int((torch.arange(len(head.d2t), device=head.d2t.device) + head.d2t).max()) >= target_vocab_size:
         raise ModelLoadError(f"{prefix}its d2t map points past the target's vocabulary")
+
+
+def check_parallel(head: EagleHead, parallel: bool, where: str = "") -> None:
+    """--spec-parallel-drafting needs a head trained for it (its K and mask entry): one line if not."""
+    if parallel and not head.config.parallel_tokens:
+        head_name = f"EAGLE head {where}" if where else "EAGLE head"
+        raise ModelLoadError(f"--spec-parallel-drafting: the {head_name} was not trained for parallel "
+                             "drafting (no para_depths / mask_hidden): train one with `specdec train eagle3 "
+                             "--parallel K`, or drop --spec-parallel-drafting")

@@ -14,6 +14,16 @@ predicted there.
     h' = h + attn(x) ; h' = h' + mlp(post_norm(h'))
     logits = lm_head(norm(h'))               [n, draft_vocab]; target id = d + d2t[d]
 
+P-EAGLE (parallel drafting, ``parallel_tokens`` K > 0; the ``speculators`` project's
+``peagle`` recipe): K - 1 *mask entries* follow the root's real entry in the same
+pass, each reading a learned feature vector (``mask_hidden`` [3H_t], through ``fc``)
+and a learned token embedding (``mask_embed`` [H]) at positions root + 1 .. root +
+K - 1 and attending causally to the real entries and the mask entries before it;
+entry d's logits predict drafted token d + 1, so one head pass drafts K tokens::
+
+    entries  [..., (g_{r-1}, x_r) @ r,  (mask, mask) @ r+1, ..., (mask, mask) @ r+K-1]
+    logits   [...,  token r+1,          token r+2,      ...,  token r+K]
+
 Weights use the names of the ``speculators`` project (``layers.0.self_attn.q_proj``,
 ``fc``, ``norm``, ``lm_head``, ``d2t``, ``t2d``); the original EAGLE-3 release's
 ``midlayer.*`` names load too (``model.eagle_checkpoint`` reads and writes both
@@ -65,11 +75,12 @@ class EagleHeadConfig:
     norm_before_residual: bool = False
     fc_bias: bool = False
     verifier: dict = field(default_factory=dict)  # the target it was trained for (name, sizes)
+    parallel_tokens: int = 0  # K drafts per pass from mask entries (P-EAGLE); 0 = a sequential head
 
     @classmethod
     def for_target(
         cls, target: ModelConfig, draft_vocab_size: int, feature_layers: tuple[int, ...] | None = None,
-        verifier_name: str = "",
+        verifier_name: str = "", parallel_tokens: int = 0,
     ) -> EagleHeadConfig:
         """A head shaped like one layer of ``target``, reading EAGLE-3's default layers."""
         layers = feature_layers or default_feature_layers(target.num_layers)
@@ -83,6 +94,7 @@ class EagleHeadConfig:
             verifier=dict(name_or_path=verifier_name, architectures=[f"{target.arch}"],
                           hidden_size=target.hidden_size, vocab_size=target.vocab_size,
                           num_hidden_layers=target.num_layers),
+            parallel_tokens=parallel_tokens,
         )
 
     def layer_config(self) -> ModelConfig:
@@ -136,6 +148,9 @@ class EagleHead(nn.Module):
         self.lm_head = nn.Linear(H, c.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))  # target = d + d2t[d]
         self.register_buffer("t2d", torch.zeros(c.target_vocab_size, dtype=torch.bool))  # in the draft vocab
+        if c.parallel_tokens:  # P-EAGLE's mask entry: learned features (before fc) and token embedding
+            self.mask_hidden = nn.Parameter(0.02 * torch.randn(len(c.feature_layers) * c.target_hidden_size))
+            self.mask_embed = nn.Parameter(0.02 * torch.randn(H))
         # [L, D/2] complex; capped: a 128k-context target would otherwise cost 128 MB of tables
         self.max_positions = min(c.max_position_embeddings, MAX_POSITIONS)
         cos, sin = rotate_half_tables(c.layer_config(), self.max_positions)
@@ -196,6 +211,12 @@ class EagleHead(nn.Module):
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """Target features [..., 3H_t] -> [..., H] (``fc``)."""
         return self._linear("fc", features)
+
+    def mask_inputs(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden, embeds) [*shape, H] of P-EAGLE mask entries: ``fc(mask_hidden)`` and ``mask_embed``."""
+        hidden = self.project(self.mask_hidden.unsqueeze(0))[0]
+        H = self.config.hidden_size
+        return hidden.expand(*shape, H), self.mask_embed.expand(*shape, H)
 
     def set_vocab(self, draft_to_target: torch.Tensor) -> None:
         """Draft vocabulary = these target ids (ascending), stored as EAGLE-3's d2t offsets and t2d mask."""

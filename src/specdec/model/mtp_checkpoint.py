@@ -54,17 +54,33 @@ _PERMUTED_ARCHS = ("llama",)  # llama.cpp interleaves q/k rows for these (see gg
 
 
 def load_mtp_head(model: str | None, target: ModelRunner) -> MtpHead:
-    """The MTP module inside ``model``'s checkpoint (the target ``target`` runs), float32 on its device."""
+    """The MTP module inside ``model``'s checkpoint (the target ``target`` runs, or a folder that
+    `specdec train mtp` wrote for it: the target's config.json and the module in the DeepSeek layout),
+    float32 on its device."""
     path = model_path(model)
     folder = resolve_model(model, weights=False)
     config, raw = read_model_config(folder)
     config = check_supported(config, raw)
+    check_made_for(config, getattr(target, "config", None), folder.name)
     weights, layout = read_mtp_weights(path if path.suffix == ".gguf" else folder, config)
     if "lm_head" not in weights:
         weights["lm_head"] = target.output_rows(torch.arange(config.vocab_size))
     check_shapes(weights, config, path.name)
     head = MtpHead(MtpHeadConfig(block=config, layout=layout, mask_first_embed=layout != "qwen3-next"), weights)
     return head.to(target.device).eval()
+
+
+def check_made_for(config: ModelConfig, target: ModelConfig | None, where: str) -> None:
+    """A module trained for another target (``--spec-model DIR``, `specdec train mtp`): one line naming what differs."""
+    if target is None:
+        return
+    for what, ours, theirs in (("architecture", config.arch, target.arch),
+                               ("hidden size", config.hidden_size, target.hidden_size),
+                               ("vocabulary", config.vocab_size, target.vocab_size),
+                               ("layer count", config.num_layers, target.num_layers)):
+        if ours != theirs:
+            raise ModelLoadError(f"draft-mtp: the MTP module in {where} was made for a target with {what} {ours}, "
+                                 f"this one has {theirs}")
 
 
 def check_supported(config: ModelConfig | None, raw: dict) -> ModelConfig:

@@ -117,6 +117,12 @@ class MtpHead(nn.Module):
         """Run n entries (as ``EagleHead.step``): hidden [n, H] the target's state before each token
         or the module's previous output, embeds [n, H] the tokens' embeddings, positions [n] the
         tokens' positions; K/V written at cache ``rows``; returns h' [n, H]."""
+        residual, q, k, v = self.qkv(hidden, embeds, positions)
+        return self.finish(residual, cached_attention(q, k, v, cache, rows, visible))
+
+    def qkv(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor):
+        """Entries [..., H] -> (residual x = eh_proj(..) [..., H], q [..., Hq, D], k, v [..., Hkv, D]) with
+        rope applied (``EagleHead.qkv``'s contract: ``step`` and the training unroll share it)."""
         c = self.config.block
         if self.config.mask_first_embed:
             embeds = embeds.masked_fill((positions == 1).unsqueeze(-1), 0.0)  # vLLM's position 0
@@ -125,14 +131,18 @@ class MtpHead(nn.Module):
         x = F.linear(x, self.eh_proj)
         h = rms_norm(x, self.input_layernorm, c.rms_norm_eps)
         bias = (lambda name: getattr(self, name)) if c.attention_bias else (lambda name: None)  # noqa: E731
-        q = F.linear(h, self.q_proj, bias("q_bias")).view(-1, c.num_heads, c.head_dim)
-        k = F.linear(h, self.k_proj, bias("k_bias")).view(-1, c.num_kv_heads, c.head_dim)
-        v = F.linear(h, self.v_proj, bias("v_bias")).view(-1, c.num_kv_heads, c.head_dim)
+        shape = h.shape[:-1]
+        q = F.linear(h, self.q_proj, bias("q_bias")).view(*shape, c.num_heads, c.head_dim)
+        k = F.linear(h, self.k_proj, bias("k_bias")).view(*shape, c.num_kv_heads, c.head_dim)
+        v = F.linear(h, self.v_proj, bias("v_bias")).view(*shape, c.num_kv_heads, c.head_dim)
         if c.qk_norm:
             q, k = rms_norm(q, self.q_norm, c.rms_norm_eps), rms_norm(k, self.k_norm, c.rms_norm_eps)
         cos, sin = self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2)
-        attn = cached_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, cache, rows, visible)
-        x = x + F.linear(attn, self.o_proj)
+        return x, rotate(q, cos, sin), rotate(k, cos, sin), v
+
+    def finish(self, residual: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Attention output [..., Hq * D] -> the module's output h' [..., H]."""
+        c = self.config.block
+        x = residual + F.linear(attn, self.o_proj)
         m = rms_norm(x, self.post_attention_layernorm, c.rms_norm_eps)
         return x + F.linear(F.silu(F.linear(m, self.gate_proj)) * F.linear(m, self.up_proj), self.down_proj)
-

@@ -72,7 +72,8 @@ def spec_from_vllm_config(text: str) -> tuple[SpecConfig, int | None]:
 
     {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4} -> ngram, K=5, n-gram size 4;
     {"method": "suffix", ...}; {"method": "draft_model", "model": "path"} (or just {"model": "path"});
-    {"method": "mtp", "num_speculative_tokens": 2} -> draft-mtp (the target checkpoint's MTP module).
+    {"method": "mtp", "num_speculative_tokens": 2} -> draft-mtp (the target checkpoint's MTP module; with
+    "model": a module trained by `specdec train mtp`); "parallel_drafting": true -> --spec-parallel-drafting.
     """
     try:
         cfg = json.loads(text)
@@ -104,8 +105,18 @@ def spec_from_vllm_config(text: str) -> tuple[SpecConfig, int | None]:
         changes["spec_model"] = model if isinstance(model, str) and model else None
         k = changes.get("draft_n_max", SpecConfig.num_draft_tokens)
         changes.update(eagle_topk=1, num_steps=k, num_draft_tokens=k, draft_n_max=k)
+    if kind is SpecType.DRAFT_MTP and isinstance(model, str) and model:
+        changes["spec_model"] = model
+    if "parallel_drafting" in cfg:
+        if not isinstance(cfg["parallel_drafting"], bool):
+            raise ValueError(f"--speculative-config parallel_drafting must be true or false, got "
+                             f"{cfg['parallel_drafting']!r}")
+        if cfg["parallel_drafting"] and kind not in (SpecType.EAGLE3, SpecType.ADAPTIVE):
+            raise ValueError('--speculative-config "parallel_drafting" drafts with an EAGLE-3 head: it needs '
+                             '"method": "eagle3"')
+        changes["parallel_drafting"] = cfg["parallel_drafting"]
     known = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
-             "disable_by_batch_size"}
+             "disable_by_batch_size", "parallel_drafting"}
     ignored = sorted(set(cfg) - known)
     if "prompt_lookup_min" in cfg:
         ignored.append("prompt_lookup_min (the n-gram drafter falls back to 2-grams)")

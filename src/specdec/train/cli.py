@@ -1,7 +1,13 @@
-"""`specdec train eagle3`: self-distil data from the target, then train and save a head.
+"""`specdec train eagle3|mtp`: self-distil data from the target, then train and save a head.
 
     specdec train eagle3 --target M --out DIR [--data FILE] [--samples N] [--steps N]
-                         [--draft-vocab N] [--device cpu|cuda] [--resume]
+                         [--draft-vocab N] [--parallel K] [--device cpu|cuda] [--resume]
+    specdec train mtp    --target M --out DIR [--data-dir DIR/data of an eagle3 run] ...
+
+eagle3 trains an EAGLE-3 head (with ``--parallel K`` a P-EAGLE head that drafts K tokens
+in one pass: --spec-parallel-drafting); mtp trains a DeepSeek-style MTP module for a
+target that ships none (``--spec-type draft-mtp --spec-model DIR``). Both read the same
+self-distillation data, so an eagle3 run's ``--data-dir`` serves an mtp run.
 
 Both phases resume: data already cached in DIR/data is kept and extended up to
 ``--samples`` prompts; ``--resume`` continues training from DIR/state. ``--steps 0``
@@ -22,14 +28,29 @@ from specdec.train.config import TrainConfig
 def add_train_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="method", required=True, parser_class=type(p))
     e = sub.add_parser("eagle3", help="train an EAGLE-3 head for a target model")
-    e.add_argument("--target", default=None, help="target model (default: SmolLM2-135M-Instruct)")
-    e.add_argument("--out", required=True, help="folder for the head, its data and its training state")
-    e.add_argument("--data", default=None, help="prompts (JSONL with a \"prompt\" per line, or text lines) "
-                                                "instead of the built-in offline sources")
-    e.add_argument("--samples", type=int, default=4000, help="prompts to self-distil (cached; extended on reruns)")
-    e.add_argument("--steps", type=int, default=2000, help="optimizer steps (0 = only collect data)")
+    _add_common(e, "the head")
     e.add_argument("--draft-vocab", type=positive_int, default=8192, help="reduced draft vocabulary size")
     e.add_argument("--layers", default=None, help="target layers read, comma list (default: EAGLE-3's low,mid,high)")
+    e.add_argument("--parallel", type=positive_int, default=None, metavar="K",
+                   help="train a P-EAGLE head that drafts K tokens in one pass from mask entries "
+                        "(--spec-parallel-drafting); sets --ttt-steps K")
+    e.add_argument("--train-lm-head", action="store_true",
+                   help="train the head's LM head too (default: frozen at the target's rows)")
+    m = sub.add_parser("mtp", help="train a multi-token-prediction module for a target that has none "
+                                   "(--spec-type draft-mtp --spec-model DIR)")
+    _add_common(m, "the module")
+
+
+def _add_common(e: argparse.ArgumentParser, what: str) -> None:
+    e.add_argument("--target", default=None, help="target model (default: SmolLM2-135M-Instruct)")
+    e.add_argument("--out", required=True, help=f"folder for {what}, its data and its training state")
+    e.add_argument("--data", default=None, help="prompts (JSONL with a \"prompt\" per line, or text lines) "
+                                                "instead of the built-in offline sources")
+    e.add_argument("--data-dir", default=None,
+                   help="cached self-distillation data (default OUT/data); another run's, e.g. an eagle3 run's "
+                        "OUT/data, is reused and extended")
+    e.add_argument("--samples", type=int, default=4000, help="prompts to self-distil (cached; extended on reruns)")
+    e.add_argument("--steps", type=int, default=2000, help="optimizer steps (0 = only collect data)")
     e.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda when present")
     e.add_argument("--resume", action="store_true", help="continue the training state in --out")
     e.add_argument("--lr", type=float, default=TrainConfig.lr)
@@ -43,8 +64,6 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all)")
     e.add_argument("--precision", default="bf16", choices=["bf16", "fp32"],
                    help="training matrix products (bf16 autocast; fp32 where a CPU lacks fast bfloat16)")
-    e.add_argument("--train-lm-head", action="store_true",
-                   help="train the head's LM head too (default: frozen at the target's rows)")
     e.add_argument("--seed", type=int, default=0)
 
 

@@ -20,5 +20,6 @@ class TrainConfig:
     max_val_tokens: int = 12_000  # the first validation sequences (by prompt index): a fixed set once filled
     seed: int = 0
     bf16: bool = True  # autocast matrix products to bfloat16 (2.8x faster on an AVX-512 BF16 CPU)
+    parallel: bool = False  # train a P-EAGLE head: steps >= 1 read the mask entry (``train.ttt``)
     train_lm_head: bool = False  # the LM head starts as the target's own rows; frozen, it keeps the
     # head's output in the target's final-state space (less to learn from little data, and faster)

@@ -187,8 +187,12 @@ def pack(items: list[Generated], layers: Sequence[int]) -> dict[str, torch.Tenso
         for g in items:
             h = g.hidden[layer]
             rows += [h, torch.zeros(1, h.shape[1], dtype=torch.float16)]  # the last token's row
-        out["hidden.final" if layer == -1 else f"hidden.{layer}"] = torch.cat(rows).contiguous()
+        out[_hidden_key(layer)] = torch.cat(rows).contiguous()
     return out
+
+
+def _hidden_key(layer: int) -> str:
+    return "hidden.final" if layer == -1 else f"hidden.{layer}"
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -209,7 +213,8 @@ class SampleStore:
     """Read access to every cached sequence under a data folder (shards opened lazily).
 
     ``layers``: the target layers a sample's features concatenate, any subset of those cached
-    (default all), so one collection serves heads that read different layers.
+    (default all), so one collection serves heads that read different layers; -1 is the final
+    normed state (always cached: what an MTP module reads).
     """
 
     def __init__(self, folder: Path, layers: Sequence[int] | None = None) -> None:
@@ -219,7 +224,7 @@ class SampleStore:
             raise FileNotFoundError(f"no training data in {folder} (manifest.json missing)")
         cached = tuple(self.manifest["layers"])
         self.layers = cached if layers is None else tuple(layers)
-        if missing := [i for i in self.layers if i not in cached]:
+        if missing := [i for i in self.layers if i not in (*cached, -1)]:
             raise ValueError(f"{folder} holds the states of target layers {list(cached)}, not of {missing}")
         self.index: list[tuple[str, int, int, int]] = []  # shard, start row, end row, prompt_len
         self.greedy: list[bool] = []
@@ -249,7 +254,7 @@ class SampleStore:
         name, start, end, prompt_len = self.index[i]
         f = self._file(name)
         tokens = f.get_slice("tokens")[start:end].long()
-        feats = torch.cat([f.get_slice(f"hidden.{layer}")[start:end] for layer in self.layers], dim=-1)
+        feats = torch.cat([f.get_slice(_hidden_key(layer))[start:end] for layer in self.layers], dim=-1)
         return Sample(tokens, prompt_len, self.greedy[i], feats, f.get_slice("hidden.final")[start:end])
 
     def token_counts(self, vocab_size: int, ids: Iterable[int] | None = None) -> torch.Tensor:

@@ -1,10 +1,11 @@
-"""`specdec train eagle3` at work: self-distil data from the target, then train and save a head
-(the flags are in ``train/cli.py``)."""
+"""`specdec train eagle3|mtp` at work: self-distil data from the target, then train and save a head
+(the flags are in ``train/cli.py``; the MTP module's own parts in ``train/mtp.py``)."""
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import sys
 from dataclasses import replace
@@ -13,13 +14,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdec.errors import UsageError
+from specdec.errors import ModelLoadError, UsageError
 from specdec.model.eagle_checkpoint import load_head, tokenizer_hash
 from specdec.model.eagle_head import EagleHead, EagleHeadConfig, default_feature_layers
+from specdec.model.mtp_checkpoint import check_supported
 from specdec.runners.load import load_runner
 from specdec.text import load_tokenizer
 from specdec.train import data as train_data
 from specdec.train.config import TrainConfig
+from specdec.train.mtp import MtpIO, new_mtp_head
 from specdec.train.prompts import build_prompts, read_prompt_file, self_instruct_requests
 from specdec.train.trainer import Tables, Trainer, split
 from specdec.train.vocab import choose_vocab, coverage
@@ -27,6 +30,7 @@ from specdec.train.vocab import choose_vocab, coverage
 
 def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    data = Path(args.data_dir) if args.data_dir else out / "data"
     if args.resume and not (out / "state" / "progress.json").is_file():
         raise UsageError(f"--resume: {out} holds no training state")
     if not args.resume and args.steps > 0 and (out / "state").exists():
@@ -39,33 +43,47 @@ def cmd_train(args: argparse.Namespace) -> int:
     if target is None:
         raise UsageError("training a head needs a target the native runner supports (Llama, Qwen, Mistral, Gemma3)")
     tokenizer = load_tokenizer(folder)
-    head = load_head(out / "state") if args.resume else None
-    # a resumed head reads the layers it was built for, in collection too
-    layers = head.config.feature_layers if head is not None else _layers(args.layers, target.num_layers)
-    manifest = _collect(args, runner, tokenizer, out, layers)
+    mtp = args.method == "mtp"
+    if mtp:
+        try:
+            check_supported(target, json.loads((folder / "config.json").read_text()))
+        except ModelLoadError as exc:
+            raise UsageError(str(exc).replace("draft-mtp", "train mtp", 1)) from None
+    head = load_head(out / "state") if args.resume and not mtp else None
+    # a resumed head reads the layers it was built for, in collection too; an MTP module reads the final
+    # state (cached with any layers): it collects the eagle3 default's, so one collection serves both
+    cached = (train_data.read_manifest(data) or {}).get("layers")
+    layers = head.config.feature_layers if head is not None else (
+        tuple(cached) if mtp and cached else _layers(None if mtp else args.layers, target.num_layers))
+    manifest = _collect(args, runner, tokenizer, data, layers)
     if not manifest["shards"]:
         raise UsageError("the training data yields no examples (no prompt produced a response)")
     if args.steps == 0:
         return 0
     try:
-        store = train_data.SampleStore(out / "data", layers)
+        store = train_data.SampleStore(data, (-1,) if mtp else layers)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    io = MtpIO(json.loads((folder / "config.json").read_text())) if mtp else None
     if head is None:
-        head = _new_head(args, target, tokenizer, runner, store, layers)
+        head = new_mtp_head(runner, args.seed) if mtp else _new_head(args, target, tokenizer, runner, store, layers)
     head = head.to(device)
+    parallel = 0 if mtp else head.config.parallel_tokens
     V = target.vocab_size
-    tables = Tables(embed=runner.embed(torch.arange(V)).to(device),
-                    target_rows=runner.output_rows(head.draft_to_target(torch.arange(head.config.draft_vocab_size,
-                                                                                     device=device)).cpu()).to(device))
-    config = TrainConfig(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens, ttt_steps=args.ttt_steps,
-                         eval_every=args.eval_every, seed=args.seed, bf16=args.precision == "bf16",
-                         train_lm_head=args.train_lm_head)
-    trainer = Trainer(head, tables, out / "data", out, config, device)
+    rows = head.lm_head.detach() if mtp else runner.output_rows(
+        head.draft_to_target(torch.arange(head.config.draft_vocab_size, device=device)).cpu())
+    tables = Tables(embed=runner.embed(torch.arange(V)).to(device), target_rows=rows.to(device))
+    config = TrainConfig(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens,
+                         ttt_steps=parallel or args.ttt_steps, eval_every=args.eval_every, seed=args.seed,
+                         bf16=args.precision == "bf16", parallel=parallel > 0,
+                         train_lm_head=getattr(args, "train_lm_head", False))
+    out.mkdir(parents=True, exist_ok=True)  # (the data may live elsewhere: --data-dir)
+    trainer = Trainer(head, tables, data, out, config, device, io)
     if args.resume:
         trainer.load_state()
     last = trainer.train(log=lambda line: tqdm.write(line, file=sys.stderr))
-    print(f"specdec: head saved to {out} (best validation tau {trainer.best_tau:.2f}; last {last.get('tau', 0):.2f})",
+    what = "MTP module" if mtp else "P-EAGLE head" if parallel else "head"
+    print(f"specdec: {what} saved to {out} (best validation tau {trainer.best_tau:.2f}; last {last.get('tau', 0):.2f})",
           file=sys.stderr)
     return 0
 
@@ -95,7 +113,7 @@ def _layers(text: str | None, num_layers: int) -> tuple[int, ...]:
     return layers
 
 
-def _collect(args, runner, tokenizer, out: Path, layers: tuple[int, ...]) -> dict:
+def _collect(args, runner, tokenizer, data: Path, layers: tuple[int, ...]) -> dict:
     if args.data:
         try:
             prompts = list(read_prompt_file(args.data))[: args.samples]
@@ -105,7 +123,7 @@ def _collect(args, runner, tokenizer, out: Path, layers: tuple[int, ...]) -> dic
     else:
         prompts = build_prompts(args.samples, args.seed)
         own = self_instruct_requests(args.samples, args.seed)
-    cached = train_data.read_manifest(out / "data") or {}
+    cached = train_data.read_manifest(data) or {}
     done = cached.get("prompts_done", 0)
     if set(layers) <= set(cached.get("layers", ())):
         layers = tuple(cached["layers"])  # data cached for more layers: extend it in kind
@@ -119,7 +137,7 @@ def _collect(args, runner, tokenizer, out: Path, layers: tuple[int, ...]) -> dic
     meta = {"target": args.target or "default", "seed": args.seed, "source": args.data or "built-in"}
     try:
         manifest = train_data.collect(
-            runner, tokenizer, out / "data", prompts, layers, seed=args.seed, greedy_fraction=args.greedy_fraction,
+            runner, tokenizer, data, prompts, layers, seed=args.seed, greedy_fraction=args.greedy_fraction,
             max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, meta=meta, progress=progress,
             self_instruct=own,
         )
@@ -130,7 +148,8 @@ def _collect(args, runner, tokenizer, out: Path, layers: tuple[int, ...]) -> dic
 
 
 def _new_head(args, target, tokenizer, runner, store, layers) -> EagleHead:
-    config = EagleHeadConfig.for_target(target, args.draft_vocab, layers, verifier_name=args.target or "default")
+    config = EagleHeadConfig.for_target(target, args.draft_vocab, layers, verifier_name=args.target or "default",
+                                        parallel_tokens=args.parallel or 0)
     config = replace(config, verifier={**config.verifier, "tokenizer_hash": tokenizer_hash(tokenizer)})
     head = EagleHead(config)
     train_ids, _ = split(store)

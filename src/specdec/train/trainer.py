@@ -10,6 +10,10 @@ bfloat16), every validated head to ``DIR/checkpoints/step-N``, and the full stat
 ``DIR/metrics.jsonl`` keeps one line per validation: the learning curve (tau
 against training tokens seen and the distinct tokens available).
 
+The head is an EAGLE-3 head (saved in the speculators layout) or an MTP module
+(``train.mtp``: saved in the DeepSeek layout draft-mtp loads); ``HeadIO`` is how
+each is written and read back.
+
 The data folder is read again at every epoch, so a collector still adding
 shards (a second ``specdec train`` process with ``--steps 0``) feeds a running
 trainer.
@@ -25,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from tqdm import tqdm
@@ -34,6 +39,26 @@ from specdec.model.eagle_head import EagleHead
 from specdec.train.config import TrainConfig
 from specdec.train.data import Sample, SampleStore
 from specdec.train.ttt import StepMetrics, chain_tau, make_batch, ttt_loss
+
+
+class HeadIO(Protocol):
+    """How a trained head is written (``save``: the checkpoint, bfloat16 unless told) and how a
+    saved state is read back into the head being trained (``load_into``)."""
+
+    def save(self, head: torch.nn.Module, folder: Path, dtype: torch.dtype = torch.bfloat16) -> Path: ...
+
+    def load_into(self, head: torch.nn.Module, folder: Path) -> None: ...
+
+
+class EagleIO:
+    """EAGLE-3 heads: ``model.eagle_checkpoint``'s speculators layout."""
+
+    def save(self, head: torch.nn.Module, folder: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+        return save_head(head, folder, dtype=dtype)
+
+    def load_into(self, head: torch.nn.Module, folder: Path) -> None:
+        head.load_state_dict(load_head(folder, head.d2t.device).state_dict())
+
 
 VAL_EVERY = 20  # prompts whose index is a multiple of this form the validation split
 
@@ -86,9 +111,11 @@ def batches(store: SampleStore, ids: list[int], budget: int, rng: random.Random)
 
 class Trainer:
     def __init__(self, head: EagleHead, tables: Tables, data: Path, out: Path, config: TrainConfig,
-                 device: torch.device) -> None:
+                 device: torch.device, io: HeadIO | None = None) -> None:
         self.head, self.tables, self.data, self.out, self.config, self.device = head, tables, data, out, config, device
-        head.lm_head.weight.requires_grad_(config.train_lm_head)
+        self.io = io or EagleIO()
+        lm_head = head.lm_head
+        (lm_head if isinstance(lm_head, torch.nn.Parameter) else lm_head.weight).requires_grad_(config.train_lm_head)
         params = [p for p in head.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
         self.step = 0
@@ -99,7 +126,7 @@ class Trainer:
     # -- state ---------------------------------------------------------------------------------
     def save_state(self) -> None:
         state = self.out / "state"
-        save_head(self.head, state, dtype=torch.float32)
+        self.io.save(self.head, state, dtype=torch.float32)
         torch.save(self.optimizer.state_dict(), state / "optimizer.pt.tmp")
         (state / "optimizer.pt.tmp").replace(state / "optimizer.pt")
         progress = dict(step=self.step, tokens_seen=self.tokens_seen, best_tau=self.best_tau,
@@ -108,8 +135,7 @@ class Trainer:
 
     def load_state(self) -> None:
         state = self.out / "state"
-        saved = load_head(state, self.device)
-        self.head.load_state_dict(saved.state_dict())
+        self.io.load_into(self.head, state)
         self.optimizer.load_state_dict(torch.load(state / "optimizer.pt", weights_only=True))
         progress = json.loads((state / "progress.json").read_text())
         self.step, self.tokens_seen, self.best_tau = progress["step"], progress["tokens_seen"], progress["best_tau"]
@@ -125,7 +151,7 @@ class Trainer:
 
     def train(self, log: Callable[[str], None] = print) -> dict:
         c = self.config
-        bar = tqdm(total=c.steps, initial=self.step, desc="train eagle3", unit="step", dynamic_ncols=True,
+        bar = tqdm(total=c.steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
                    mininterval=1 if sys.stderr.isatty() else 60)
         last: dict = {}
         while self.step < c.steps:
@@ -157,7 +183,7 @@ class Trainer:
             group["lr"] = self.lr_at(self.step)
         with self._autocast():
             loss, stats = ttt_loss(self.head, batch, self.tables.embed, self.tables.target_rows,
-                                   self.config.ttt_steps, self.config.decay)
+                                   self.config.ttt_steps, self.config.decay, self.config.parallel)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), self.config.grad_clip)
@@ -189,7 +215,7 @@ class Trainer:
             batch = make_batch([store[i]], self.config.prompt_weight, self.device)
             with self._autocast():
                 loss, stats = ttt_loss(self.head, batch, self.tables.embed, self.tables.target_rows,
-                                       self.config.ttt_steps, self.config.decay)
+                                       self.config.ttt_steps, self.config.decay, self.config.parallel)
             used += batch.num_tokens
             loss_sum, n, total = loss_sum + stats.loss, n + 1, total + stats.total
             correct = [a + b for a, b in zip(correct, stats.correct + [0] * (len(correct) - len(stats.correct)),
@@ -205,7 +231,7 @@ class Trainer:
             f.write(json.dumps(record) + "\n")
         if tau > self.best_tau or not (self.out / "model.safetensors").exists():
             self.best_tau = max(tau, self.best_tau)
-            save_head(self.head, self.out)
-        save_head(self.head, self.out / "checkpoints" / f"step-{self.step}")
+            self.io.save(self.head, self.out)
+        self.io.save(self.head, self.out / "checkpoints" / f"step-{self.step}")
         self.save_state()
         return record

@@ -14,6 +14,17 @@ exactly what a chain of k drafted tokens sees when drafting from root x_{j+1}.
 Hence, on greedy responses, "steps 0..k all predict the next token" is exactly
 "a greedy chain drafted from that root has k + 1 tokens accepted": the validation
 acceptance here is the acceptance of drafting, not a proxy.
+
+Parallel (P-EAGLE, ``parallel=True``): step k >= 1 reads the head's mask entry
+(``EagleHead.mask_inputs``) instead of its own step k-1 output and prediction, at
+the same position j + 1 + k and with the same attention: exactly the K - 1 mask
+entries the drafter appends after root x_{j+1} in one pass, so every root of a
+sequence trains every depth at once (speculators' ``peagle`` recipe, without its
+down-sampling of positions per depth). The steps no longer depend on each other;
+the loop over k only builds the per-step keys.
+
+The head is an EAGLE-3 head or an MTP module (``MtpHead``, `specdec train mtp`):
+both offer ``project``, ``qkv``, ``finish``, ``logits`` and ``draft_to_target``.
 """
 
 from __future__ import annotations
@@ -95,16 +106,20 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     return out.transpose(1, 2).reshape(B, T, Hq * D)
 
 
-def unroll(head: EagleHead, batch: TTTBatch, embed_table: torch.Tensor, steps: int) -> list[torch.Tensor]:
-    """Draft-vocabulary logits [B, T, Vd] of each step 0..steps-1."""
+def unroll(head: EagleHead, batch: TTTBatch, embed_table: torch.Tensor, steps: int,
+           parallel: bool = False) -> list[torch.Tensor]:
+    """Draft-vocabulary logits [B, T, Vd] of each step 0..steps-1 (``parallel``: mask entries, module docstring)."""
     hidden = head.project(batch.features)
     ids, positions = batch.ids, batch.positions
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     out = []
     max_pos = head.cos.shape[0] - 1
-    for _ in range(steps):
-        embeds = embed_table[ids]
+    for step in range(steps):
+        if parallel and step > 0:
+            hidden, embeds = head.mask_inputs(batch.ids.shape)
+        else:
+            embeds = embed_table[ids]
         residual, q, k, v = head.qkv(hidden, embeds, positions.clamp(max=max_pos))
         keys.append(k)
         values.append(v)
@@ -125,14 +140,14 @@ class StepMetrics:
 
 def ttt_loss(
     head: EagleHead, batch: TTTBatch, embed_table: torch.Tensor, target_rows: torch.Tensor, steps: int,
-    decay: float = 0.8,
+    decay: float = 0.8, parallel: bool = False,
 ) -> tuple[torch.Tensor, StepMetrics]:
     """Soft cross-entropy against the target's distribution over the draft vocabulary, step k
     weighted decay**k; target_rows [Vd, H] are the target's LM-head rows of the draft vocabulary.
     Metrics count a step as right when its argmax is the token that followed (exact on greedy data)."""
     with torch.no_grad(), torch.autocast(batch.ids.device.type, enabled=False):
         target_probs = torch.softmax(batch.target_final @ target_rows.T, dim=-1)  # [B, T, Vd] float32
-    logits = unroll(head, batch, embed_table, steps)
+    logits = unroll(head, batch, embed_table, steps, parallel)
     T = batch.ids.shape[1]
     total_loss = torch.zeros((), device=batch.ids.device)
     chain = batch.target_valid.clone()  # entries whose steps so far all matched
