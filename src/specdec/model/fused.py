@@ -34,7 +34,7 @@ class Rows:
     layout: RowLayout
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays: identity, not value, equality
 class FusedDecoder:
     """A ``Transformer``'s fused path, built once: its layer stack as ``decode_layers``' groups."""
 
