@@ -267,12 +267,12 @@ def test_k_quant_model_verify_rows_bit_identical(tmp_path, arch):
     weights = load_gguf_weights(path, cfg)
     stacked = Transformer(cfg, weights, CPU_KERNELS, 256)
     assert set(stacked.block_types) == {"Q4_K", "Q5_K", "Q6_K"}
+    runner = NativeRunner(stacked, cfg, torch.float32, torch.device("cpu"), 256, num_slots=2)
     # the super-blocks' own bytes (144 / 176 / 210 per 256 values), not widened scales; stacked layers
     # keep their own widths (ffn_down: Q4_K in layer 0, Q5_K in layer 1)
-    assert list(stacked._fused["wqkv"][5]) == [210, 210]
-    assert list(stacked._fused["w_down"][5]) == [2 * 144, 2 * 176]
-    assert stacked._fused["w_down"][0].nbytes == 256 * (2 * 144 + 2 * 176)
-    runner = NativeRunner(stacked, cfg, torch.float32, torch.device("cpu"), 256, num_slots=2)
+    assert list(runner.fused.weights.wqkv[5]) == [210, 210]
+    assert list(runner.fused.weights.w_down[5]) == [2 * 144, 2 * 176]
+    assert runner.fused.weights.w_down[0].nbytes == 256 * (2 * 144 + 2 * 176)
     logits = runner.run([SeqInput(runner.allocate(), [3, 40, 500])]).logits[0]
     assert torch.isfinite(logits).all() and logits.std() > 0
     runner.free(0)

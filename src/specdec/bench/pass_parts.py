@@ -40,20 +40,20 @@ def _rows(stack) -> int:
 
 def part_costs(runner: NativeRunner, slot: int, width: int, rounds: int) -> dict[str, float]:
     """Median seconds of each part of a ``width``-row pass of ``slot`` (its cache as it is now)."""
-    f, c = runner.model._fused, runner.config
+    f, c = runner.fused, runner.config
     rng = np.random.default_rng(0)
     parts: dict[str, list[float]] = {name: [] for name in (*KINDS, "attention", "lm_head")}
-    rows = runner._make_rows([SeqInput(slot, [1] * width)])
+    rows = runner._make_rows([SeqInput(slot, [1] * width)]).layout
     k_cache, v_cache = kernels.as_numpy(runner.cache.k_all), kernels.as_numpy(runner.cache.v_all)
     q = rng.standard_normal((width, c.num_heads, c.head_dim)).astype(np.float32)
     attn = np.empty_like(q)
-    head = f["head"]
+    head = f.head
     normed = rng.standard_normal((width, c.hidden_size)).astype(np.float32)
     logits = np.empty((width, c.vocab_size), dtype=np.float32)
-    layers = [[_layer_matrix(f[kind], i) for i in range(c.num_layers)] for kind in KINDS]
-    inputs = (c.hidden_size, c.num_heads * c.head_dim, c.hidden_size, _rows(f["w_gate_up"]) // 2)
+    layers = [[_layer_matrix(getattr(f.weights, kind), i) for i in range(c.num_layers)] for kind in KINDS]
+    inputs = (c.hidden_size, c.num_heads * c.head_dim, c.hidden_size, _rows(f.weights.w_gate_up) // 2)
     xs = [rng.standard_normal((width, k)).astype(np.float32) for k in inputs]
-    outs = [np.empty((width, _rows(f[kind])), dtype=np.float32) for kind in KINDS]
+    outs = [np.empty((width, _rows(getattr(f.weights, kind))), dtype=np.float32) for kind in KINDS]
     for r in range(rounds + 1):  # the first round warms up (compiles, faults pages in)
         for kind, ws, x, out in zip(KINDS, layers, xs, outs, strict=True):
             t0 = time.perf_counter()
@@ -63,9 +63,9 @@ def part_costs(runner: NativeRunner, slot: int, width: int, rounds: int) -> dict
                 parts[kind].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         for layer in range(c.num_layers):
-            window = f["window"] if f["sliding"][layer] else 0
+            window = f.arch.window if f.arch.sliding[layer] else 0
             kernels.attention(q, k_cache[layer], v_cache[layer], rows.slots, rows.positions, rows.seq_rows,
-                              rows.mask, window, f["scale"], attn)
+                              rows.mask, window, f.arch.scale, attn)
         if r:
             parts["attention"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()

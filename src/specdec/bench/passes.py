@@ -160,7 +160,7 @@ def _peak_and_parts(runner: ModelRunner, context: list[int], width: int, part_wi
                     rounds: int) -> tuple[int, dict[int, dict[str, float]]]:
     """Peak RSS after loading, a prefill of ``context`` and a ``width``-token pass; then, on the same
     cache, each of ``part_widths``' passes by part (``pass_parts``; fused runners only)."""
-    if part_widths and getattr(runner.model, "_fused", None) is None:
+    if part_widths and getattr(runner, "fused", None) is None:
         raise UsageError("--parts needs the fused CPU kernels (--backend cpu-kernels)")
     slot = runner.allocate()
     try:

@@ -35,6 +35,8 @@ KV cache is float32 or bfloat16 bits likewise (written with round-to-nearest-eve
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 from numba import njit, prange, types
@@ -479,22 +481,75 @@ def gated_activation(gate_up: np.ndarray, gelu: bool, out: np.ndarray) -> None: 
             out[r, i] = _act(gate_up[r, i], gelu) * gate_up[r, inter + i]
 
 
-@njit(**_FLAGS)  # serial glue: only the products and attention inside launch threads
-def decode_layers(
-    x, row_slot, row_pos, row_write, seq_rows, mask,
-    wqkv, bqkv, wo, w_gate_up, w_down, norms, qk_norms, k_cache, v_cache,
-    cos, sin, cos_local, sin_local, sliding, window,
-    n_heads, n_kv, eps, scale, has_bias, qk_norm, sandwich, gelu, run_layer, hidden_at, hidden,
-):  # pragma: no cover - compiled
-    """Run the rows x [N, H] through every layer l with run_layer[l] in place, writing their K/V
-    to the cache; a layer not run passes x through and writes no K/V (a layer-skipping draft).
+class RowLayout(NamedTuple):
+    """Where each of a pass's N rows sits (``decode_layers``' rows; built by the runner).
 
-    Per layer l: wqkv[l] [(Hq + 2 Hkv) D, H], bqkv[l], wo[l] [H, Hq D], w_gate_up[l] [2 I, H],
-    w_down[l] [H, I]; norms[l] = (attn, mlp, post_attn, post_mlp) [4, H]; qk_norms[l] [2, D];
-    k_cache[l], v_cache[l] [slots, Hkv, max_len, D]. Rope tables [max_len, D / 2] (the local
-    ones for sliding layers). hidden[hidden_at[l]] receives x after layer l where
-    hidden_at[l] >= 0.
+    slots, positions, write_at: [N] int64, a row's cache row, rope position and cache entry;
+    seq_rows: [S + 1], rows of sequence s are seq_rows[s]:seq_rows[s + 1]; mask: [N, L] bool,
+    True where a row may attend to a cache entry.
     """
+
+    slots: np.ndarray
+    positions: np.ndarray
+    write_at: np.ndarray
+    seq_rows: np.ndarray
+    mask: np.ndarray
+
+
+class LayerWeights(NamedTuple):
+    """Every layer's weights, stacked [num_layers, ...]: the matrices float (float32, or bfloat16
+    bits) or ``quant.stack``'s arrays (read through ``layer_weight``); the rest float32.
+
+    wqkv [(Hq + 2 Hkv) D, H], bqkv [(Hq + 2 Hkv) D], wo [H, Hq D], w_gate_up [2 I, H], w_down [H, I]
+    per layer; norms [4, H] = (attn, mlp, post_attn, post_mlp); qk_norms [2, D] = (q, k).
+    """
+
+    wqkv: np.ndarray | tuple
+    bqkv: np.ndarray
+    wo: np.ndarray | tuple
+    w_gate_up: np.ndarray | tuple
+    w_down: np.ndarray | tuple
+    norms: np.ndarray
+    qk_norms: np.ndarray
+
+
+class RopeTables(NamedTuple):
+    """[max_len, D / 2] float32 rotation factors by position; the local ones for sliding layers."""
+
+    cos: np.ndarray
+    sin: np.ndarray
+    cos_local: np.ndarray
+    sin_local: np.ndarray
+
+
+class Arch(NamedTuple):
+    """The architecture's sizes and switches (the config flags ``decode_layers`` reads)."""
+
+    sliding: np.ndarray  # [num_layers] bool: the layer attends within ``window`` keys
+    window: int
+    n_heads: int
+    n_kv: int
+    eps: float
+    scale: float  # attention's q.k scale
+    has_bias: bool  # bqkv is added
+    qk_norm: bool  # q and k RMS-normed per head
+    sandwich: bool  # post_attn / post_mlp norms
+    gelu: bool  # gelu (tanh) gate, else silu
+
+
+@njit(**_FLAGS)  # serial glue: only the products and attention inside launch threads
+def decode_layers(x, rows, weights, k_cache, v_cache, rope, arch, run_layer, hidden_at, hidden):  # pragma: no cover
+    """Run the rows x [N, H] (``rows``: a ``RowLayout``) through every layer l with run_layer[l]
+    in place, writing their K/V to the cache; a layer not run passes x through and writes no K/V
+    (a layer-skipping draft).
+
+    weights: ``LayerWeights``; k_cache[l], v_cache[l] [slots, Hkv, max_len, D]; rope: ``RopeTables``;
+    arch: ``Arch``. hidden[hidden_at[l]] receives x after layer l where hidden_at[l] >= 0.
+    """
+    row_slot, row_pos, row_write, seq_rows, mask = rows
+    wqkv, bqkv, wo, w_gate_up, w_down, norms, qk_norms = weights
+    cos, sin, cos_local, sin_local = rope
+    sliding, window, n_heads, n_kv, eps, scale, has_bias, qk_norm, sandwich, gelu = arch
     n_rows, size = x.shape
     dim = cos.shape[1] * 2
     q_size, kv_size = n_heads * dim, n_kv * dim

@@ -6,10 +6,10 @@ rope is one complex multiply on q and k together (weights are permuted to the
 interleaved layout at load time), norms use ``F.rms_norm``, and the attention
 mask and rope factors are built once per forward, not per layer.
 
-Two ways through it, chosen by the runner: ``forward`` (a padded [B, T] batch,
-op by op: prefill, and every pass on the ``torch`` backend) and ``forward_rows``
-(a ragged list of rows, the whole layer stack in one compiled call: decode and
-verify passes on the ``cpu-kernels`` backend; see ``kernels.decode_layers``).
+This module is the torch model: ``forward`` runs a padded [B, T] batch op by op
+(prefill, and every pass on the ``torch`` backend). The other way through the same
+weights is ``model.fused`` (a ragged list of rows, the whole layer stack in one compiled
+call: decode and verify passes on the ``cpu-kernels`` backend); the runner chooses.
 Each layer's weights are views into one stacked tensor per kind, which is what
 the compiled call reads.
 """
@@ -53,23 +53,6 @@ class Batch:
     attn_mask: torch.Tensor | None
     kv_len: int
     contiguous: bool
-
-
-@dataclass
-class Rows:
-    """Inputs of one fused pass: N new tokens of S sequences, sequence by sequence, unpadded.
-
-    input_ids, positions, slots, write_at: [N] as in ``Batch``, one entry per row
-    seq_rows:  [S + 1] rows of sequence s are seq_rows[s]:seq_rows[s + 1]
-    mask:      [N, L] bool, True where a row may attend to a cache entry
-    """
-
-    input_ids: torch.Tensor
-    positions: np.ndarray
-    slots: np.ndarray
-    write_at: np.ndarray
-    seq_rows: np.ndarray
-    mask: np.ndarray
 
 
 def _stack(mats: list[torch.Tensor | QuantMatrix]) -> torch.Tensor | tuple[np.ndarray, ...]:
@@ -140,7 +123,7 @@ class Transformer(nn.Module):
     """The decoder, built from converted weights (``weights.load_state_dict``) and a backend.
 
     Matrices may be GGUF blocks (``QuantMatrix``, from ``gguf_weights``): then every pass runs
-    fused (``forward_rows``) on the integer-dot kernels, and ``forward`` is unavailable.
+    fused (``model.fused``) on the integer-dot kernels, and ``forward`` is unavailable.
     """
 
     def __init__(
@@ -199,7 +182,6 @@ class Transformer(nn.Module):
             F.silu if c.hidden_act == "silu" else (lambda x: F.gelu(x, approximate="tanh"))
         )
         self.eval()
-        self._fused = self._fused_arguments() if backend.fused else None
 
     def _check_names(self, weights: dict[str, torch.Tensor]) -> None:
         c = self.config
@@ -212,38 +194,6 @@ class Transformer(nn.Module):
         missing, unexpected = sorted(want - weights.keys()), sorted(weights.keys() - want)
         if missing or unexpected:
             raise ModelLoadError(f"weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
-
-    def _fused_arguments(self) -> dict:
-        """The NumPy views and flags ``kernels.decode_layers`` takes (built once)."""
-        c = self.config
-        f32 = lambda t: t.float().contiguous().numpy()  # noqa: E731 - norms are tiny: keep float32 copies
-        zeros_h = torch.zeros(c.hidden_size)
-        norms = torch.stack([
-            torch.stack([layer.attn_norm, layer.mlp_norm,
-                         getattr(layer, "post_attn_norm", zeros_h), getattr(layer, "post_mlp_norm", zeros_h)])
-            for layer in self.layers
-        ])
-        zeros_d = torch.zeros(c.head_dim)
-        qk = torch.stack([torch.stack([getattr(layer, "q_norm", zeros_d), getattr(layer, "k_norm", zeros_d)])
-                          for layer in self.layers])
-        q_out = self.layers[0].q_size + 2 * self.layers[0].kv_size
-        bias = torch.stack([layer.bqkv if layer.bqkv is not None else torch.zeros(q_out) for layer in self.layers])
-        rope_local = self.rope_local if self.rope_local is not None else self.rope
-        arrays = lambda w: w if isinstance(w, tuple) else kernels.as_numpy(w)  # noqa: E731
-        head = self.quantized.get("lm_head")
-        return dict(
-            wqkv=arrays(self.stacked["wqkv"]), bqkv=f32(bias), wo=arrays(self.stacked["wo"]),
-            w_gate_up=arrays(self.stacked["w_gate_up"]), w_down=arrays(self.stacked["w_down"]),
-            norms=f32(norms), qk_norms=f32(qk),
-            cos=f32(self.rope.real), sin=f32(self.rope.imag), cos_local=f32(rope_local.real),
-            sin_local=f32(rope_local.imag),
-            sliding=np.array([layer.sliding for layer in self.layers], dtype=np.bool_),
-            window=int(c.sliding_window or 0), n_heads=c.num_heads, n_kv=c.num_kv_heads,
-            eps=float(c.rms_norm_eps), scale=float(self.scale), has_bias=bool(c.attention_bias),
-            qk_norm=bool(c.qk_norm), sandwich=bool(c.sandwich_norm), gelu=c.hidden_act != "silu",
-            final_norm=f32(self.norm),
-            head=head.arrays() if head is not None else kernels.as_numpy(self.lm_head.contiguous()),
-        )
 
     @property
     def is_quantized(self) -> bool:
@@ -283,49 +233,6 @@ class Transformer(nn.Module):
         mask[list(layers)] = True
         return mask
 
-    def forward_rows(
-        self, rows: Rows, cache: KVCache, logits_rows: np.ndarray | None = None, hidden_layers: tuple[int, ...] = (),
-        layers: tuple[int, ...] | None = None,
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The fused pass (``cpu-kernels``): rows [N] -> logits [N or len(logits_rows), V] float32.
-
-        Hidden states and ``layers`` as in ``forward``, per row: [N, H] float32 each.
-        """
-        c, f = self.config, self._fused
-        x = self.embed_rows(rows.input_ids)  # [N, H]
-        if c.embed_scale:
-            dtype = self.embed.dtype if self.embed is not None else torch.float32
-            x = x * torch.tensor(c.hidden_size**0.5, dtype=dtype).float()
-        xn = x.contiguous().numpy()
-        hidden_at = np.full(c.num_layers, -1, dtype=np.int64)
-        for j, layer in enumerate(sorted(i for i in hidden_layers if i >= 0)):  # layer order, as forward
-            hidden_at[layer] = j
-        hidden = np.empty((max(1, int((hidden_at >= 0).sum())), *xn.shape), dtype=np.float32)
-        kernels.decode_layers(
-            xn, rows.slots, rows.positions, rows.write_at, rows.seq_rows, rows.mask,
-            f["wqkv"], f["bqkv"], f["wo"], f["w_gate_up"], f["w_down"], f["norms"], f["qk_norms"],
-            kernels.as_numpy(cache.k_all), kernels.as_numpy(cache.v_all),
-            f["cos"], f["sin"], f["cos_local"], f["sin_local"], f["sliding"], f["window"],
-            f["n_heads"], f["n_kv"], f["eps"], f["scale"], f["has_bias"], f["qk_norm"], f["sandwich"], f["gelu"],
-            self.run_mask(layers), hidden_at, hidden,
-        )
-        normed = np.empty_like(xn)
-        kernels.rms_norm_rows(xn, f["final_norm"], f["eps"], normed)
-        out_hidden = [torch.from_numpy(hidden[j]) for j in range(int((hidden_at >= 0).sum()))]
-        if -1 in hidden_layers:
-            out_hidden.append(torch.from_numpy(normed))
-        if logits_rows is not None:
-            normed = np.ascontiguousarray(normed[logits_rows])
-        logits = np.empty((normed.shape[0], c.vocab_size), dtype=np.float32)
-        if isinstance(f["head"], tuple):
-            kernels.qmatmul(*f["head"], normed, logits)
-        else:
-            kernels.matmul(f["head"], normed, logits)
-        out = torch.from_numpy(logits)
-        if c.final_logit_softcapping:
-            out = torch.tanh(out / c.final_logit_softcapping) * c.final_logit_softcapping
-        return out, out_hidden
-
     def forward(
         self,
         batch: Batch,
@@ -344,7 +251,7 @@ class Transformer(nn.Module):
         """
         c = self.config
         if self.is_quantized:
-            raise RuntimeError("a model with quantized weights runs fused passes only (forward_rows)")
+            raise RuntimeError("a model with quantized weights runs fused passes only (model.fused)")
         x = F.embedding(batch.input_ids, self.embed)  # [B, T, H]
         if c.embed_scale:
             x = x * torch.tensor(c.hidden_size**0.5, dtype=x.dtype)

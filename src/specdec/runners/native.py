@@ -1,4 +1,10 @@
-"""The native runner: our decoder (``model.transformer``) over a static KV cache; trees too."""
+"""The native runner: our decoder over a static KV cache; trees too.
+
+Each pass goes one of three ways, chosen in ``NativeRunner.run`` alone: the fused kernels
+(``model.fused``: decode, verify, short prompts, anything over GGUF blocks), the torch
+model's batched ops (``model.transformer``: a float prompt's many rows through BLAS, or every
+pass on the ``torch`` backend), or a long prompt over GGUF blocks in fused chunks.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,9 @@ import torch
 
 from specdec.cache import KVCache
 from specdec.config import ModelConfig
-from specdec.model.transformer import Batch, Rows, Transformer
+from specdec.model.fused import FusedDecoder, Rows
+from specdec.model.kernels import RowLayout
+from specdec.model.transformer import Batch, Transformer
 from specdec.runners.base import ModelRunner, PassOutput, SeqInput
 from specdec.tree import DraftTree
 
@@ -39,11 +47,12 @@ class NativeRunner(ModelRunner):
         self.backend = model.backend.name
         self.weights_label = model.weights_label(dtype)
         self.cache = KVCache(config, num_slots, max_seq_len, dtype, device)
+        self.fused = FusedDecoder.from_model(model) if model.backend.fused else None
         # The fused kernels run a batch's rows back to back (``Rows``): a sequence drafting 8
         # tokens beside plain ones costs 8 rows, not 8 per sequence. The torch path pads [B, T];
         # it could go ragged too by gathering each row's own slot of the cache, at the price
         # of a [rows, context] K/V copy per layer.
-        self.pads_batches = not model.backend.fused
+        self.pads_batches = self.fused is None
 
     def weight_bytes(self) -> int:
         """Every layer matrix, norm and the LM head, each storage once (an untied embedding
@@ -65,17 +74,17 @@ class NativeRunner(ModelRunner):
         if any(s.all_logits for s in seqs) and not all(s.all_logits for s in seqs):
             raise ValueError("a pass returns either all logits or the last ones for every sequence")
         num_rows = sum(len(s.token_ids) for s in seqs)
-        # Decode and verify passes (every row's logits) take the fused path, whatever their
-        # width, so a row's bits never depend on the pass; prefill's many rows go to BLAS
-        # (unless the weights are GGUF blocks, which only the fused kernels read).
-        fused = self.model.is_quantized or seqs[0].all_logits or num_rows <= FUSED_PREFILL_ROWS
-        if self.model.is_quantized and not seqs[0].all_logits and num_rows > QUANTIZED_PREFILL_ROWS:
+        prompt = not seqs[0].all_logits
+        # Decode and verify passes (every row's logits) take the fused path, whatever their width,
+        # so a row's bits never depend on the pass; a float prompt's many rows go to BLAS. GGUF
+        # blocks only the fused kernels read: a long prompt over them runs in fused chunks.
+        if self.fused is None or (prompt and num_rows > FUSED_PREFILL_ROWS and not self.model.is_quantized):
+            out_logits, out_hidden = self._run_batch(seqs, hidden_layers, layers)
+        elif prompt and num_rows > QUANTIZED_PREFILL_ROWS:  # GGUF blocks (a float prompt went to BLAS)
             out_logits, out_hidden = self._run_prompt_chunks(seqs, hidden_layers, layers)
             return PassOutput(out_logits, out_hidden, time.perf_counter() - t0)
-        if self.model.backend.fused and fused:
-            out_logits, out_hidden = self._run_rows(seqs, hidden_layers, layers)
         else:
-            out_logits, out_hidden = self._run_batch(seqs, hidden_layers, layers)
+            out_logits, out_hidden = self._run_rows(seqs, hidden_layers, layers)
         for s in seqs:
             self.lengths[s.slot] += len(s.token_ids)
         return PassOutput(out_logits, out_hidden, time.perf_counter() - t0)
@@ -121,12 +130,13 @@ class NativeRunner(ModelRunner):
 
     def _run_rows(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...], layers: tuple[int, ...] | None):
         rows = self._make_rows(seqs)
-        logits_rows = None if seqs[0].all_logits else rows.seq_rows[1:] - 1
+        seq_rows = rows.layout.seq_rows
+        logits_rows = None if seqs[0].all_logits else seq_rows[1:] - 1
         with torch.inference_mode():
-            logits, hidden = self.model.forward_rows(rows, self.cache, logits_rows, hidden_layers, layers)
+            logits, hidden = self.fused.forward(rows, self.cache, logits_rows, hidden_layers, layers)
         out_logits, out_hidden = [], []
         for i, s in enumerate(seqs):
-            r0, r1 = int(rows.seq_rows[i]), int(rows.seq_rows[i + 1])
+            r0, r1 = int(seq_rows[i]), int(seq_rows[i + 1])
             out_logits.append(logits[r0:r1] if s.all_logits else logits[i : i + 1])
             out_hidden.append([h[r0:r1] for h in hidden])
         return out_logits, out_hidden
@@ -151,7 +161,7 @@ class NativeRunner(ModelRunner):
             mask[r0 : r0 + n, :start] = True
             mask[r0 : r0 + n, start : start + n] = visible
         ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.long)
-        return Rows(ids, positions, slots, write_at, seq_rows, mask)
+        return Rows(ids, RowLayout(slots=slots, positions=positions, write_at=write_at, seq_rows=seq_rows, mask=mask))
 
     def _make_batch(self, seqs: list[SeqInput]) -> tuple[Batch, torch.Tensor | None]:
         B = len(seqs)
