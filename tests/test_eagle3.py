@@ -170,7 +170,7 @@ def test_saved_head_reloads_to_identical_drafts(tiny, tmp_path):
     assert config["speculators_model_type"] == "eagle3"
     assert config["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in head.config.feature_layers]
     prompt = list(range(400, 440))
-    engine = Engine(tiny.runner, draft_n_max=8)
+    engine = Engine(tiny.runner, draft_n_max=8, plan_drafts=False)
     a = run(engine, prompt, greedy(12), drafter(tiny, folder))
     b = run(engine, prompt, greedy(12), drafter(tiny, folder))
     seqs = []
@@ -213,7 +213,7 @@ def test_original_eagle3_layout_loads_like_speculators(tiny, tmp_path):
     for (n1, p1), (n2, p2) in zip(head.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert n1 == n2 and torch.equal(p1.float(), p2.float()), n1
     prompt = list(range(900, 930))
-    engine = Engine(tiny.runner, draft_n_max=8)
+    engine = Engine(tiny.runner, draft_n_max=8, plan_drafts=False)
     outs = [run(engine, prompt, greedy(16), drafter(tiny, f)).output_ids for f in (ours, theirs)]
     assert outs[0] == outs[1]
 
@@ -269,7 +269,7 @@ def test_observed_hidden_states_cover_every_committed_token(tiny, tmp_path):
     real = d.observe
     d.observe = lambda hidden: (seen.append(torch.cat([hidden[i] for i in d.hidden_layers], -1)), real(hidden))
     prompt = list(range(1000, 1020))
-    seq = run(Engine(tiny.runner, draft_n_max=8), prompt, greedy(20), d)
+    seq = run(Engine(tiny.runner, draft_n_max=8, plan_drafts=False), prompt, greedy(20), d)
     got = torch.cat(seen)
     tokens = seq.tokens
     assert got.shape[0] == len(tokens) - 1  # every committed token but the newest
@@ -288,7 +288,7 @@ def test_observed_hidden_states_cover_every_committed_token(tiny, tmp_path):
 @pytest.mark.parametrize("topk,steps,n", [(1, 5, 5), (3, 3, 8), (4, 4, 12)])
 def test_greedy_identity_random_head(tiny, tmp_path_factory, topk, steps, n):
     folder = save_head(tiny_head(tiny, seed=topk), tmp_path_factory.mktemp("h") / "head")
-    engine = Engine(tiny.runner, draft_n_max=n)
+    engine = Engine(tiny.runner, draft_n_max=n, plan_drafts=False)
     for prompt in ([5, 6, 7, 8] * 5, list(range(300, 340))):
         plain = run(engine, prompt, greedy(24), None).output_ids
         assert run(engine, prompt, greedy(24), drafter(tiny, folder, topk, steps, n)).output_ids == plain
@@ -402,7 +402,7 @@ def _shipped_head_or_skip() -> None:
 @pytest.mark.parametrize("topk,steps,n", [(1, 5, 5), (4, 4, 8)])
 def test_greedy_identity_default_model_shipped_head(smol, topk, steps, n):
     _shipped_head_or_skip()
-    engine = Engine(smol.runner, draft_n_max=n)
+    engine = Engine(smol.runner, draft_n_max=n, plan_drafts=False)
     spec = SpecConfig(types=(SpecType.EAGLE3,), eagle_topk=topk, num_steps=steps, num_draft_tokens=n, draft_n_max=n)
     resources = DraftResources(spec, smol.runner, smol.tokenizer)
     accepted = 0

@@ -112,7 +112,7 @@ prompts = st.lists(st.integers(3, 3000), min_size=2, max_size=12).flatmap(
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=prompts, k=st.integers(1, 10), kind=st.sampled_from(TOKEN_DRAFTERS))
 def test_greedy_identity_every_token_drafter(tiny, prompt, k, kind):
-    engine = Engine(tiny.runner, draft_n_max=k)
+    engine = Engine(tiny.runner, draft_n_max=k, plan_drafts=False)
     plain = run(engine, prompt, greedy(24), None).output_ids
     spec = run(engine, prompt, greedy(24), drafter_for(tiny, kind, k))
     assert spec.output_ids == plain
@@ -134,7 +134,7 @@ def test_greedy_identity_chains_with_state_shared_across_requests(tiny, types):
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=prompts, k=st.integers(1, 12), wrong_at=st.integers(0, 14), tree=st.booleans())
 def test_greedy_identity_long_accepts_and_rejections(tiny, prompt, k, wrong_at, tree):
-    engine = Engine(tiny.runner, draft_n_max=k)
+    engine = Engine(tiny.runner, draft_n_max=k, plan_drafts=False)
     plain = run(engine, prompt, greedy(30), None).output_ids
     seq = run(engine, prompt, greedy(30), ReplayDrafter(plain, len(prompt), wrong_at, tree))
     assert seq.output_ids == plain
@@ -192,7 +192,7 @@ def test_generate_batches_equal_one_prompt_at_a_time(tiny_llama, monkeypatch):
 def test_greedy_identity_draft_model(tiny, tiny_model_factory):
     other = str(tiny_model_factory("llama", seed=1))
     prompt = list(range(200, 230))
-    engine = Engine(tiny.runner, draft_n_max=5)
+    engine = Engine(tiny.runner, draft_n_max=5, plan_drafts=False)
     plain = run(engine, prompt, greedy(40), None).output_ids
     for draft in (other, str(tiny_model_factory("llama"))):  # a bad draft, then a perfect one
         seq = run(engine, prompt, greedy(40), drafter_for(tiny, SpecType.DRAFT_MODEL, 5, draft))
@@ -313,7 +313,7 @@ def smol() -> LLM:
 @pytest.fixture(scope="module")
 def smol_plain(smol) -> dict[str, tuple[list[int], list[int]]]:
     """(prompt ids, plain greedy output) per real prompt: decoded once, shared by every drafter's test."""
-    engine = Engine(smol.runner)
+    engine = Engine(smol.runner, plan_drafts=False)
     out = {}
     for name, text in REAL_PROMPTS.items():
         prompt = smol.chat_prompt([{"role": "user", "content": text}])

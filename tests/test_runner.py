@@ -219,7 +219,7 @@ def test_generic_runner_for_other_architectures(tiny_model_factory, tmp_path, de
     from specdec.config import SpecConfig, SpecType
     from specdec.drafters.registry import DraftResources
 
-    engine = Engine(runner, draft_n_max=4)
+    engine = Engine(runner, draft_n_max=4, plan_drafts=False)
     params = SamplingParams(max_new_tokens=20, ignore_eos=True)
     plain = SequenceState(prompt, params)
     list(engine.generate(plain))
