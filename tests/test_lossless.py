@@ -28,7 +28,6 @@ from specdec.errors import ModelLoadError
 from specdec.llm import LLM
 from specdec.logprobs import LogprobsMode
 from specdec.runners.base import SeqInput
-from specdec.sampling import probs_from_logits
 
 # Drafters that need nothing but tokens (eagle3 needs a head: tests/test_eagle3.py runs these checks for it;
 # draft-mtp a checkpoint with an MTP module: tests/test_mtp.py;
@@ -394,39 +393,6 @@ def test_rollback_then_decode_equals_fresh_decode(smol):  # cheap: four short pa
 # option and processor, tests/test_lossless_sampling_processors.py. What stays here is the chi-square
 # they share and the one-sequence-at-a-time harness of tests/test_eagle3.py's trained-head check.
 
-SEQ_LEN, TOP_K, N_SAMPLES = 3, 3, 700
-
-
-def exact_distribution(llm: LLM, prompt: list[int], params: SamplingParams) -> dict[tuple, float]:
-    """P(sequence) for every length-SEQ_LEN continuation, by enumerating prefixes."""
-    slot = llm.runner.allocate()
-
-    def next_probs(prefix: tuple) -> torch.Tensor:
-        llm.runner.truncate(slot, 0)
-        out = llm.runner.run([SeqInput(slot, [*prompt, *prefix], all_logits=False)])
-        return probs_from_logits(out.logits[0], params)[0]
-
-    dist: dict[tuple, float] = {(): 1.0}
-    for _ in range(SEQ_LEN):
-        nxt = {}
-        for prefix, mass in dist.items():
-            p = next_probs(prefix)
-            for tok in torch.nonzero(p).flatten().tolist():
-                nxt[(*prefix, tok)] = mass * float(p[tok])
-        dist = nxt
-    llm.runner.free(slot)
-    return dist
-
-
-def sample_counts(llm: LLM, prompt, params, make_drafter, n: int = N_SAMPLES,
-                  plan_drafts: bool = True) -> tuple[Counter, int]:
-    engine = Engine(llm.runner, draft_n_max=4, plan_drafts=plan_drafts)
-    counts, accepted = Counter(), 0
-    for i in range(n):
-        seq = run(engine, prompt, SamplingParams(**{**params.__dict__, "seed": 10_000 + i}), make_drafter())
-        counts[tuple(seq.output_ids)] += 1
-        accepted += seq.stats.accepted
-    return counts, accepted
 
 
 def chi2_pvalue(counts: Counter, dist: dict[tuple, float]) -> float:
@@ -446,13 +412,11 @@ def chi2_pvalue(counts: Counter, dist: dict[tuple, float]) -> float:
     return chisquare(obs, [e * n / total for e in exp]).pvalue  # rescale away float rounding
 
 
-def sampling_case(peaked: LLM):
-    params = SamplingParams(max_new_tokens=SEQ_LEN, temperature=1.0, top_k=TOP_K, ignore_eos=True)
-    # The model's likely chain from token 300, then its start again: look-up drafters propose
-    # the rest of the chain, which the (bigram, peaked) target often accepts.
+def sampling_prompt(peaked: LLM) -> list[int]:
+    """The model's likely chain from token 300, then its start again: look-up drafters propose the
+    rest of the chain, which the (bigram, peaked) target often accepts."""
     probe = run(Engine(peaked.runner), [300], greedy(10), None).output_ids
-    prompt = [300, *probe, 300, *probe[:3]]
-    return prompt, params, exact_distribution(peaked, prompt, params)
+    return [300, *probe, 300, *probe[:3]]
 
 
 # -- adaptive: merged trees of several drafters ------------------------------------------------------

@@ -286,9 +286,10 @@ def eagle(micro: Micro, topk: int = 2, steps: int = 4, n: int = 4) -> EagleDraft
     return EagleDrafter(tiny_head(micro), micro.target, topk=topk, num_steps=steps, num_draft_tokens=n)
 
 
-def test_eagle_tree_keeps_the_distribution(micro):
-    s = sample(micro, lambda: eagle(micro))
-    assert_lossless(s, micro.dist(), trees=True, deep=False)
+@pytest.mark.parametrize("topk", [1, 2], ids=["chain", "tree"])
+def test_eagle_keeps_the_distribution(micro, topk):
+    s = sample(micro, lambda: eagle(micro, topk=topk))
+    assert_lossless(s, micro.dist(), trees=topk > 1, deep=False)
 
 
 class DraftQ:
