@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,12 +22,15 @@ from specdec.drafters.retokenize import TokenizerPair
 from specdec.drafters.suffix import SuffixCache, SuffixDrafter
 from specdec.drafters.vocab_map import VocabMap
 from specdec.errors import ModelLoadError
+from specdec.log import get_logger
 from specdec.model.eagle_checkpoint import check_target, load_head
 from specdec.model.eagle_head import EagleHead
 from specdec.model.mtp_checkpoint import load_mtp_head
 from specdec.runners.base import ModelRunner
 from specdec.runners.load import load_runner
 from specdec.text import load_tokenizer
+
+logger = get_logger(__name__)
 
 SHIPPED_HEAD = Path(__file__).resolve().parent.parent / "heads" / "SmolLM2-135M-Instruct"
 
@@ -184,10 +186,10 @@ def cross_vocab_for(spec: SpecConfig, target: ModelRunner, draft: ModelRunner, t
     if vocab.num_mapped == 0:
         raise ModelLoadError(f"the draft model's vocabulary ({draft.vocab_size} tokens) shares no token with the "
                              f"target's ({target.vocab_size}): it cannot draft for it")
-    print(f"specdec: {vocab.summary()} (another tokenizer: drafting by {spec.draft_vocab})", file=sys.stderr)
+    logger.warning("specdec: %s (another tokenizer: drafting by %s)", vocab.summary(), spec.draft_vocab)
     if vocab.fraction < MIN_OVERLAP:
-        print(f"specdec: warning: only {vocab.fraction:.0%} of the draft model's tokens map to the target's: "
-              "it will be accepted rarely", file=sys.stderr)
+        logger.warning("specdec: warning: only %.0f%% of the draft model's tokens map to the target's: "
+                       "it will be accepted rarely", 100 * vocab.fraction)
     return CrossVocab(TokenizerPair(tokenizer, draft_tok), vocab, spec.draft_vocab)
 
 
