@@ -1,15 +1,16 @@
-"""The drafter interface: DraftProposal, ChainedDrafter, the shared sync helper, and the registry."""
+"""The drafter interface: DraftProposal, ChainedDrafter, IndexingDrafter's sync, and the registry."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import FrozenInstanceError
 
 import pytest
 import torch
 
 from specdec.config import SamplingParams, SpecConfig, SpecType
 from specdec.drafters.adaptive import AdaptiveDrafter
-from specdec.drafters.base import EMPTY, ChainedDrafter, Drafter, DraftProposal
+from specdec.drafters.base import EMPTY, ChainedDrafter, Drafter, DraftProposal, IndexingDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_self import DraftSelfDrafter
 from specdec.drafters.ngram import NgramDrafter
@@ -50,6 +51,19 @@ def test_truncate_keeps_a_tree_prefix():
     assert tree.truncate(9) is tree
 
 
+def test_a_proposal_is_frozen_and_copies_keep_its_fields():
+    probs = torch.rand(3, 10)
+    tree = DraftProposal.from_tree([5, 8, 6], [0, 0, 1], probs=probs, drafter="a+b", origins=["a", "b", "a"])
+    with pytest.raises(FrozenInstanceError):
+        tree.drafter = "c"  # type: ignore[misc]
+    cut = tree.truncate(2)
+    assert (cut.token_ids, cut.parents, cut.drafter, cut.origins) == ([5, 8], [0, 0], "a+b", ["a", "b"])
+    assert torch.equal(cut.probs, probs[:2])
+    path = tree.first_path()
+    assert (path.token_ids, path.parents, path.drafter, path.origins) == ([5, 6], None, "a+b", ["a", "a"])
+    assert tree.token_ids == [5, 8, 6] and tree.drafter == "a+b"  # the original is unchanged
+
+
 # -- ChainedDrafter ------------------------------------------------------------------------------
 
 
@@ -64,39 +78,52 @@ class Fixed(Drafter):
         self.accepted.append(num_accepted)
 
 
+class Stored(Drafter):
+    """Returns the same proposal object every step."""
+
+    name = "stored"
+
+    def __init__(self, proposal: DraftProposal) -> None:
+        self.proposal = proposal
+
+    def propose(self, context, max_tokens):
+        return self.proposal
+
+
 def test_chained_drafter_takes_the_first_non_empty_proposal():
     empty, first, second = Fixed([]), Fixed([1, 2]), Fixed([3])
     chained = ChainedDrafter([empty, first, second])
     assert chained.propose([0], 4).token_ids == [1, 2] and chained.last_used == 1
+    assert chained.propose([0], 4).drafter == "drafter"  # named after the member that proposed it
+    stored = Stored(DraftProposal([4, 5]))
+    assert ChainedDrafter([empty, stored]).propose([0], 4).drafter == "stored"
+    assert stored.proposal.drafter == ""  # a new proposal: the member's own is left as it was
     chained.accept([0, 1, 2], 2)
     assert (empty.accepted, first.accepted, second.accepted) == ([0], [2], [0])
     with pytest.raises(ValueError):
         ChainedDrafter([])
 
 
-# -- Drafter._sync: catch up with the context, or restart ---------------------------------------
+# -- IndexingDrafter._sync: catch up with the context, or restart --------------------------------
 
 
-class Recorder(Drafter):
-    """Records the hooks ``_sync`` calls."""
+class Recorder(IndexingDrafter):
+    """Records the hooks ``_sync`` calls, and what ``seen`` holds at each."""
 
     def __init__(self) -> None:
-        self.seen: list[int] = []
+        super().__init__()
         self.calls: list[tuple[str, list[int]]] = []
 
     def propose(self, context, max_tokens):
+        self._sync(context)
         return EMPTY
 
-    def _seen(self) -> tuple[int, int | None]:
-        return len(self.seen), self.seen[-1] if self.seen else None
+    def _index(self, new_ids: Sequence[int]) -> None:
+        self.calls.append(("index", list(new_ids)))
+        assert self.seen.tokens[len(self.seen) - len(new_ids) :].tolist() == list(new_ids)  # already appended
 
-    def _extend(self, new_ids: Sequence[int]) -> None:
-        self.calls.append(("extend", list(new_ids)))
-        self.seen += new_ids
-
-    def _restart(self, context: Sequence[int]) -> None:
-        self.calls.append(("restart", list(context)))
-        self.seen = list(context)
+    def _reset_index(self) -> None:
+        self.calls.append(("reset", self.seen.tokens.tolist()))  # seen holds the new sequence already
 
 
 def test_sync_docstring_example():
@@ -104,13 +131,24 @@ def test_sync_docstring_example():
     for context in ([5, 6, 7], [5, 6, 7, 8], [5, 6, 7, 8], [9, 9], [9], [9, 1]):
         d._sync(context)
     assert d.calls == [
-        ("extend", [5, 6, 7]),
-        ("extend", [8]),
-        ("extend", []),  # nothing new
-        ("restart", [9, 9]),  # disagrees at the last seen token
-        ("restart", [9]),  # shorter than what was seen
-        ("extend", [1]),
+        ("index", [5, 6, 7]),
+        ("index", [8]),
+        ("index", []),  # nothing new
+        ("reset", [9, 9]), ("index", [9, 9]),  # disagrees at the last seen token
+        ("reset", [9]), ("index", [9]),  # shorter than what was seen
+        ("index", [1]),
     ]
+    assert d.seen.tokens.tolist() == [9, 1]
+
+
+def test_begin_restarts_and_accept_syncs():
+    d = Recorder()
+    d.begin([1, 2], SAMPLING)
+    d.propose([1, 2], 4)
+    d.accept([1, 2, 3, 4], 1)
+    d.begin([7], SAMPLING)
+    assert d.calls == [("reset", [1, 2]), ("index", [1, 2]), ("index", []), ("index", [3, 4]),
+                       ("reset", [7]), ("index", [7])]
 
 
 TOKEN_DRAFTERS = [
@@ -203,6 +241,8 @@ def test_ngram_pool_and_counts_are_shared_forgotten_and_saved(tmp_path):
 
 def test_from_config_needs_what_a_drafter_cannot_make():
     with pytest.raises(ValueError, match="draft model"):
-        DraftModelDrafter.from_config(SpecConfig(), cache=None)
+        DraftModelDrafter.from_config(SpecConfig())
     with pytest.raises(TypeError):
         Fixed.from_config(SpecConfig())
+    with pytest.raises(TypeError):  # a drafter is handed only what it reads, by name
+        NgramDrafter.from_config(SpecConfig(), cache=None)

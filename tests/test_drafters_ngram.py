@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import DraftProposal
+from specdec.drafters.base import DraftProposal, TokenBuffer
 from specdec.drafters.draft_self import DraftSelfDrafter, Kept, SelfHistoryIndex
-from specdec.drafters.ngram import NgramDrafter, TokenBuffer, find_ngram_continuation
+from specdec.drafters.ngram import NgramDrafter, find_ngram_continuation
 from specdec.drafters.ngram_map import (
     KeyStats,
     NgramIndex,
@@ -160,7 +160,7 @@ def test_ngram_drafter_syncs_without_accept_and_restarts_on_new_sequence():
 
 def test_ngram_drafter_from_config():
     spec = SpecConfig(ngram_size_n=5, ngram_size_m=7, ngram_min_hits=2)
-    drafter = NgramDrafter.from_config(spec, cache=object())
+    drafter = NgramDrafter.from_config(spec)
     assert (drafter.max_n, drafter.min_n, drafter.max_tokens, drafter.min_hits) == (5, 2, 7, 2)
     with pytest.raises(ValueError):
         NgramDrafter(max_n=2, min_n=3)

@@ -170,7 +170,7 @@ def test_cache_flags_need_the_drafter():
         SpecConfig(types=(SpecType.NGRAM,), ngram_cache_file="x.bin")
     spec = SpecConfig(types=(SpecType.NGRAM_CACHE,), ngram_cache_file="x.bin")
     store = NgramCacheStore()
-    assert NgramCacheDrafter.from_config(spec, ngram_cache=store).store is store
+    assert NgramCacheDrafter.from_config(spec, store=store).store is store
 
 
 @settings(max_examples=60, deadline=None)

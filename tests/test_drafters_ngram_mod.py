@@ -147,7 +147,7 @@ def test_begin_empties_a_pool_more_than_a_quarter_full():
 def test_from_config_uses_the_shared_pool_and_the_flags():
     spec = SpecConfig(types=(SpecType.NGRAM_MOD,), ngram_mod_n_match=5, ngram_mod_n_min=2, ngram_mod_n_max=6)
     pool = NgramHashPool(5, 64)
-    d = NgramModDrafter.from_config(spec, ngram_mod=pool, cache=None)
+    d = NgramModDrafter.from_config(spec, pool=pool)
     assert d.pool is pool and (d.n_min, d.n_max) == (2, 6)
     private = NgramModDrafter.from_config(spec)
     assert private.pool.n == 5 and private.pool is not pool

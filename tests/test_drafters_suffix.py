@@ -239,7 +239,7 @@ def test_tree_mode_proposes_alternatives():
 
 def test_suffix_from_config_uses_shared_cache():
     cache = SuffixCache()
-    drafter = SuffixDrafter.from_config(SpecConfig(draft_n_max=5), cache=cache, other=object())
+    drafter = SuffixDrafter.from_config(SpecConfig(draft_n_max=5), cache=cache)
     assert drafter.cache is cache and drafter.max_tokens == 5 and not drafter.tree
     alone = SuffixDrafter.from_config(SpecConfig(), tree=True)
     assert alone.tree and isinstance(alone.cache, SuffixCache)  # a private cache

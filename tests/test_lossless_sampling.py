@@ -351,9 +351,7 @@ class DraftModelTree(DraftModelChain):
             parents.append(1 if len(path) == 1 else len(token_ids) - 1)
             qs.append(q)
             path.append(token_ids[-1])
-        proposal = DraftProposal.from_tree(token_ids, parents)
-        proposal.probs = torch.stack(qs)
-        return proposal
+        return DraftProposal.from_tree(token_ids, parents, probs=torch.stack(qs))
 
 
 def test_memoized_chain_draws_what_the_draft_model_drafter_draws(micro):

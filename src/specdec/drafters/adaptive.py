@@ -132,12 +132,10 @@ class OfferTrie:
         if not nodes:
             return EMPTY
         index = {node: i + 1 for i, node in enumerate(nodes)}  # trie node -> proposal node (root 0)
-        out = DraftProposal.from_tree([self.tokens[n] for n in nodes], [index.get(self.parents[n], 0) for n in nodes])
         owners = [self.owners[n] for n in nodes]
         names = list(dict.fromkeys(owners))
-        out.drafter = "+".join(names)
-        out.origins = owners if len(names) > 1 else None
-        return out
+        return DraftProposal.from_tree([self.tokens[n] for n in nodes], [index.get(self.parents[n], 0) for n in nodes],
+                                       drafter="+".join(names), origins=owners if len(names) > 1 else None)
 
 
 def measured(cost: PassCost | None) -> bool:
@@ -200,7 +198,7 @@ def _best_length(expected: Sequence[float], cost: PassCost) -> tuple[int, float]
 
 
 def _without_probs(p: DraftProposal) -> DraftProposal:
-    return p if p.probs is None else DraftProposal(p.token_ids, p.parents, None, p.drafter, p.origins)
+    return p if p.probs is None else replace(p, probs=None)
 
 
 def replay(proposal: DraftProposal, committed: Sequence[int]) -> tuple[int, int]:
@@ -243,8 +241,8 @@ class AdaptiveDrafter(Drafter):
         self._ends_at = 1 << 30  # context length at which the request's token budget runs out
 
     @classmethod
-    def from_config(cls, spec: SpecConfig, members: Sequence[Drafter] = (), target: ModelRunner | None = None,
-                    **shared: object) -> AdaptiveDrafter:
+    def from_config(cls, spec: SpecConfig, members: Sequence[Drafter] = (),
+                    target: ModelRunner | None = None) -> AdaptiveDrafter:
         """``members``: the drafters to choose among (the registry builds them); ``target``: whose
         measured pass cost prices the drafts."""
         return cls(members, None if target is None else target.pass_cost, spec.min_acceptance)

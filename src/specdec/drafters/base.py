@@ -17,14 +17,19 @@ not run yet. A proposal drafts tokens that follow the root.
 
 Drafters never decide what is kept: the verifier does, so a buggy drafter can
 only cost speed, never change the output.
+
+The look-up drafters (the n-gram family, suffix, draft-self) derive from
+``IndexingDrafter``, which mirrors the committed tokens and hands each only the
+new ones to index.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from specdec.config import SamplingParams, SpecConfig
@@ -32,9 +37,10 @@ from specdec.monitor import WindowSums
 from specdec.tree import DraftTree, is_chain
 
 
-@dataclass
+@dataclass(frozen=True)
 class DraftProposal:
-    """Drafted tokens that follow the root.
+    """Drafted tokens that follow the root; frozen: a step that changes one builds a new one
+    (``dataclasses.replace``), so a proposal a drafter returned is never altered behind it.
 
     token_ids: N drafted tokens. As a chain, token i follows token i-1.
     parents:   None for a chain; for a tree, parents[i] is the index of token i's
@@ -53,9 +59,11 @@ class DraftProposal:
     origins: list[str] | None = None
 
     @classmethod
-    def from_tree(cls, token_ids: list[int], parents: list[int]) -> DraftProposal:
+    def from_tree(cls, token_ids: list[int], parents: list[int], *, probs: torch.Tensor | None = None,
+                  drafter: str = "", origins: list[str] | None = None) -> DraftProposal:
         """A tree-shaped proposal, stored as a chain (``parents`` None) when it is one."""
-        return cls(token_ids, None if is_chain([-1, *parents]) else parents)
+        return cls(token_ids=token_ids, parents=None if is_chain([-1, *parents]) else parents, probs=probs,
+                   drafter=drafter, origins=origins)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -68,10 +76,10 @@ class DraftProposal:
         """The first n nodes: parents precede children, so a prefix of a tree is a tree."""
         if len(self) <= n:
             return self
-        parents = None if self.parents is None else self.parents[:n]
-        probs = None if self.probs is None else self.probs[:n]
-        origins = None if self.origins is None else self.origins[:n]
-        return DraftProposal(self.token_ids[:n], parents, probs, self.drafter, origins)
+        return replace(self, token_ids=self.token_ids[:n],
+                       parents=None if self.parents is None else self.parents[:n],
+                       probs=None if self.probs is None else self.probs[:n],
+                       origins=None if self.origins is None else self.origins[:n])
 
     def first_path(self) -> DraftProposal:
         """The chain through each node's first child (for runners that verify chains only)."""
@@ -80,9 +88,9 @@ class DraftProposal:
         tree = self.to_tree(0)
         path = tree.walk(lambda node: tree.children[node][0] if tree.children[node] else None)
         keep = [node - 1 for node in path[1:]]
-        probs = None if self.probs is None else self.probs[keep]
-        origins = None if self.origins is None else [self.origins[i] for i in keep]
-        return DraftProposal([self.token_ids[i] for i in keep], probs=probs, drafter=self.drafter, origins=origins)
+        return replace(self, token_ids=[self.token_ids[i] for i in keep], parents=None,
+                       probs=None if self.probs is None else self.probs[keep],
+                       origins=None if self.origins is None else [self.origins[i] for i in keep])
 
     def origin_of(self, index: int) -> str:
         """The drafter of token ``index``."""
@@ -101,7 +109,7 @@ class DraftProposal:
         return DraftTree([root, *self.token_ids], [-1, *self.parents])
 
 
-EMPTY = DraftProposal([])
+EMPTY = DraftProposal(token_ids=[])
 
 
 class Drafter(ABC):
@@ -113,14 +121,12 @@ class Drafter(ABC):
     hidden_layers: tuple[int, ...] = ()
 
     @classmethod
-    def from_config(cls, spec: SpecConfig, **shared: object) -> Drafter:
+    def from_config(cls, spec: SpecConfig) -> Drafter:
         """A drafter for one request, set up from the speculation settings.
 
-        ``shared`` holds the engine-wide objects the registry offers every drafter
-        (``cache``: the SuffixCache; ``ngram_mod``: the n-gram hash pool; ``ngram_cache``:
-        the n-gram counts; ``runner``: the draft model's runner; ``target``: the target's runner;
-        ``layerskip``: the layer-skip search); each drafter takes what
-        it needs and ignores the rest.
+        A drafter that reads engine-wide state takes it as typed keyword arguments after ``spec``
+        (``SuffixDrafter.from_config(spec, cache=...)``); ``registry.DraftResources`` owns that
+        state and hands each drafter what it names.
         """
         raise TypeError(f"{cls.__name__} cannot be built from a SpecConfig")
 
@@ -165,34 +171,6 @@ class Drafter(ABC):
         sequence monitor's ``alpha``; None: nothing will be proposed, so plan no rows for it."""
         return alpha
 
-    # -- catching up with the context, for drafters that index the tokens they have seen ----------
-
-    def _sync(self, context: Sequence[int]) -> None:
-        """Bring the drafter's state up to ``context``: index only what it adds, or start over.
-
-        ``context`` normally extends what was seen (the tokens committed since the last
-        call are new). When it is shorter, or disagrees at the last seen token, a
-        different sequence started without ``begin``: the drafter restarts from it.
-
-        Example: having seen [5, 6, 7], ``_sync([5, 6, 7, 8])`` calls ``_extend([8])``;
-        ``_sync([9, 9])`` calls ``_restart([9, 9])``.
-        """
-        num_seen, last_seen = self._seen()
-        if len(context) < num_seen or (num_seen and context[num_seen - 1] != last_seen):
-            self._restart(context)
-        else:
-            self._extend(context[num_seen:])
-
-    def _seen(self) -> tuple[int, int | None]:
-        """(number of tokens seen, the last of them or None): the hook ``_sync`` compares."""
-        return 0, None
-
-    def _extend(self, new_ids: Sequence[int]) -> None:
-        """Index tokens that follow the ones seen."""
-
-    def _restart(self, context: Sequence[int]) -> None:
-        """Forget the sequence seen and index ``context`` as a new one."""
-
 
 class ChainedDrafter(Drafter):
     """llama.cpp's comma list: ask each drafter in turn; the first non-empty proposal wins."""
@@ -223,8 +201,7 @@ class ChainedDrafter(Drafter):
             proposal = d.propose(context, max_tokens)
             if len(proposal):
                 self.last_used = i
-                proposal.drafter = proposal.drafter or d.name
-                return proposal
+                return proposal if proposal.drafter else replace(proposal, drafter=d.name)
         self.last_used = None
         return EMPTY
 
@@ -235,3 +212,107 @@ class ChainedDrafter(Drafter):
     def end(self, context: Sequence[int]) -> None:
         for d in self.drafters:
             d.end(context)
+
+
+# -- drafters that index the tokens they have seen ------------------------------------------------
+
+
+class TokenBuffer:
+    """An append-only int64 numpy mirror of one request's committed tokens.
+
+    An ``IndexingDrafter`` extends it with only the tokens added since its last ``_sync``,
+    so it never converts the whole (growing) context list each step.
+
+    Example::
+
+        buf = TokenBuffer()
+        buf.extend([5, 6, 7])
+        buf.extend([8])
+        buf.tokens  -> array([5, 6, 7, 8])
+        buf.last    -> 8
+    """
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._data = np.empty(max(capacity, 16), dtype=np.int64)
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """[len] view of the tokens (valid until the next extend)."""
+        return self._data[: self._len]
+
+    @property
+    def last(self) -> int | None:
+        """The newest token, or None when empty."""
+        return int(self._data[self._len - 1]) if self._len else None
+
+    def reset(self) -> None:
+        self._len = 0
+
+    def extend(self, new_ids: Sequence[int]) -> None:
+        n = self._len
+        new = np.asarray(new_ids, dtype=np.int64)
+        end = n + len(new)
+        if end > len(self._data):
+            grown = np.empty(max(end, 2 * len(self._data)), dtype=np.int64)
+            grown[:n] = self._data[:n]
+            self._data = grown
+        self._data[n:end] = new
+        self._len = end
+
+
+class IndexingDrafter(Drafter):
+    """A drafter that drafts from an index of the committed tokens it has seen (the n-gram,
+    suffix and self-history look-ups).
+
+    It owns the mirror of the context, ``seen``, and keeps it and the index up to date:
+    ``begin`` starts a sequence, ``accept`` and every ``_sync`` (which ``propose`` calls
+    first) add only the tokens committed since. A subclass says how to index:
+
+    - ``_index(new_ids)``: index tokens just appended to ``seen``;
+    - ``_reset_index()``: drop the index of the previous sequence (``seen`` already holds the
+      new one's first tokens, which ``_index`` gets next).
+    """
+
+    def __init__(self) -> None:
+        self.seen = TokenBuffer()
+
+    def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+        self._restart(prompt_ids)
+
+    def accept(self, context: Sequence[int], num_accepted: int) -> None:
+        self._sync(context)
+
+    def _sync(self, context: Sequence[int]) -> None:
+        """Bring ``seen`` and the index up to ``context``: index only what it adds, or start over.
+
+        ``context`` normally extends what was seen (the tokens committed since the last
+        call are new). When it is shorter, or disagrees at the last seen token, a
+        different sequence started without ``begin``: the drafter restarts from it.
+
+        Example: having seen [5, 6, 7], ``_sync([5, 6, 7, 8])`` calls ``_index([8])``;
+        ``_sync([9, 9])`` calls ``_reset_index()`` then ``_index([9, 9])``.
+        """
+        num_seen, last_seen = len(self.seen), self.seen.last
+        if len(context) < num_seen or (num_seen and context[num_seen - 1] != last_seen):
+            self._restart(context)
+        else:
+            new_ids = context[num_seen:]
+            self.seen.extend(new_ids)
+            self._index(new_ids)
+
+    def _restart(self, context: Sequence[int]) -> None:
+        """Forget the sequence seen and index ``context`` as a new one."""
+        self.seen.reset()
+        self.seen.extend(context)
+        self._reset_index()
+        self._index(context)
+
+    def _index(self, new_ids: Sequence[int]) -> None:
+        """Index ``new_ids``, the tokens just appended to ``seen``."""
+
+    def _reset_index(self) -> None:
+        """Drop the previous sequence's index; ``seen`` holds the new sequence's first tokens."""

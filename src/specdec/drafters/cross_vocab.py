@@ -99,7 +99,6 @@ class CrossVocabDrafter(DraftModelDrafter):
     @classmethod
     def from_config(
         cls, spec: SpecConfig, runner: ModelRunner | None = None, cross_vocab: CrossVocab | None = None,
-        **shared: object,
     ) -> CrossVocabDrafter:
         """``runner``: the loaded draft model; ``cross_vocab``: its tokenizer pair and vocabulary map."""
         if runner is None or cross_vocab is None:

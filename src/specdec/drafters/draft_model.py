@@ -41,7 +41,6 @@ from specdec.drafters.dynamic_tree import Child, greedy_children, sampled_childr
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator, probs_from_logits, sample
 
-
 STEP_CATCH_UP = 16  # tokens a draft catches up on after one verify step, at most (a draft's budget and the bonus)
 
 
@@ -63,13 +62,12 @@ class DraftModelDrafter(Drafter):
 
     @classmethod
     def from_config(
-        cls, spec: SpecConfig, runner: ModelRunner | None = None, **shared: object
+        cls, spec: SpecConfig, runner: ModelRunner | None = None, target: ModelRunner | None = None,
     ) -> DraftModelDrafter:
         """``runner`` is the engine's loaded draft model; ``target`` (when given) tells whether trees can be
         verified (a target runner without trees verifies chains: the draft then drafts chains)."""
         if runner is None:
             raise ValueError("draft-model needs a loaded draft model runner (see DraftResources)")
-        target = shared.get("target")
         trees = target is None or getattr(target, "supports_trees", False)
         return cls(runner, p_min=spec.draft_p_min, p_split=spec.draft_p_split if trees else None,
                    branches=spec.draft_branches)
@@ -173,10 +171,7 @@ class DraftModelDrafter(Drafter):
                 qs.append(child.q)
                 if depth < b.end:
                     logits = self._run([child.token])
-        proposal = DraftProposal.from_tree(token_ids, parents)
-        if not self.params.greedy:
-            proposal.probs = torch.stack(qs)
-        return proposal
+        return DraftProposal.from_tree(token_ids, parents, probs=None if self.params.greedy else torch.stack(qs))
 
     def end(self, context: Sequence[int]) -> None:
         if self.slot >= 0:

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import EMPTY, Drafter, DraftProposal
+from specdec.config import SpecConfig
+from specdec.drafters.base import EMPTY, DraftProposal, IndexingDrafter
 
 
 @dataclass(slots=True)
@@ -111,7 +111,7 @@ class SelfHistoryIndex:
             kept.run //= 2
 
 
-class DraftSelfDrafter(Drafter):
+class DraftSelfDrafter(IndexingDrafter):
     """``draft-self``: copy the kept continuation of the last ``key_size`` generated tokens.
 
     key_size:   tokens in the key (default 3: short enough to recur in free text,
@@ -126,29 +126,21 @@ class DraftSelfDrafter(Drafter):
     def __init__(self, key_size: int = 3, max_tokens: int = 48, max_run: int = 16) -> None:
         if max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        super().__init__()
         self.key_size = key_size
         self.max_tokens = max_tokens
         self.max_run = max_run
         self.index = SelfHistoryIndex(key_size, max_run)
 
     @classmethod
-    def from_config(cls, spec: SpecConfig, **shared: object) -> DraftSelfDrafter:
-        """``shared`` holds objects the registry offers every drafter; none are used here."""
+    def from_config(cls, spec: SpecConfig) -> DraftSelfDrafter:
         return cls(max_tokens=spec.ngram_size_m)
 
-    def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
-        self._restart(prompt_ids)
-
-    def _restart(self, prompt_ids: Sequence[int]) -> None:
+    def _reset_index(self) -> None:
         # Also a new sequence seen without begin(): all of it counts as prompt.
-        self.index = SelfHistoryIndex(self.key_size, self.max_run, prompt_len=len(prompt_ids))
-        self.index.extend(prompt_ids)
+        self.index = SelfHistoryIndex(self.key_size, self.max_run, prompt_len=len(self.seen))
 
-    def _seen(self) -> tuple[int, int | None]:
-        text = self.index.text
-        return len(text), text[-1] if text else None
-
-    def _extend(self, new_ids: Sequence[int]) -> None:
+    def _index(self, new_ids: Sequence[int]) -> None:
         self.index.extend(new_ids)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
@@ -160,6 +152,3 @@ class DraftSelfDrafter(Drafter):
         if start is None:
             return EMPTY
         return DraftProposal(text[start : start + min(max_tokens, self.max_tokens)])
-
-    def accept(self, context: Sequence[int], num_accepted: int) -> None:
-        self._sync(context)

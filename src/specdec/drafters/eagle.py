@@ -24,7 +24,6 @@ same chain or best-first tree, each node carrying the q it was drawn from.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 import torch
 
@@ -57,8 +56,8 @@ class EagleDrafter(Drafter):
         self._reset()
 
     @classmethod
-    def from_config(cls, spec: SpecConfig, head: EagleHead | None = None, target: ModelRunner | None = None,
-                    **shared: object) -> EagleDrafter:
+    def from_config(cls, spec: SpecConfig, head: EagleHead | None = None,
+                    target: ModelRunner | None = None) -> EagleDrafter:
         """``head``: the engine's loaded EAGLE head; ``target``: the target runner (its embeddings)."""
         if head is None or target is None:
             raise ValueError("eagle3 needs a loaded head and the target runner (see DraftResources)")
@@ -158,8 +157,8 @@ class EagleDrafter(Drafter):
 
     def _proposal(self, nodes: list[DraftNode]) -> DraftProposal:
         token_ids = self.head.draft_to_target(torch.tensor([n.token for n in nodes], device=self.device)).tolist()
-        tree = DraftProposal.from_tree(token_ids, [n.parent for n in nodes])
-        return replace(tree, probs=None if self.params.greedy else self._full_vocab([n.q for n in nodes]))
+        probs = None if self.params.greedy else self._full_vocab([n.q for n in nodes])
+        return DraftProposal.from_tree(token_ids, [n.parent for n in nodes], probs=probs)
 
     def _full_vocab(self, qs: list[torch.Tensor | None]) -> torch.Tensor:
         """Draft-vocabulary q's -> [N, V] over the target's vocabulary (zero outside the draft one)."""

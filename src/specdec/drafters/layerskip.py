@@ -200,12 +200,12 @@ class LayerSkipDrafter(Drafter):
         self.sums: dict[str, WindowSums] = {}  # this request's drafts by skip set
 
     @classmethod
-    def from_config(cls, spec: SpecConfig, target: ModelRunner | None = None, layerskip: SkipSearch | None = None,
-                    **shared: object) -> LayerSkipDrafter:
-        """``target``: the runner it drafts with; ``layerskip``: the engine's shared search (else its own)."""
+    def from_config(cls, spec: SpecConfig, target: ModelRunner | None = None,
+                    search: SkipSearch | None = None) -> LayerSkipDrafter:
+        """``target``: the runner it drafts with; ``search``: the engine's shared search (else its own)."""
         if target is None:
             raise ValueError("draft-layerskip needs the target runner (see DraftResources)")
-        return cls(target, layerskip or SkipSearch.from_spec(spec, target), spec.draft_p_min)
+        return cls(target, search or SkipSearch.from_spec(spec, target), spec.draft_p_min)
 
     def bind_slot(self, slot: int) -> None:
         self.slot = slot

@@ -26,8 +26,8 @@ class MtpDrafter(EagleDrafter):
         super().__init__(head, target, topk=1, num_steps=num_tokens, num_draft_tokens=num_tokens)  # type: ignore[arg-type]
 
     @classmethod
-    def from_config(cls, spec: SpecConfig, mtp_head: MtpHead | None = None, target: ModelRunner | None = None,
-                    **shared: object) -> MtpDrafter:
+    def from_config(cls, spec: SpecConfig, mtp_head: MtpHead | None = None,
+                    target: ModelRunner | None = None) -> MtpDrafter:
         """``mtp_head``: the MTP module of the engine's target; ``target``: the target runner (its embeddings)."""
         if mtp_head is None or target is None:
             raise ValueError("draft-mtp needs the target's MTP module and the target runner (see DraftResources)")

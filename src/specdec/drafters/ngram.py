@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import EMPTY, Drafter, DraftProposal
+from specdec.config import SpecConfig
+from specdec.drafters.base import EMPTY, DraftProposal, IndexingDrafter
 
 
 def find_ngram_continuation(
@@ -80,54 +80,7 @@ def _match_lengths(tokens: np.ndarray, ends: np.ndarray, max_n: int) -> np.ndarr
     return lengths
 
 
-class TokenBuffer:
-    """An append-only int64 numpy mirror of one request's committed tokens.
-
-    A drafter extends it with only the tokens added since its last ``Drafter._sync``,
-    so it never converts the whole (growing) context list each step.
-
-    Example::
-
-        buf = TokenBuffer()
-        buf.extend([5, 6, 7])
-        buf.extend([8])
-        buf.tokens  -> array([5, 6, 7, 8])
-        buf.last    -> 8
-    """
-
-    def __init__(self, capacity: int = 1024) -> None:
-        self._data = np.empty(max(capacity, 16), dtype=np.int64)
-        self._len = 0
-
-    def __len__(self) -> int:
-        return self._len
-
-    @property
-    def tokens(self) -> np.ndarray:
-        """[len] view of the tokens (valid until the next extend)."""
-        return self._data[: self._len]
-
-    @property
-    def last(self) -> int | None:
-        """The newest token, or None when empty."""
-        return int(self._data[self._len - 1]) if self._len else None
-
-    def reset(self) -> None:
-        self._len = 0
-
-    def extend(self, new_ids: Sequence[int]) -> None:
-        n = self._len
-        new = np.asarray(new_ids, dtype=np.int64)
-        end = n + len(new)
-        if end > len(self._data):
-            grown = np.empty(max(end, 2 * len(self._data)), dtype=np.int64)
-            grown[:n] = self._data[:n]
-            self._data = grown
-        self._data[n:end] = new
-        self._len = end
-
-
-class NgramDrafter(Drafter):
+class NgramDrafter(IndexingDrafter):
     """``ngram`` (llama.cpp ``ngram-simple``): longest recent n-gram match in the context.
 
     max_n:      longest n-gram matched (--spec-ngram-size-n, default 12).
@@ -148,15 +101,14 @@ class NgramDrafter(Drafter):
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         if max_tokens < 1 or min_hits < 1:
             raise ValueError("max_tokens and min_hits must be >= 1")
+        super().__init__()
         self.max_n = max_n
         self.min_n = min_n
         self.max_tokens = max_tokens
         self.min_hits = min_hits
-        self._buffer = TokenBuffer()
 
     @classmethod
-    def from_config(cls, spec: SpecConfig, **shared: object) -> NgramDrafter:
-        """``shared`` holds objects the registry offers every drafter; none are used here."""
+    def from_config(cls, spec: SpecConfig) -> NgramDrafter:
         return cls(
             max_n=spec.ngram_size_n,
             min_n=min(2, spec.ngram_size_n),
@@ -164,29 +116,13 @@ class NgramDrafter(Drafter):
             min_hits=spec.ngram_min_hits,
         )
 
-    def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
-        self._restart(prompt_ids)
-
     def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
         self._sync(context)
         draft = find_ngram_continuation(
-            self._buffer.tokens,
+            self.seen.tokens,
             max_n=self.max_n,
             min_n=self.min_n,
             max_tokens=min(max_tokens, self.max_tokens),
             min_hits=self.min_hits,
         )
         return DraftProposal(draft) if draft else EMPTY
-
-    def accept(self, context: Sequence[int], num_accepted: int) -> None:
-        self._sync(context)
-
-    def _seen(self) -> tuple[int, int | None]:
-        return len(self._buffer), self._buffer.last
-
-    def _extend(self, new_ids: Sequence[int]) -> None:
-        self._buffer.extend(new_ids)
-
-    def _restart(self, context: Sequence[int]) -> None:
-        self._buffer.reset()
-        self._buffer.extend(context)

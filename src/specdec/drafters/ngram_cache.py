@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import EMPTY, Drafter, DraftProposal
+from specdec.config import SpecConfig
+from specdec.drafters.base import EMPTY, DraftProposal, IndexingDrafter
 
 NGRAM_MIN, NGRAM_MAX = 1, 4  # n-gram sizes counted (llama.cpp's LLAMA_NGRAM_MIN / MAX)
 NGRAM_STATIC = 2  # the static tier is consulted with the last 2 tokens
@@ -278,7 +278,7 @@ class NgramCacheStore:
         return self.dynamic.nbytes() + self.static.nbytes()
 
 
-class NgramCacheDrafter(Drafter):
+class NgramCacheDrafter(IndexingDrafter):
     """``ngram-cache``: draft from this request's n-gram counts, then the engine's shared tiers.
 
     store: the engine's ``NgramCacheStore`` (a private, file-less one if None); at ``end`` the
@@ -288,38 +288,27 @@ class NgramCacheDrafter(Drafter):
     name = "ngram-cache"
 
     def __init__(self, store: NgramCacheStore | None = None) -> None:
+        super().__init__()
         self.store = store if store is not None else NgramCacheStore()
         self.context = NgramCounts()
-        self._tokens: list[int] = []
 
     @classmethod
-    def from_config(cls, spec: SpecConfig, ngram_cache: NgramCacheStore | None = None,
-                    **shared: object) -> NgramCacheDrafter:
-        """``ngram_cache`` is the engine's shared store; other ``shared`` objects are unused."""
-        return cls(ngram_cache)
+    def from_config(cls, spec: SpecConfig, store: NgramCacheStore | None = None) -> NgramCacheDrafter:
+        """``store``: the engine's shared tiers."""
+        return cls(store)
 
-    def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
-        self._restart(prompt_ids)
+    def _index(self, new_ids: Sequence[int]) -> None:
+        # the n-grams that end in a new token start at most NGRAM_MAX tokens before it
+        tail = self.seen.tokens[-(len(new_ids) + NGRAM_MAX) :].tolist()
+        self.context.update(tail, len(new_ids))
 
-    def _seen(self) -> tuple[int, int | None]:
-        return len(self._tokens), self._tokens[-1] if self._tokens else None
-
-    def _extend(self, new_ids: Sequence[int]) -> None:
-        self._tokens.extend(int(t) for t in new_ids)
-        self.context.update(self._tokens, len(new_ids))
-
-    def _restart(self, context: Sequence[int]) -> None:
-        self._tokens = []
+    def _reset_index(self) -> None:
         self.context = NgramCounts()
-        self._extend(context)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
         self._sync(context)
-        draft = draft_tokens(self._tokens, max_tokens, self.context, self.store.dynamic, self.store.static)
+        draft = draft_tokens(self.seen.tokens, max_tokens, self.context, self.store.dynamic, self.store.static)
         return DraftProposal(draft) if draft else EMPTY
-
-    def accept(self, context: Sequence[int], num_accepted: int) -> None:
-        self._sync(context)
 
     def end(self, context: Sequence[int]) -> None:
         self._sync(context)

@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import EMPTY, Drafter, DraftProposal
-from specdec.drafters.ngram import TokenBuffer
+from specdec.drafters.base import EMPTY, DraftProposal, IndexingDrafter
 
 DEFAULT_KEY_SIZE = 4
 
@@ -173,7 +172,7 @@ def chains_to_proposal(chains: Sequence[Sequence[int]]) -> DraftProposal:
     return DraftProposal.from_tree(token_ids, parents)
 
 
-class NgramMapDrafter(Drafter):
+class NgramMapDrafter(IndexingDrafter):
     """``ngram-map-k``: draft what followed the most recent occurrence of the last k tokens.
 
     key_size:   k, tokens in the lookup key (default 4; see the module docstring).
@@ -187,42 +186,36 @@ class NgramMapDrafter(Drafter):
     def __init__(self, key_size: int = DEFAULT_KEY_SIZE, max_tokens: int = 48, min_hits: int = 1) -> None:
         if max_tokens < 1 or min_hits < 1:
             raise ValueError("max_tokens and min_hits must be >= 1")
+        super().__init__()
         self.key_size = key_size
         self.max_tokens = max_tokens
         self.min_hits = min_hits
         self.index = NgramIndex(key_size, self.num_values)
-        self._buffer = TokenBuffer()
         self._caps: dict[tuple[int, ...], int] = {}  # key -> draft limit after a partial accept
         self._last: tuple[tuple[int, ...], int] | None = None  # (key, depth) of the last draft
 
     @classmethod
-    def from_config(cls, spec: SpecConfig, key_size: int | None = None, **shared: object) -> NgramMapDrafter:
-        """Key size defaults to min(--spec-ngram-size-n, 4); ``shared`` is unused here."""
+    def from_config(cls, spec: SpecConfig, key_size: int | None = None) -> NgramMapDrafter:
+        """Key size defaults to min(--spec-ngram-size-n, 4)."""
         if key_size is None:
             key_size = min(spec.ngram_size_n, DEFAULT_KEY_SIZE)
         return cls(key_size=key_size, max_tokens=spec.ngram_size_m, min_hits=spec.ngram_min_hits)
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         self._last = None
-        self._restart(prompt_ids)
+        super().begin(prompt_ids, sampling)
 
-    def _seen(self) -> tuple[int, int | None]:
-        return len(self._buffer), self._buffer.last
+    def _index(self, new_ids: Sequence[int]) -> None:
+        self.index.update(self.seen.tokens)
 
-    def _extend(self, new_ids: Sequence[int]) -> None:
-        self._buffer.extend(new_ids)
-        self.index.update(self._buffer.tokens)
-
-    def _restart(self, context: Sequence[int]) -> None:
-        self._buffer.reset()
+    def _reset_index(self) -> None:
         self.index.reset()
         self._caps.clear()
-        self._extend(context)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
         self._last = None
         self._sync(context)
-        tokens = self._buffer.tokens
+        tokens = self.seen.tokens
         if len(tokens) < self.key_size:
             return EMPTY
         key = tuple(tokens[-self.key_size :].tolist())

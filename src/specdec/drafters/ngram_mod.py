@@ -30,9 +30,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import EMPTY, Drafter, DraftProposal
-from specdec.drafters.ngram import TokenBuffer
+from specdec.config import SpecConfig
+from specdec.drafters.base import EMPTY, DraftProposal, IndexingDrafter
 
 POOL_SIZE = 4 * 1024 * 1024  # slots: llama.cpp's size, 16 MiB of int32
 LCG_MULTIPLIER = 6364136223846793005  # Knuth's MMIX LCG, as llama.cpp's common_ngram_mod::idx
@@ -126,7 +125,7 @@ class NgramHashPool:
             h = self.roll(h, tokens[i - n], tokens[i])
 
 
-class NgramModDrafter(Drafter):
+class NgramModDrafter(IndexingDrafter):
     """``ngram-mod``: follow the shared hash pool from the context's last ``pool.n`` tokens.
 
     pool:  the engine's shared ``NgramHashPool`` (--spec-ngram-mod-n-match = its n).
@@ -143,49 +142,39 @@ class NgramModDrafter(Drafter):
     def __init__(self, pool: NgramHashPool, n_min: int = 48, n_max: int = 64) -> None:
         if not 1 <= n_min <= n_max:
             raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
+        super().__init__()
         self.pool = pool
         self.n_min = n_min
         self.n_max = n_max
-        self._buffer = TokenBuffer()
         self._num_added = 0  # windows of this sequence already in the pool (llama.cpp's i_last)
         self._num_drafted = 0  # length of the last draft, for the acceptance streak
         self._low_streak = 0
 
     @classmethod
-    def from_config(cls, spec: SpecConfig, ngram_mod: NgramHashPool | None = None, **shared: object) -> NgramModDrafter:
-        """``ngram_mod`` is the engine's shared pool (a private one if None); other objects are unused."""
-        pool = ngram_mod if ngram_mod is not None else NgramHashPool(spec.ngram_mod_n_match)
+    def from_config(cls, spec: SpecConfig, pool: NgramHashPool | None = None) -> NgramModDrafter:
+        """``pool``: the engine's shared pool (a private one if None)."""
+        pool = pool if pool is not None else NgramHashPool(spec.ngram_mod_n_match)
         return cls(pool, n_min=spec.ngram_mod_n_min, n_max=spec.ngram_mod_n_max)
 
-    def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
-        self._restart(prompt_ids)
-
-    def _seen(self) -> tuple[int, int | None]:
-        return len(self._buffer), self._buffer.last
-
-    def _extend(self, new_ids: Sequence[int]) -> None:
-        self._buffer.extend(new_ids)
-        self._add_new()
-
-    def _restart(self, context: Sequence[int]) -> None:
-        self._buffer.reset()
-        self._buffer.extend(context)
-        self._num_added = self._num_drafted = self._low_streak = 0
-        self._add_new()
-        if self.pool.occupancy > MAX_OCCUPANCY:
-            self.pool.reset()
-
-    def _add_new(self) -> None:
+    def _index(self, new_ids: Sequence[int]) -> None:
         """Put the windows completed since the last add into the pool."""
-        tokens = self._buffer.tokens
+        tokens = self.seen.tokens
         self.pool.add(tokens[self._num_added :])
         self._num_added = max(len(tokens) - self.pool.n, 0)
+
+    def _reset_index(self) -> None:
+        self._num_added = self._num_drafted = self._low_streak = 0
+
+    def _restart(self, context: Sequence[int]) -> None:
+        super()._restart(context)
+        if self.pool.occupancy > MAX_OCCUPANCY:
+            self.pool.reset()
 
     def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
         self._sync(context)
         self._num_drafted = 0
         n = self.pool.n
-        tokens = self._buffer.tokens
+        tokens = self.seen.tokens
         budget = min(max_tokens, self.n_max)
         if len(tokens) < n or budget < 1:
             return EMPTY

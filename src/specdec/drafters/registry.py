@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from specdec.drafters.retokenize import TokenizerPair
 from specdec.drafters.suffix import SuffixCache, SuffixDrafter
 from specdec.drafters.vocab_map import VocabMap
 from specdec.errors import ModelLoadError
+from specdec.log import get_logger
 from specdec.model.eagle_checkpoint import check_parallel, check_target, load_head
 from specdec.model.eagle_head import EagleHead
 from specdec.model.mtp_checkpoint import load_mtp_head
@@ -30,9 +30,12 @@ from specdec.runners.base import ModelRunner
 from specdec.runners.load import load_runner
 from specdec.text import load_tokenizer
 
+logger = get_logger(__name__)
+
 SHIPPED_HEAD = Path(__file__).resolve().parent.parent / "heads" / "SmolLM2-135M-Instruct"
 
-# One class per spec type; each builds itself with ``Drafter.from_config``.
+# One class per spec type, each set up by its ``from_config``; ``DraftResources._build`` hands the
+# ones that read engine-wide state (a shared cache, a loaded model) what they read.
 DRAFTERS: dict[SpecType, type[Drafter]] = {
     SpecType.NGRAM: NgramDrafter,
     SpecType.NGRAM_MAP_K: NgramMapDrafter,
@@ -71,9 +74,10 @@ def drafting_types(spec: SpecConfig) -> tuple[SpecType, ...]:
 
 
 class DraftResources:
-    """Shared by all requests of one engine: the suffix cache, the n-gram pool and counts, the draft model,
-    the EAGLE head, the layer-skip search (so its skip set is found once per model), the target's MTP
-    module. ``close`` saves what must outlive the process (the ngram-cache file).
+    """The state drafters share across the requests of one engine: the suffix cache, the n-gram pool and
+    counts, the draft model, the EAGLE head, the layer-skip search (so its skip set is found once per
+    model), the target's MTP module. ``new_drafter`` hands each drafter the parts it reads (``_build``);
+    ``close`` saves what must outlive the process (the ngram-cache file).
 
     target_model: what the target was loaded from (``load_runner``'s model): draft-mtp reads the MTP
     module shipped in that checkpoint."""
@@ -125,14 +129,29 @@ class DraftResources:
         return drafters[0] if len(drafters) == 1 else ChainedDrafter(drafters)
 
     def _build(self, kind: SpecType) -> Drafter:
-        shared = dict(cache=self.suffix_cache, runner=self.draft_runner, head=self.eagle_head, target=self.target,
-                      ngram_mod=self.ngram_mod_pool, ngram_cache=self.ngram_cache, cross_vocab=self.cross_vocab,
-                      layerskip=self.layerskip, mtp_head=self.mtp_head)
-        if kind is SpecType.ADAPTIVE:
-            shared["members"] = [self._build(t) for t in adaptive_members(self.spec)]
-        if kind is SpecType.DRAFT_MODEL and self.cross_vocab is not None:
-            return CrossVocabDrafter.from_config(self.spec, **shared)
-        return DRAFTERS[kind].from_config(self.spec, **shared)
+        """A new drafter of ``kind``, handed the engine-wide objects it reads, each by name and type."""
+        spec = self.spec
+        match kind:
+            case SpecType.NGRAM_MOD:
+                return NgramModDrafter.from_config(spec, pool=self.ngram_mod_pool)
+            case SpecType.NGRAM_CACHE:
+                return NgramCacheDrafter.from_config(spec, store=self.ngram_cache)
+            case SpecType.SUFFIX:
+                return SuffixDrafter.from_config(spec, cache=self.suffix_cache)
+            case SpecType.DRAFT_MODEL if self.cross_vocab is not None:
+                return CrossVocabDrafter.from_config(spec, runner=self.draft_runner, cross_vocab=self.cross_vocab)
+            case SpecType.DRAFT_MODEL:
+                return DraftModelDrafter.from_config(spec, runner=self.draft_runner, target=self.target)
+            case SpecType.EAGLE3:
+                return EagleDrafter.from_config(spec, head=self.eagle_head, target=self.target)
+            case SpecType.DRAFT_LAYERSKIP:
+                return LayerSkipDrafter.from_config(spec, target=self.target, search=self.layerskip)
+            case SpecType.DRAFT_MTP:
+                return MtpDrafter.from_config(spec, mtp_head=self.mtp_head, target=self.target)
+            case SpecType.ADAPTIVE:
+                members = [self._build(t) for t in adaptive_members(spec)]
+                return AdaptiveDrafter.from_config(spec, members=members, target=self.target)
+        return DRAFTERS[kind].from_config(spec)  # the rest read the context alone
 
     def loaded(self, types: Sequence[SpecType] | None = None) -> tuple[SpecType, ...]:
         """``types`` less "none" (None = the configured methods); ValueError if one was not loaded here.
@@ -187,10 +206,10 @@ def cross_vocab_for(spec: SpecConfig, target: ModelRunner, draft: ModelRunner, t
     if vocab.num_mapped == 0:
         raise ModelLoadError(f"the draft model's vocabulary ({draft.vocab_size} tokens) shares no token with the "
                              f"target's ({target.vocab_size}): it cannot draft for it")
-    print(f"specdec: {vocab.summary()} (another tokenizer: drafting by {spec.draft_vocab})", file=sys.stderr)
+    logger.warning("specdec: %s (another tokenizer: drafting by %s)", vocab.summary(), spec.draft_vocab)
     if vocab.fraction < MIN_OVERLAP:
-        print(f"specdec: warning: only {vocab.fraction:.0%} of the draft model's tokens map to the target's: "
-              "it will be accepted rarely", file=sys.stderr)
+        logger.warning("specdec: warning: only %.0f%% of the draft model's tokens map to the target's: "
+                       "it will be accepted rarely", 100 * vocab.fraction)
     return CrossVocab(TokenizerPair(tokenizer, draft_tok), vocab, spec.draft_vocab)
 
 

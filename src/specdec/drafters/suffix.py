@@ -26,8 +26,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import EMPTY, Drafter, DraftProposal
+from specdec.config import SpecConfig
+from specdec.drafters.base import EMPTY, DraftProposal, IndexingDrafter
 
 SEP = -1  # ends a sequence in a trie's text; never a token id
 
@@ -343,7 +343,7 @@ class SuffixCache:
             self.num_tokens -= oldest
 
 
-class SuffixDrafter(Drafter):
+class SuffixDrafter(IndexingDrafter):
     """``suffix``: frequency-ranked continuations of the longest suffix match.
 
     cache:           shared ``SuffixCache`` of finished requests (a private one if None).
@@ -371,6 +371,7 @@ class SuffixDrafter(Drafter):
     ) -> None:
         if max_tokens < 1 or not 0 <= min_prob <= 1 or max_spec_factor <= 0:
             raise ValueError("need max_tokens >= 1, 0 <= min_prob <= 1, max_spec_factor > 0")
+        super().__init__()
         self.cache = cache if cache is not None else SuffixCache(max_depth)
         self.max_depth = max_depth
         self.max_tokens = max_tokens
@@ -381,26 +382,16 @@ class SuffixDrafter(Drafter):
         self._prompt_len = 0
 
     @classmethod
-    def from_config(
-        cls, spec: SpecConfig, cache: SuffixCache | None = None, tree: bool = False, **shared: object
-    ) -> SuffixDrafter:
-        """``cache`` is the engine's shared SuffixCache; other ``shared`` objects are unused."""
+    def from_config(cls, spec: SpecConfig, cache: SuffixCache | None = None, tree: bool = False) -> SuffixDrafter:
+        """``cache``: the engine's shared SuffixCache."""
         return cls(cache=cache, max_tokens=spec.draft_n_max, tree=tree)
 
-    def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
-        self._restart(prompt_ids)
-
-    def _restart(self, prompt_ids: Sequence[int]) -> None:
+    def _reset_index(self) -> None:
         # Also a new sequence seen without begin(): all of it counts as prompt.
         self._local = SuffixTrie(self.max_depth)
-        self._prompt_len = len(prompt_ids)
-        self._local.extend(prompt_ids)
+        self._prompt_len = len(self.seen)
 
-    def _seen(self) -> tuple[int, int | None]:
-        n = self._local.end
-        return n, self._local.token_at(n - 1) if n else None
-
-    def _extend(self, new_ids: Sequence[int]) -> None:
+    def _index(self, new_ids: Sequence[int]) -> None:
         self._local.extend(new_ids)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
@@ -426,12 +417,8 @@ class SuffixDrafter(Drafter):
             return EMPTY
         return DraftProposal.from_tree(best.token_ids, best.parents)
 
-    def accept(self, context: Sequence[int], num_accepted: int) -> None:
-        self._sync(context)
-
     def end(self, context: Sequence[int]) -> None:
         self._sync(context)
         start = max(self._prompt_len - (self.cache.trie.max_depth - 1), 0)
         self.cache.add(context[start:])
-        self._local = SuffixTrie(self.max_depth)
-        self._prompt_len = 0
+        self._restart([])

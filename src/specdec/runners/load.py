@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import ctypes
-import sys
 from pathlib import Path
 
 import torch
 
 from specdec.errors import ModelLoadError
+from specdec.log import get_logger
 from specdec.model.backend import Backend, make_backend
 from specdec.model.quant import AT_LOAD, quantize_weights
 from specdec.model.transformer import Transformer
@@ -16,6 +16,8 @@ from specdec.model.weights import gguf_file, load_state_dict, read_model_config,
 from specdec.runners.base import ModelRunner
 from specdec.runners.generic import GenericRunner
 from specdec.runners.native import NativeRunner
+
+logger = get_logger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 QUANTIZATIONS = ("none", "gguf", *AT_LOAD)
@@ -107,7 +109,7 @@ def _keep_blocks(quantization: str | None, source: Path | None, backend: Backend
         return True
     if quantization == "gguf":
         raise ModelLoadError(f"--quantization gguf: {why}")
-    print(f"specdec: notice: GGUF blocks dequantised to float ({why})", file=sys.stderr)
+    logger.warning("specdec: notice: GGUF blocks dequantised to float (%s)", why)
     return False
 
 
