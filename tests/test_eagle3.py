@@ -484,7 +484,7 @@ def test_api_and_server_with_suffix_chain(tiny_llama, tiny, tmp_path):
     want = tiny.generate(prompt, SamplingParams(max_new_tokens=20))[0].token_ids
     chained = SpecConfig(types=(SpecType.SUFFIX, SpecType.EAGLE3), spec_model=str(folder), eagle_topk=2,
                          num_steps=3, num_draft_tokens=6)
-    served = LLM(str(tiny_llama), spec=chained, max_model_len=512, max_num_seqs=2)
+    served = LLM(str(tiny_llama), spec=chained, max_model_len=512, max_num_seqs=2, plan_drafts=False)
     assert served.generate(prompt, SamplingParams(max_new_tokens=20))[0].token_ids == want
     with running_server(create_app(served)) as url:
         r = httpx.post(url + "/v1/completions", json={"model": served.model_name, "prompt": prompt,

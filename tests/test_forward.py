@@ -18,7 +18,7 @@ JSON = [("content-type", "application/json")]
 
 @pytest.fixture(scope="module")
 def served(tiny_llama):
-    llm = LLM(str(tiny_llama), spec="ngram", max_model_len=256, max_num_seqs=4)
+    llm = LLM(str(tiny_llama), spec="ngram", max_model_len=256, max_num_seqs=4, plan_drafts=False)
     app = create_app(llm, api_key="k")
     scheduler = app.state.specdec.scheduler
     scheduler.start()  # what the app's lifespan does under uvicorn

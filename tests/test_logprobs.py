@@ -91,7 +91,8 @@ def test_output_logprobs_in_each_mode():
 def test_processed_logprobs_are_the_distribution_sampled_from_under_speculation(tiny_llama):
     """Sampled with penalties, top-k and a drafter: each entry is log p of the processed distribution
     at its position, recomputed here from a full forward pass (tokens top-k drops at -inf)."""
-    llm = LLM(str(tiny_llama), spec="ngram", max_model_len=256, logprobs_mode="processed_logprobs")
+    llm = LLM(str(tiny_llama), spec="ngram", max_model_len=256, logprobs_mode="processed_logprobs",
+              plan_drafts=False)
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
     params = SamplingParams(max_new_tokens=10, ignore_eos=True, temperature=0.8, top_k=4, seed=3, logprobs=5,
                             presence_penalty=1.0, repetition_penalty=1.3)

@@ -88,7 +88,7 @@ def test_pieces_follow_token_boundaries(tokenizer):
 
 @pytest.fixture(scope="module")
 def looping_llm(tiny_model_factory):
-    return LLM(str(tiny_model_factory("llama", bigram=True)), spec="ngram", max_model_len=256)
+    return LLM(str(tiny_model_factory("llama", bigram=True)), spec="ngram", max_model_len=256, plan_drafts=False)
 
 
 def test_library_origins_match_accepted_counts(looping_llm):

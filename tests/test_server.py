@@ -779,7 +779,7 @@ def test_fuzz_request_schema_never_5xx(tiny, path, body):
 # -- the real default model ----------------------------------------------------------------------
 # Cheap on purpose: 24 tokens offline, then the same through the server (~17 s on 2 cores).
 def test_default_model_greedy_with_ngram():
-    llm = LLM(spec="ngram", max_model_len=1024, max_num_seqs=2)
+    llm = LLM(spec="ngram", max_model_len=1024, max_num_seqs=2, plan_drafts=False)
     messages = [{"role": "user", "content": "Repeat exactly: the quick brown fox jumps over the lazy dog, "
                                              "the quick brown fox jumps over the lazy dog."}]
     want = llm.generate(llm.chat_prompt(messages), SamplingParams(max_new_tokens=24))[0]

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def served(tiny_llama):
     """(base URL, served LLM, offline LLM without speculation), both in processed_logprobs mode."""
     llm = LLM(str(tiny_llama), spec="ngram", max_model_len=MAX_LEN, max_num_seqs=4,
-              logprobs_mode="processed_logprobs")
+              logprobs_mode="processed_logprobs", plan_drafts=False)
     offline = LLM(str(tiny_llama), max_model_len=MAX_LEN, spec="none", logprobs_mode="processed_logprobs")
     with running_server(create_app(llm, api_key=API_KEY)) as url:
         yield url, llm, offline

@@ -82,7 +82,7 @@ def test_checkpoint_is_the_deepseek_layout_draft_mtp_reads(trained, peaked):
 def test_greedy_identity_with_the_trained_module(trained, peaked):
     out, _ = trained
     spec = SpecConfig(types=(SpecType.DRAFT_MTP,), spec_model=str(out), draft_n_max=3)
-    llm = LLM(peaked.model_name, spec=spec, max_model_len=256)
+    llm = LLM(peaked.model_name, spec=spec, max_model_len=256, plan_drafts=False)
     params = SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True)
     prompts = [peaked.chat_prompt([{"role": "user", "content": p}]) for p in PROMPTS[:4]]  # as trained
     got, want = llm.generate(prompts, params), peaked.generate(prompts, params)
