@@ -23,7 +23,9 @@ demo: install
 
 test: install
 	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/pytest -q -rs  # -rs: every skip says why (the browser test, the Ray tests)
+	# -rs: every skip says why (the browser test, the Ray tests); -n: one worker per core (at most 4:
+	# each holds a model or two), whole files per worker so module fixtures load once
+	$(VENV)/bin/pytest -q -rs -n auto --maxprocesses 4 --dist loadfile
 
 test-slow: install
 	$(VENV)/bin/pytest -q -m slow
