@@ -146,7 +146,7 @@ class SpecMonitor:
         self._window.append(sample)
         self.sums.add(sample)
         first, self.first_draft_decides = self.first_draft_decides, False
-        if (self.mode is Mode.PROBE or first) and sample.tested and not sample.accepted:
+        if (self.mode is Mode.PROBE or first) and sample.tested and not sample.accepted and self.min_acceptance > 0:
             # A probe's draft with nothing kept answers "has the text turned repetitive?" at once:
             # judging it on min_samples drafts made probes at T=1 cost three full drafts each.
             self._switch_off()
