@@ -6,6 +6,14 @@ so every test talks to a real tokenizer; only the weights are random.
 
 from __future__ import annotations
 
+import os
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One worker per core (make test): a worker's kernels and torch ops take one thread each, or
+    # two workers' two-thread kernels spin-wait for each other's cores (3x the CPU time measured).
+    os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import shutil
 from pathlib import Path
 
