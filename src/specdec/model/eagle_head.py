@@ -125,7 +125,31 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
-class EagleHead(nn.Module):
+class CachedLayer(nn.Module):
+    """A one-layer drafting module that runs step by step over a ``HeadCache`` (EagleHead, MtpHead:
+    the EAGLE drafter drives both): its ``qkv``, cached attention, its ``finish``."""
+
+    def step(
+        self,
+        hidden: torch.Tensor,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        cache: HeadCache,
+        rows: torch.Tensor,
+        visible: torch.Tensor,
+    ) -> torch.Tensor:
+        """Run n entries; write their K/V at cache ``rows``; return the layer output [n, H].
+
+        hidden: [n, H] the entries' features (EAGLE: projected by ``fc``; MTP: the target's state
+        before each token) or a previous step's output; embeds [n, H] the tokens' embeddings;
+        positions [n] rope positions; visible [n, L] which cache rows each entry attends to (itself
+        included; L covers every row written so far).
+        """
+        residual, q, k, v = self.qkv(hidden, embeds, positions)
+        return self.finish(residual, cached_attention(q, k, v, cache, rows, visible))
+
+
+class EagleHead(CachedLayer):
     """Parameters of the head and its two uses: a cached decode step (drafting) and the
     unrolled training-time-test pass (``train.ttt``)."""
 
@@ -252,25 +276,6 @@ class EagleHead(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Layer output [..., H] -> draft-vocabulary logits [..., draft_vocab]."""
         return self._linear("lm_head", rms_norm(hidden, self.norm, self.config.rms_norm_eps))
-
-    # -- drafting: one cached step ---------------------------------------------------------------
-    def step(
-        self,
-        hidden: torch.Tensor,
-        embeds: torch.Tensor,
-        positions: torch.Tensor,
-        cache: HeadCache,
-        rows: torch.Tensor,
-        visible: torch.Tensor,
-    ) -> torch.Tensor:
-        """Run n entries; write their K/V at cache ``rows``; return the layer output [n, H].
-
-        hidden: [n, H] projected features (``fc``) or a previous step's output; embeds [n, H];
-        positions [n] rope positions; visible [n, L] which cache rows each entry attends to
-        (itself included; L covers every row written so far).
-        """
-        residual, q, k, v = self.qkv(hidden, embeds, positions)
-        return self.finish(residual, cached_attention(q, k, v, cache, rows, visible))
 
 
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: HeadCache, rows: torch.Tensor,

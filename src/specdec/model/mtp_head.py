@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.config import ModelConfig
-from specdec.model.eagle_head import MAX_POSITIONS, HeadCache, cached_attention, rms_norm, rotate, rotate_half_tables
+from specdec.model.eagle_head import MAX_POSITIONS, CachedLayer, rms_norm, rotate, rotate_half_tables
 
 # our parameter names (the loader maps each layout's names onto them)
 MODULE_WEIGHTS = ("enorm", "hnorm", "eh_proj", "shared_head_norm", "lm_head")
@@ -78,7 +78,7 @@ def weight_names(config: ModelConfig) -> tuple[str, ...]:
             + (QK_NORM_WEIGHTS if config.qk_norm else ()))
 
 
-class MtpHead(nn.Module):
+class MtpHead(CachedLayer):
     """An MTP module's weights and its cached decode step (the EAGLE drafter's head contract)."""
 
     def __init__(self, config: MtpHeadConfig, weights: dict[str, torch.Tensor]) -> None:
@@ -104,21 +104,6 @@ class MtpHead(nn.Module):
         """Module output [..., H] -> logits over the target's vocabulary [..., V]."""
         eps = self.config.block.rms_norm_eps
         return F.linear(rms_norm(hidden, self.shared_head_norm, eps), self.lm_head)
-
-    def step(
-        self,
-        hidden: torch.Tensor,
-        embeds: torch.Tensor,
-        positions: torch.Tensor,
-        cache: HeadCache,
-        rows: torch.Tensor,
-        visible: torch.Tensor,
-    ) -> torch.Tensor:
-        """Run n entries (as ``EagleHead.step``): hidden [n, H] the target's state before each token
-        or the module's previous output, embeds [n, H] the tokens' embeddings, positions [n] the
-        tokens' positions; K/V written at cache ``rows``; returns h' [n, H]."""
-        residual, q, k, v = self.qkv(hidden, embeds, positions)
-        return self.finish(residual, cached_attention(q, k, v, cache, rows, visible))
 
     def qkv(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor):
         """Entries [..., H] -> (residual x = eh_proj(..) [..., H], q [..., Hq, D], k, v [..., Hkv, D]) with
