@@ -269,7 +269,8 @@ class AdaptiveDrafter(Drafter):
         self._root_at = len(context)
         offers = []
         for m in self.members:
-            m.offered, m.asked = None, self._worth_asking(m, max_tokens, context)
+            catch_up = m.drafter.catch_up_seconds(context)
+            m.offered, m.asked = None, self._worth_asking(m, max_tokens, context, catch_up)
             if not m.asked:
                 continue
             # A sampled member is asked for what ``choose`` will keep of it, known before it draws.
@@ -278,7 +279,6 @@ class AdaptiveDrafter(Drafter):
             if k == 0:
                 m.asked = False
                 continue
-            catch_up = m.drafter.catch_up_seconds(context)
             t0 = time.perf_counter()
             proposal = m.drafter.propose(context, k)
             spent = max(0.0, time.perf_counter() - t0 - catch_up)  # a prompt's catch-up is priced apart
@@ -296,7 +296,7 @@ class AdaptiveDrafter(Drafter):
         alphas = [m.monitor.alpha for m in self.members if m.monitor.allows_draft]
         return min(alpha, max(alphas)) if alphas else None
 
-    def _worth_asking(self, m: Member, k: int, context: Sequence[int]) -> bool:
+    def _worth_asking(self, m: Member, k: int, context: Sequence[int], catch_up: float) -> bool:
         """Switched on, and its expected tokens repay its drafting time over plain decoding; a probe
         is always asked (its alpha is what the probe measures). A member that must first catch up
         on the context (a draft model's pass over the whole prompt) is asked only where the rest of
@@ -304,18 +304,16 @@ class AdaptiveDrafter(Drafter):
         prompt to draft 1-2 of its 18 tokens."""
         if not m.monitor.allows_draft:
             return False
-        if not measured(self.cost):
+        probe = m.monitor.mode is Mode.PROBE
+        if not measured(self.cost) or (probe and catch_up == 0.0):
             return True
         cost, alpha = self.cost, m.monitor.alpha
         plain = cost.estimate(1)
         best = max(expected_tokens(alpha, n) / (cost.estimate(n + 1) + m.draft_seconds) for n in range(1, k + 1))
-        catch_up = m.drafter.catch_up_seconds(context)
-        if catch_up > 0.0:
-            # at best every remaining token comes at the best rate: the most it could save
-            remaining = max(0, self._ends_at - len(context))
-            if catch_up >= remaining * (plain - 1.0 / best):
-                return False
-        return m.monitor.mode is Mode.PROBE or best > 1.0 / plain
+        # at best every remaining token comes at the best rate: the most a catch-up could buy back
+        if catch_up > 0.0 and catch_up >= max(0, self._ends_at - len(context)) * (plain - 1.0 / best):
+            return False
+        return probe or best > 1.0 / plain
 
     def accept(self, context: Sequence[int], num_accepted: int) -> None:
         committed = context[self._root_at :] if self._root_at is not None else ()
