@@ -12,8 +12,9 @@ import torch
 
 from specdec.config import SamplingParams, SpecConfig, SpecType, parse_spec_types
 from specdec.drafters.adaptive import AdaptiveDrafter, Offer, OfferTrie, choose, planned_length, replay
-from specdec.drafters.base import Drafter, DraftProposal
+from specdec.drafters.base import Drafter, DraftProposal, IndexingDrafter
 from specdec.drafters.registry import adaptive_members
+from specdec.monitor import Mode
 from specdec.pass_cost import PassCost
 from tests.test_pass_cost import cost_model
 
@@ -169,3 +170,71 @@ def test_with_every_member_off_no_rows_are_planned_and_the_back_offs_still_run_o
         context = truth[: len(context) + 1]
     assert monitor.mode.value == "probe" and drafter.planned_alpha(0.9) == monitor.probe_alpha
     assert drafter.planned_alpha(0.3) == 0.3  # the sequence's own measured alpha caps the plan
+
+
+class Lookup(IndexingDrafter):
+    """A look-up member (its probes are dry runs) proposing the known output: right, shifted by one
+    (always wrong), or nothing (``right=None``)."""
+
+    name = "lookup"
+
+    def __init__(self, truth: list[int], right: bool | None) -> None:
+        super().__init__()
+        self.truth, self.right, self.proposed = truth, right, 0
+
+    def propose(self, context, max_tokens):
+        self._sync(context)
+        self.proposed += 1
+        chain = self.truth[len(context) : len(context) + min(4, max_tokens)]
+        return DraftProposal([] if self.right is None else chain if self.right else [t + 1 for t in chain])
+
+
+def sampled_lookup(truth: list[int], right: bool | None) -> AdaptiveDrafter:
+    drafter = AdaptiveDrafter([Lookup(truth, right)], cost_model(per_token=0.1))
+    drafter.begin(truth[:1], SamplingParams(temperature=1.0, max_new_tokens=100))
+    return drafter
+
+
+def test_a_sampled_requests_lookup_member_is_verified_only_after_its_dry_runs_keep_tokens():
+    """Its first drafts are dry runs, scored against what the target commits: no rows are planned
+    for it and ``propose`` verifies nothing of it until min_samples dry runs kept tokens."""
+    truth = list(range(100, 300))
+    drafter = sampled_lookup(truth, right=True)
+    monitor, member = drafter.members[0].monitor, drafter.members[0].drafter
+    context = truth[:1]
+    for _ in range(monitor.min_samples):
+        assert monitor.mode is Mode.PROBE and drafter.planned_alpha(0.9) is None
+        assert len(drafter.propose(context, 4)) == 0
+        context = truth[: len(context) + 1]  # a plain step committed the next token
+        drafter.accept(context, 0)
+    assert monitor.mode is Mode.ON and monitor.sums.accepted == monitor.min_samples
+    assert member.proposed == monitor.min_samples  # one dry run a step (propose asked nothing of it)
+    assert drafter.planned_alpha(0.9) == monitor.alpha
+    proposal = drafter.propose(context, 4)
+    assert len(proposal) and proposal.token_ids == truth[len(context) : len(context) + len(proposal)]
+
+
+def test_a_dry_run_that_keeps_nothing_switches_the_member_off_and_one_that_finds_nothing_waits():
+    truth = list(range(100, 300))
+    wrong = sampled_lookup(truth, right=False)
+    wrong.accept(truth[:2], 0)
+    monitor = wrong.members[0].monitor
+    assert monitor.mode is Mode.OFF and monitor.backoff == 2 * monitor.base_backoff
+    assert wrong.planned_alpha(0.9) is None
+    silent = sampled_lookup(truth, right=None)
+    monitor = silent.members[0].monitor
+    assert monitor.mode is Mode.OFF and monitor.backoff == monitor.base_backoff  # it did not fail
+    context = truth[:1]
+    for _ in range(monitor.backoff):  # the back-off runs out: a new dry run, which finds nothing again
+        context = truth[: len(context) + 1]
+        silent.accept(context, 0)
+    assert monitor.num_probes == 2 and monitor.mode is Mode.OFF and silent.members[0].drafter.proposed == 2
+
+
+def test_a_greedy_requests_lookup_member_drafts_from_the_first_step():
+    truth = list(range(100, 300))
+    drafter = AdaptiveDrafter([Lookup(truth, right=True)], cost_model(per_token=0.1))
+    drafter.begin(truth[:1], SamplingParams())
+    assert drafter.members[0].monitor.mode is Mode.ON
+    proposal = drafter.propose(truth[:1], 4)
+    assert len(proposal) and proposal.token_ids == truth[1 : 1 + len(proposal)]

@@ -450,8 +450,9 @@ class SecondOpinion(Drafter):
 class MergingDrafter(AdaptiveDrafter):
     """Adaptive over n-gram look-up and a second opinion; counts the trees it proposes."""
 
-    def __init__(self, split_at: int = 1, vocab_size: int = 49152) -> None:
-        super().__init__([NgramDrafter.from_config(SpecConfig()), SecondOpinion(split_at, vocab_size)], cost=None)
+    def __init__(self, split_at: int = 1, vocab_size: int = 49152, min_acceptance: float = 0.4) -> None:
+        super().__init__([NgramDrafter.from_config(SpecConfig()), SecondOpinion(split_at, vocab_size)], cost=None,
+                         min_acceptance=min_acceptance)
         self.num_trees = 0
 
     def propose(self, context, max_tokens):

@@ -113,6 +113,15 @@ class SpecMonitor:
         temperature 1 the three drafts a fresh monitor waited for were a third of what adaptive lost."""
         self.first_draft_decides = True
 
+    def start_probe(self) -> None:
+        """Probe now (a sampled request's look-up member starts so: see ``AdaptiveDrafter``)."""
+        self._start_probe()
+
+    def skip_probe(self) -> None:
+        """A probe that found nothing to draft: off again for as long as before (it did not fail)."""
+        if self.mode is Mode.PROBE:
+            self.mode, self.idle = Mode.OFF, 0
+
     @property
     def allows_draft(self) -> bool:
         return self.mode is not Mode.OFF

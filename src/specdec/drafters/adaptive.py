@@ -23,6 +23,15 @@ and 1 rejected; one that agrees all along was never contradicted), and a member
 whose recent alpha falls below ``min_acceptance``, or whose draft seconds cost
 more than its tokens save, is not asked until its back-off ends (``SpecMonitor``).
 
+A look-up member's probe is a dry run: its proposal is scored against what the
+target commits next and never verified. Its q is one-hot, so the target's draw
+equals its token x with probability p(x), the verifier's chance of keeping x:
+the dry run measures what a verified probe would, without a pass's extra rows
+(at temperature 1 and batch 4 a row costs a fifth of a pass and probes were
+most of what adaptive lost). A sampled request's look-up members start so, as
+probes: nothing of theirs is verified before its dry runs have kept tokens (unless
+``min_acceptance`` is 0, which never switches a member off).
+
 Losslessness: the verifier decides, as for any drafter. Deterministic proposals
 (q one-hot) merge freely: siblings are distinct tokens, and recursive rejection
 over one-hot q is sampling without replacement. A sampled proposal (a draft
@@ -222,6 +231,19 @@ class Member:
     offered: DraftProposal | None = None  # this step's proposal (None: not asked, or nothing)
     asked: bool = False
     sampled: bool = False  # its last proposal carried q (a model drafting for a sampled request)
+    dry: DraftProposal | None = None  # a probe's dry run, made at context length ``dry_at``
+    dry_at: int = 0
+
+    @property
+    def dry_runs(self) -> bool:
+        """Whether its probes are dry runs: a look-up member's (its q is one-hot)."""
+        return isinstance(self.drafter, IndexingDrafter)
+
+    @property
+    def verified(self) -> bool:
+        """Whether its drafts go to the target now: on, or probing a model member (a draft with q
+        scores differently against the committed tokens than the verifier keeps it)."""
+        return self.monitor.mode is Mode.ON or (self.monitor.mode is Mode.PROBE and not self.dry_runs)
 
 
 class AdaptiveDrafter(Drafter):
@@ -255,10 +277,12 @@ class AdaptiveDrafter(Drafter):
         self.greedy = sampling.greedy
         self._ends_at = len(prompt_ids) + sampling.max_new_tokens
         for m in self.members:
-            m.sampled = False
-            if not sampling.greedy:
-                m.monitor.judge_first_draft()
+            m.sampled, m.dry = False, None
+            if not sampling.greedy and m.monitor.min_acceptance > 0:  # (at 0 nothing is ever switched off)
+                m.monitor.start_probe() if m.dry_runs else m.monitor.judge_first_draft()
             m.drafter.begin(prompt_ids, sampling)
+            if m.monitor.mode is Mode.PROBE and m.dry_runs:
+                self._dry_run(m, prompt_ids)
 
     def observe(self, target_hidden: Mapping[int, torch.Tensor]) -> None:
         for m in self.members:  # every member follows the context, whoever proposed
@@ -290,19 +314,20 @@ class AdaptiveDrafter(Drafter):
         return choose(offers, max_tokens, self.cost, self.greedy)
 
     def planned_alpha(self, alpha: float) -> float | None:
-        """The best alpha among the members it would ask (a probing one's is the probe's), not the
+        """The best alpha among the members whose drafts it would verify (a probing model member's
+        is the probe's; a look-up member's probe is a dry run and plans no rows), not the
         sequence's: with every member off it proposes nothing, and a batch planned rows for it at the
         sequence monitor's probe alpha (at batch 16, T=1: a fifth of the passes carried such rows)."""
-        alphas = [m.monitor.alpha for m in self.members if m.monitor.allows_draft]
+        alphas = [m.monitor.alpha for m in self.members if m.verified]
         return min(alpha, max(alphas)) if alphas else None
 
     def _worth_asking(self, m: Member, k: int, context: Sequence[int], catch_up: float) -> bool:
-        """Switched on, and its expected tokens repay its drafting time over plain decoding; a probe
-        is always asked (its alpha is what the probe measures). A member that must first catch up
+        """Switched on, and its expected tokens repay its drafting time over plain decoding; a model
+        member's probe is always asked (its alpha is what the probe measures). A member that must first catch up
         on the context (a draft model's pass over the whole prompt) is asked only where the rest of
         the request could repay that: on Qwen2.5-Coder-1.5B a 0.5B draft spent 4-5 s on a RAG
         prompt to draft 1-2 of its 18 tokens."""
-        if not m.monitor.allows_draft:
+        if not m.verified:
             return False
         probe = m.monitor.mode is Mode.PROBE
         if not measured(self.cost) or (probe and catch_up == 0.0):
@@ -318,10 +343,11 @@ class AdaptiveDrafter(Drafter):
     def accept(self, context: Sequence[int], num_accepted: int) -> None:
         committed = context[self._root_at :] if self._root_at is not None else ()
         for m in self.members:
-            if m.offered is not None:
-                accepted, tested = replay(m.offered, committed)
+            offered, at = (m.offered, None) if m.offered is not None else (m.dry, m.dry_at)
+            if offered is not None:
+                accepted, tested = replay(offered, committed if at is None else context[at:])
                 m.drafter.accept(context, accepted)  # what its own proposal would have had kept
-                m.monitor.observe(WindowSums(1, len(m.offered), accepted, tested, accepted + 1))
+                m.monitor.observe(WindowSums(1, len(offered), accepted, tested, accepted + 1))
             else:
                 if not isinstance(m.drafter, IndexingDrafter):
                     m.drafter.accept(context, 0)
@@ -330,8 +356,18 @@ class AdaptiveDrafter(Drafter):
                 # held: not asked, or the engine gave adaptive no budget this step (``planned_alpha``
                 # says no rows while every member is off: their back-offs must still run out)
                 m.monitor.observe(None, held=not m.asked)
-            m.offered, m.asked = None, False
+            m.offered, m.asked, m.dry = None, False, None
+            if m.monitor.mode is Mode.PROBE and m.dry_runs:
+                self._dry_run(m, context)
         self._root_at = None
+
+    def _dry_run(self, m: Member, context: Sequence[int]) -> None:
+        """A probing look-up member's draft from ``context``, scored at the next ``accept``; one that
+        finds nothing ends the probe (asking it every step until it found something cost ~1%)."""
+        m.dry, m.dry_at = m.drafter.propose(context, m.monitor.probe_tokens), len(context)
+        if not len(m.dry):
+            m.dry = None
+            m.monitor.skip_probe()
 
     def end(self, context: Sequence[int]) -> None:
         for m in self.members:
