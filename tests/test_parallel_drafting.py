@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -267,3 +268,36 @@ def test_train_cli_parallel_head(peaked, peaked_folder, tmp_path, capsys):
     head = load_head(tmp_path / "p")
     assert head.config.parallel_tokens == 2 and head.mask_embed.shape == (peaked.runner.config.hidden_size,)
     DraftResources(parallel_spec(tmp_path / "p", 1, 2), peaked.runner, peaked.tokenizer)  # loads
+
+
+def test_train_cli_parallel_head_from_a_sequential_one(peaked, peaked_folder, tmp_path, capsys):
+    """`--init HEAD --parallel 2` starts a P-EAGLE head at HEAD's layer and vocabulary (its mask entry
+    fresh) and trains from there; a head for another target is one line."""
+    from specdec.cli import main
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Count to ten\nName three colours\nSay hi\n")
+    common = ["--target", peaked_folder, "--data", str(prompts), "--samples", "3", "--eval-every", "1",
+              "--max-new-tokens", "8", "--threads", "1", "--batch-size", "1", "--data-dir", str(tmp_path / "data")]
+    rc = main(["train", "eagle3", *common, "--out", str(tmp_path / "seq"), "--steps", "1", "--draft-vocab", "64"])
+    assert rc == 0
+    start = load_head(tmp_path / "seq")
+    # --lr 0: the saved head is the start's, so what was copied shows exactly
+    rc = main(["train", "eagle3", *common, "--out", str(tmp_path / "p"), "--steps", "1", "--lr", "0",
+               "--parallel", "2", "--init", str(tmp_path / "seq")])
+    assert rc == 0, capsys.readouterr().err
+    head = load_head(tmp_path / "p")
+    assert head.config.parallel_tokens == 2 and head.config.draft_vocab_size == 64
+    assert "mask_hidden, mask_embed fresh" in capsys.readouterr().err
+    for name, value in start.state_dict().items():
+        torch.testing.assert_close(head.state_dict()[name], value, msg=name)
+    assert head.mask_embed.abs().sum() > 0
+    other = tmp_path / "other"
+    shutil.copytree(tmp_path / "seq", other, ignore=shutil.ignore_patterns("state", "checkpoints", "metrics.jsonl"))
+    config = json.loads((other / "config.json").read_text())
+    config["speculators_config"]["verifier"]["num_hidden_layers"] += 1
+    (other / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert main(["train", "eagle3", *common, "--out", str(tmp_path / "q"), "--steps", "1", "--init", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--init:" in err and "layers" in err

@@ -1,7 +1,7 @@
 """`specdec train eagle3|mtp`: self-distil data from the target, then train and save a head.
 
     specdec train eagle3 --target M --out DIR [--data FILE] [--samples N] [--steps N]
-                         [--draft-vocab N] [--parallel K] [--device cpu|cuda] [--resume]
+                         [--draft-vocab N] [--parallel K] [--init HEAD] [--device cpu|cuda] [--resume]
     specdec train mtp    --target M --out DIR [--data-dir DIR/data of an eagle3 run] ...
 
 eagle3 trains an EAGLE-3 head (with ``--parallel K`` a P-EAGLE head that drafts K tokens
@@ -34,6 +34,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--parallel", type=positive_int, default=None, metavar="K",
                    help="train a P-EAGLE head that drafts K tokens in one pass from mask entries "
                         "(--spec-parallel-drafting); sets --ttt-steps K")
+    e.add_argument("--init", default=None, metavar="HEAD",
+                   help="start from this EAGLE-3 head's weights, layers and draft vocabulary (same target; "
+                        "--draft-vocab unused), e.g. a P-EAGLE head from a sequential one: the mask entry starts fresh")
     e.add_argument("--train-lm-head", action="store_true",
                    help="train the head's LM head too (default: frozen at the target's rows)")
     m = sub.add_parser("mtp", help="train a multi-token-prediction module for a target that has none "

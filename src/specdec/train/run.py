@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from specdec.errors import ModelLoadError, UsageError
-from specdec.model.eagle_checkpoint import load_head, tokenizer_hash
+from specdec.model.eagle_checkpoint import check_target, load_head, tokenizer_hash
 from specdec.model.eagle_head import EagleHead, EagleHeadConfig, default_feature_layers
 from specdec.model.mtp_checkpoint import check_supported
 from specdec.runners.load import load_runner
@@ -50,6 +50,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         except ModelLoadError as exc:
             raise UsageError(str(exc).replace("draft-mtp", "train mtp", 1)) from None
     head = load_head(out / "state") if args.resume and not mtp else None
+    if head is None and getattr(args, "init", None):
+        head = _init_head(args, target, tokenizer)
     # a resumed head reads the layers it was built for, in collection too; an MTP module reads the final
     # state (cached with any layers): it collects the eagle3 default's, so one collection serves both
     cached = (train_data.read_manifest(data) or {}).get("layers")
@@ -159,6 +161,26 @@ def _new_head(args, target, tokenizer, runner, store, layers) -> EagleHead:
     print(f"specdec: draft vocabulary {len(vocab)} of {target.vocab_size} tokens covers "
           f"{coverage(counts, vocab):.1%} of the training tokens", file=sys.stderr)
     init_from_target(head, runner)
+    return head
+
+
+def _init_head(args, target, tokenizer) -> EagleHead:
+    """A head started from ``--init``'s weights: its layer, feature layers and draft vocabulary, with
+    ``--parallel``'s mask entry fresh. A P-EAGLE head so begins where a sequential head already
+    drafts the first token well: on a 2-core CPU, what little data there is goes to the mask entries."""
+    try:
+        start = load_head(args.init)
+        check_target(start, target, target.vocab_size, tokenizer, where=args.init)
+    except ModelLoadError as exc:
+        raise UsageError(f"--init: {exc}") from None
+    if args.layers and _layers(args.layers, target.num_layers) != start.config.feature_layers:
+        raise UsageError(f"--init: {args.init} reads layers {start.config.feature_layers}, not --layers {args.layers}")
+    head = EagleHead(replace(start.config, parallel_tokens=args.parallel or 0))
+    missing, unexpected = head.load_state_dict(start.state_dict(), strict=False)
+    if unexpected or any(not name.startswith("mask_") for name in missing):
+        raise UsageError(f"--init: {args.init} does not fit the head being trained ({[*missing, *unexpected]})")
+    print(f"specdec: head started from {args.init}"
+          + (f" ({', '.join(missing)} fresh)" if missing else ""), file=sys.stderr)
     return head
 
 
