@@ -127,7 +127,41 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 class CachedLayer(nn.Module):
     """A one-layer drafting module that runs step by step over a ``HeadCache`` (EagleHead, MtpHead:
-    the EAGLE drafter drives both): its ``qkv``, cached attention, its ``finish``."""
+    the EAGLE drafter drives both): its ``qkv``, cached attention, its ``finish``; on a CPU its
+    matrix products may run on int8 copies (``_quantize``, ``_fast``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fast: dict[str, QuantMatrix] = {}  # int8 copies for drafting on a CPU (quantize_for_cpu)
+
+    def _quantize(self, matrices: dict[str, torch.Tensor | QuantMatrix]) -> bool:
+        """Draft with int8 copies of ``matrices`` (name -> weight [N, K], or a ready QuantMatrix such
+        as the target's own LM head) on the integer-dot kernels, where they load.
+
+        A draft step reads every weight once: in float32 an EAGLE head's 8k-row LM head alone is
+        19 MB, an MTP module's full-vocabulary one 113 MB on SmolLM2; int8 blocks (Q8_0's layout) read
+        a quarter. Drafts only need to be good guesses, so the rounding costs no losslessness.
+        Returns False (float products kept) where the kernels do not load or a width does not fit.
+        """
+        from specdec.model.clib import load_qkernels
+
+        try:
+            load_qkernels()
+            fast = {name: m if isinstance(m, QuantMatrix) else quantize_q8(m.detach()) for name, m in matrices.items()}
+        except (ModelLoadError, ValueError):  # no kernels; a width the blocks do not divide
+            return False
+        self.fast = fast
+        return True
+
+    def _fast(self, name: str, x: torch.Tensor) -> torch.Tensor | None:
+        """x @ W.T on the int8 copy ``name``, or None where the float module must run (training, GPU)."""
+        fast = self.fast.get(name)
+        if fast is None or torch.is_grad_enabled() or x.device.type != "cpu":
+            return None
+        rows = x.reshape(-1, x.shape[-1]).float().contiguous().numpy()
+        out = np.empty((rows.shape[0], fast.shape[0]), dtype=np.float32)
+        kernels.qmatmul(*fast.arrays(), rows, out)
+        return torch.from_numpy(out).view(*x.shape[:-1], fast.shape[0])
 
     def step(
         self,
@@ -180,42 +214,15 @@ class EagleHead(CachedLayer):
         cos, sin = rotate_half_tables(c.layer_config(), self.max_positions)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-        self.fast: dict[str, QuantMatrix] = {}  # int8 copies for drafting on a CPU (quantize_for_cpu)
 
     # -- pieces ------------------------------------------------------------------------------
     def quantize_for_cpu(self) -> bool:
-        """Draft with int8 copies of the matrices on the integer-dot kernels (where they load).
-
-        A draft step reads every weight of the head once: in float32 the 8k-row LM head alone is
-        19 MB, as slow as a tenth of the default target's pass; int8 blocks (Q8_0's layout) read
-        a quarter of that and stay in L3 across the steps of a draft. Drafts only need to be good
-        guesses, so the rounding costs no losslessness. Returns False (float products kept) where
-        the kernels do not load.
-        """
-        from specdec.model.clib import load_qkernels
-
-        try:
-            load_qkernels()
-        except ModelLoadError:
-            return False
+        """Draft with int8 copies of the matrices (``CachedLayer._quantize``; q/k/v and gate/up fused):
+        they also stay in L3 across the steps of a draft."""
         weight = lambda name: getattr(self, name).weight.detach()  # noqa: E731
-        try:
-            fast = {name: quantize_q8(weight(name)) for name in ("fc", "o_proj", "down_proj", "lm_head")}
-            fast |= {fused: quantize_q8(torch.cat([weight(n) for n in parts])) for fused, parts in FUSED.items()}
-        except ValueError:  # a width the blocks do not divide
-            return False
-        self.fast = fast
-        return True
-
-    def _fast(self, name: str, x: torch.Tensor) -> torch.Tensor | None:
-        """x @ W.T on the int8 copy ``name``, or None where the float module must run (training, GPU)."""
-        fast = self.fast.get(name)
-        if fast is None or torch.is_grad_enabled() or x.device.type != "cpu":
-            return None
-        rows = x.reshape(-1, x.shape[-1]).float().contiguous().numpy()
-        out = np.empty((rows.shape[0], fast.shape[0]), dtype=np.float32)
-        kernels.qmatmul(*fast.arrays(), rows, out)
-        return torch.from_numpy(out).view(*x.shape[:-1], fast.shape[0])
+        matrices = {name: weight(name) for name in ("fc", "o_proj", "down_proj", "lm_head")}
+        matrices |= {fused: torch.cat([weight(n) for n in parts]) for fused, parts in FUSED.items()}
+        return self._quantize(matrices)
 
     def _linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
         y = self._fast(name, x)

@@ -63,11 +63,16 @@ def load_mtp_head(model: str | None, target: ModelRunner) -> MtpHead:
     config = check_supported(config, raw)
     check_made_for(config, getattr(target, "config", None), folder.name)
     weights, layout = read_mtp_weights(path if path.suffix == ".gguf" else folder, config)
-    if "lm_head" not in weights:
+    shared = "lm_head" not in weights  # the target's LM head is the module's
+    if shared:
         weights["lm_head"] = target.output_rows(torch.arange(config.vocab_size))
     check_shapes(weights, config, path.name)
     head = MtpHead(MtpHeadConfig(block=config, layout=layout, mask_first_embed=layout != "qwen3-next"), weights)
-    return head.to(target.device).eval()
+    head = head.to(target.device).eval()
+    if head.eh_proj.device.type == "cpu":  # int8 drafting; a shared head on the target's own quantized rows
+        quantized = getattr(getattr(target, "model", None), "quantized", None) or {}
+        head.quantize_for_cpu(quantized.get("lm_head") if shared else None)
+    return head
 
 
 def check_made_for(config: ModelConfig, target: ModelConfig | None, where: str) -> None:

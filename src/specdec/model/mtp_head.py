@@ -31,6 +31,7 @@ from torch import nn
 
 from specdec.config import ModelConfig
 from specdec.model.eagle_head import MAX_POSITIONS, CachedLayer, rms_norm, rotate, rotate_half_tables
+from specdec.model.quant import QuantMatrix
 
 # our parameter names (the loader maps each layout's names onto them)
 MODULE_WEIGHTS = ("enorm", "hnorm", "eh_proj", "shared_head_norm", "lm_head")
@@ -100,10 +101,23 @@ class MtpHead(CachedLayer):
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids
 
+    def quantize_for_cpu(self, target_head: QuantMatrix | None = None) -> bool:
+        """Draft with int8 copies of the module's matrices (``CachedLayer._quantize``; q/k/v and
+        gate/up fused), its LM head the target's own quantized one where the module has none of its
+        own (``target_head``: no second copy of a 49K-152K-row matrix)."""
+        cat = lambda *names: torch.cat([getattr(self, n) for n in names])  # noqa: E731
+        matrices = {"eh_proj": self.eh_proj, "qkv": cat("q_proj", "k_proj", "v_proj"), "o_proj": self.o_proj,
+                    "gate_up": cat("gate_proj", "up_proj"), "down_proj": self.down_proj}
+        return self._quantize(matrices | {"lm_head": self.lm_head if target_head is None else target_head})
+
+    def _product(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """x @ W.T: on the int8 copy ``name`` where there is one, else the float parameter ``name``."""
+        y = self._fast(name, x)
+        return F.linear(x, getattr(self, name)) if y is None else y
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Module output [..., H] -> logits over the target's vocabulary [..., V]."""
-        eps = self.config.block.rms_norm_eps
-        return F.linear(rms_norm(hidden, self.shared_head_norm, eps), self.lm_head)
+        return self._product("lm_head", rms_norm(hidden, self.shared_head_norm, self.config.block.rms_norm_eps))
 
     def qkv(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor):
         """Entries [..., H] -> (residual x = eh_proj(..) [..., H], q [..., Hq, D], k, v [..., Hkv, D]) with
@@ -113,13 +127,18 @@ class MtpHead(CachedLayer):
             embeds = embeds.masked_fill((positions == 1).unsqueeze(-1), 0.0)  # vLLM's position 0
         x = torch.cat([rms_norm(embeds, self.enorm, c.rms_norm_eps), rms_norm(hidden, self.hnorm, c.rms_norm_eps)],
                       dim=-1)
-        x = F.linear(x, self.eh_proj)
+        x = self._product("eh_proj", x)
         h = rms_norm(x, self.input_layernorm, c.rms_norm_eps)
-        bias = (lambda name: getattr(self, name)) if c.attention_bias else (lambda name: None)  # noqa: E731
         shape = h.shape[:-1]
-        q = F.linear(h, self.q_proj, bias("q_bias")).view(*shape, c.num_heads, c.head_dim)
-        k = F.linear(h, self.k_proj, bias("k_bias")).view(*shape, c.num_kv_heads, c.head_dim)
-        v = F.linear(h, self.v_proj, bias("v_bias")).view(*shape, c.num_kv_heads, c.head_dim)
+        qkv = self._fast("qkv", h)
+        if qkv is None:
+            q, k, v = (F.linear(h, getattr(self, name)) for name in ("q_proj", "k_proj", "v_proj"))
+        else:
+            q, k, v = qkv.split([self.q_proj.shape[0], self.k_proj.shape[0], self.v_proj.shape[0]], dim=-1)
+        if c.attention_bias:
+            q, k, v = q + self.q_bias, k + self.k_bias, v + self.v_bias
+        q, k, v = (t.reshape(*shape, n, c.head_dim) for t, n in ((q, c.num_heads), (k, c.num_kv_heads),
+                                                                 (v, c.num_kv_heads)))
         if c.qk_norm:
             q, k = rms_norm(q, self.q_norm, c.rms_norm_eps), rms_norm(k, self.k_norm, c.rms_norm_eps)
         cos, sin = self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2)
@@ -128,6 +147,9 @@ class MtpHead(CachedLayer):
     def finish(self, residual: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Attention output [..., Hq * D] -> the module's output h' [..., H]."""
         c = self.config.block
-        x = residual + F.linear(attn, self.o_proj)
+        x = residual + self._product("o_proj", attn)
         m = rms_norm(x, self.post_attention_layernorm, c.rms_norm_eps)
-        return x + F.linear(F.silu(F.linear(m, self.gate_proj)) * F.linear(m, self.up_proj), self.down_proj)
+        gate_up = self._fast("gate_up", m)
+        gate, up = (F.linear(m, self.gate_proj), F.linear(m, self.up_proj)) if gate_up is None \
+            else gate_up.split([self.gate_proj.shape[0], self.up_proj.shape[0]], dim=-1)
+        return x + self._product("down_proj", F.silu(gate) * up)
