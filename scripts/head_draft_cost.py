@@ -9,7 +9,7 @@ took: the head's catch-up on the tokens the last verify committed, then its draf
 - sequential, 1 token: one head step (catch-up and the first token's logits), the unit;
 - sequential, K tokens: the same head unrolled K steps (1 catch-up step + K - 1 expansions);
 - parallel, K tokens: one P-EAGLE pass (catch-up rows + K - 1 mask entries);
-- draft-mtp, K tokens: the MTP module, K recurrent steps.
+- draft-mtp, K tokens: the MTP module, K recurrent steps (on its int8 copies, and on float products).
 
 Prints ms per drafting step and its ratio to the unit (issue 26's target: the parallel K <= 1.3x).
 Configurations run interleaved, ``--rounds`` times, so a VM's drift hits them alike.
@@ -62,8 +62,9 @@ def main() -> None:
                                                       eagle_topk=1, num_steps=k, num_draft_tokens=k, draft_n_max=k,
                                                       parallel_drafting=True)
     if args.mtp_module:
-        configs[f"draft-mtp, {k} tokens"] = SpecConfig(types=(SpecType.DRAFT_MTP,), spec_model=args.mtp_module,
-                                                       draft_n_max=k)
+        for products in ("", ", float products"):
+            configs[f"draft-mtp, {k} tokens{products}"] = SpecConfig(types=(SpecType.DRAFT_MTP,),
+                                                                     spec_model=args.mtp_module, draft_n_max=k)
     llm = LLM(args.model, plan_drafts=False)
     prompts = [llm.chat_prompt(m) for m in dev_prompts(args.prompts)]
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
@@ -76,6 +77,8 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, spec in configs.items():
             resources[name] = llm.set_spec(spec, resources.get(name))
+            if name.endswith("float products"):
+                resources[name].mtp_head.fast = {}  # the module's float32 torch products, not its int8 copies
             for out in llm.generate(prompts, params):
                 s = out.stats
                 totals[name][0] += s.draft_seconds
