@@ -108,14 +108,10 @@ class SpecMonitor:
 
     def judge_first_draft(self) -> None:
         """Judge the next draft as a probe is judged: nothing kept switches speculation off at once
-        (the draft keeps its full length). For a sampled request's look-up members: a deterministic
-        draft survives only where the target's draw matches it, so a first miss is telling, and at
-        temperature 1 the three drafts a fresh monitor waited for were a third of what adaptive lost."""
+        (the draft keeps its full length). For a sampled request's model members in ``AdaptiveDrafter``
+        (its look-up members start as probes instead): at temperature 1 the three drafts a fresh
+        monitor waited for were a third of what adaptive lost."""
         self.first_draft_decides = True
-
-    def start_probe(self) -> None:
-        """Probe now (a sampled request's look-up member starts so: see ``AdaptiveDrafter``)."""
-        self._start_probe()
 
     def skip_probe(self) -> None:
         """A probe that found nothing to draft: off again for as long as before (it did not fail)."""
@@ -147,7 +143,7 @@ class SpecMonitor:
             # Off: probe once the back-off has passed. On but never given a budget (the cost model
             # said no at this alpha): re-measure alpha as often, or a stale low alpha sticks.
             if self.idle >= self.backoff and self.mode is not Mode.PROBE:
-                self._start_probe()
+                self.start_probe()
             return
         self.idle = 0
         if len(self._window) == self._window.maxlen:
@@ -178,7 +174,8 @@ class SpecMonitor:
         self.num_switch_offs += 1
         self._clear()
 
-    def _start_probe(self) -> None:
+    def start_probe(self) -> None:
+        """Probe now: after a back-off, or at once (a sampled request's look-up member in ``AdaptiveDrafter``)."""
         self.mode, self.idle = Mode.PROBE, 0
         self.num_probes += 1
         self._clear()  # judge the probe on its own drafts, not on the ones that switched it off

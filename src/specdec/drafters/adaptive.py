@@ -235,15 +235,21 @@ class Member:
     dry_at: int = 0
 
     @property
-    def dry_runs(self) -> bool:
-        """Whether its probes are dry runs: a look-up member's (its q is one-hot)."""
+    def lookup(self) -> bool:
+        """A look-up member (an ``IndexingDrafter``): its q is one-hot, so its probes are dry runs, and
+        it catches up on the context at its next propose, so a step it sat out needs no ``accept``."""
         return isinstance(self.drafter, IndexingDrafter)
+
+    @property
+    def dry_probe(self) -> bool:
+        """A look-up member probing: its next draft is a dry run (``AdaptiveDrafter._dry_run``)."""
+        return self.monitor.mode is Mode.PROBE and self.lookup
 
     @property
     def verified(self) -> bool:
         """Whether its drafts go to the target now: on, or probing a model member (a draft with q
         scores differently against the committed tokens than the verifier keeps it)."""
-        return self.monitor.mode is Mode.ON or (self.monitor.mode is Mode.PROBE and not self.dry_runs)
+        return self.monitor.mode is Mode.ON or (self.monitor.mode is Mode.PROBE and not self.lookup)
 
 
 class AdaptiveDrafter(Drafter):
@@ -279,9 +285,9 @@ class AdaptiveDrafter(Drafter):
         for m in self.members:
             m.sampled, m.dry = False, None
             if not sampling.greedy and m.monitor.min_acceptance > 0:  # (at 0 nothing is ever switched off)
-                m.monitor.start_probe() if m.dry_runs else m.monitor.judge_first_draft()
+                m.monitor.start_probe() if m.lookup else m.monitor.judge_first_draft()
             m.drafter.begin(prompt_ids, sampling)
-            if m.monitor.mode is Mode.PROBE and m.dry_runs:
+            if m.dry_probe:
                 self._dry_run(m, prompt_ids)
 
     def observe(self, target_hidden: Mapping[int, torch.Tensor]) -> None:
@@ -349,15 +355,13 @@ class AdaptiveDrafter(Drafter):
                 m.drafter.accept(context, accepted)  # what its own proposal would have had kept
                 m.monitor.observe(WindowSums(1, len(offered), accepted, tested, accepted + 1))
             else:
-                if not isinstance(m.drafter, IndexingDrafter):
+                if not m.lookup:  # (indexing every token for look-up members that sat out cost ~1% at batch 4)
                     m.drafter.accept(context, 0)
-                # (a look-up member catches up on the context at its next propose or end, in one
-                # ``_sync``: indexing every token for members that are switched off cost ~1% at batch 4)
                 # held: not asked, or the engine gave adaptive no budget this step (``planned_alpha``
                 # says no rows while every member is off: their back-offs must still run out)
                 m.monitor.observe(None, held=not m.asked)
             m.offered, m.asked, m.dry = None, False, None
-            if m.monitor.mode is Mode.PROBE and m.dry_runs:
+            if m.dry_probe:
                 self._dry_run(m, context)
         self._root_at = None
 
