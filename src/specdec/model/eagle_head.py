@@ -163,6 +163,21 @@ class CachedLayer(nn.Module):
         kernels.qmatmul(*fast.arrays(), rows, out)
         return torch.from_numpy(out).view(*x.shape[:-1], fast.shape[0])
 
+    def _products(self, name: str, parts: tuple[str, ...], x: torch.Tensor) -> list[torch.Tensor]:
+        """x @ W.T for each matrix of ``parts``: one product on the int8 copy ``name`` (the parts
+        stacked) where there is one, else each part's float product (``_float_product``)."""
+        y = self._fast(name, x)
+        if y is None:
+            return [self._float_product(part, x) for part in parts]
+        return list(y.split([self._float_matrix(part).shape[0] for part in parts], dim=-1))
+
+    def _float_matrix(self, part: str) -> torch.Tensor:
+        """The float weight [N, K] of matrix ``part``."""
+        raise NotImplementedError
+
+    def _float_product(self, part: str, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self._float_matrix(part))
+
     def step(
         self,
         hidden: torch.Tensor,
@@ -224,6 +239,12 @@ class EagleHead(CachedLayer):
         matrices |= {fused: torch.cat([weight(n) for n in parts]) for fused, parts in FUSED.items()}
         return self._quantize(matrices)
 
+    def _float_matrix(self, part: str) -> torch.Tensor:
+        return getattr(self, part).weight
+
+    def _float_product(self, part: str, x: torch.Tensor) -> torch.Tensor:
+        return getattr(self, part)(x)  # the module, its bias included
+
     def _linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
         y = self._fast(name, x)
         if y is None:
@@ -233,11 +254,7 @@ class EagleHead(CachedLayer):
 
     def _fused(self, name: str, x: torch.Tensor) -> list[torch.Tensor]:
         """The products of FUSED[name] on x (one int8 product when quantized)."""
-        y = self._fast(name, x)
-        if y is None:
-            return [getattr(self, part)(x) for part in FUSED[name]]
-        sizes = [getattr(self, part).weight.shape[0] for part in FUSED[name]]
-        return list(y.split(sizes, dim=-1))
+        return self._products(name, FUSED[name], x)
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """Target features [..., 3H_t] -> [..., H] (``fc``)."""

@@ -110,10 +110,12 @@ class MtpHead(CachedLayer):
                     "gate_up": cat("gate_proj", "up_proj"), "down_proj": self.down_proj}
         return self._quantize(matrices | {"lm_head": self.lm_head if target_head is None else target_head})
 
+    def _float_matrix(self, part: str) -> torch.Tensor:
+        return getattr(self, part)
+
     def _product(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """x @ W.T: on the int8 copy ``name`` where there is one, else the float parameter ``name``."""
-        y = self._fast(name, x)
-        return F.linear(x, getattr(self, name)) if y is None else y
+        return self._products(name, (name,), x)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Module output [..., H] -> logits over the target's vocabulary [..., V]."""
@@ -130,11 +132,7 @@ class MtpHead(CachedLayer):
         x = self._product("eh_proj", x)
         h = rms_norm(x, self.input_layernorm, c.rms_norm_eps)
         shape = h.shape[:-1]
-        qkv = self._fast("qkv", h)
-        if qkv is None:
-            q, k, v = (F.linear(h, getattr(self, name)) for name in ("q_proj", "k_proj", "v_proj"))
-        else:
-            q, k, v = qkv.split([self.q_proj.shape[0], self.k_proj.shape[0], self.v_proj.shape[0]], dim=-1)
+        q, k, v = self._products("qkv", ("q_proj", "k_proj", "v_proj"), h)
         if c.attention_bias:
             q, k, v = q + self.q_bias, k + self.k_bias, v + self.v_bias
         q, k, v = (t.reshape(*shape, n, c.head_dim) for t, n in ((q, c.num_heads), (k, c.num_kv_heads),
@@ -149,7 +147,5 @@ class MtpHead(CachedLayer):
         c = self.config.block
         x = residual + self._product("o_proj", attn)
         m = rms_norm(x, self.post_attention_layernorm, c.rms_norm_eps)
-        gate_up = self._fast("gate_up", m)
-        gate, up = (F.linear(m, self.gate_proj), F.linear(m, self.up_proj)) if gate_up is None \
-            else gate_up.split([self.gate_proj.shape[0], self.up_proj.shape[0]], dim=-1)
+        gate, up = self._products("gate_up", ("gate_proj", "up_proj"), m)
         return x + self._product("down_proj", F.silu(gate) * up)
