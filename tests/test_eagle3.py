@@ -110,16 +110,18 @@ def test_reduced_vocabulary_round_trip(tmp_path, tiny_llama):
     assert torch.equal(again.d2t, head.d2t) and torch.equal(again.t2d, head.t2d)
 
 
-def tiny_head(llm: LLM, vocab: torch.Tensor | None = None, seed: int = 0, scale: float = 0.3) -> EagleHead:
-    """A random head for ``llm``'s target (vocabulary: every 24th token unless given)."""
+def tiny_head(llm: LLM, vocab: torch.Tensor | None = None, seed: int = 0, scale: float = 0.3,
+              parallel_tokens: int = 0) -> EagleHead:
+    """A random head for ``llm``'s target (vocabulary: every 24th token unless given); with
+    ``parallel_tokens`` K a P-EAGLE head, its mask entry random too."""
     vocab = torch.arange(0, llm.runner.vocab_size, 24) if vocab is None else vocab
-    config = EagleHeadConfig.for_target(llm.runner.config, len(vocab))
+    config = EagleHeadConfig.for_target(llm.runner.config, len(vocab), parallel_tokens=parallel_tokens)
     config = replace(config, verifier={**config.verifier, "tokenizer_hash": tokenizer_hash(llm.tokenizer)})
     head = EagleHead(config)
     torch.manual_seed(seed)
     with torch.no_grad():
-        for p in head.parameters():
-            if p.dim() == 2:
+        for name, p in head.named_parameters():
+            if p.dim() == 2 or name.startswith("mask_"):
                 p.normal_(0.0, scale)
     head.set_vocab(vocab)
     return head

@@ -14,7 +14,6 @@ import json
 import math
 import random
 import shutil
-from dataclasses import replace
 
 import pytest
 import torch
@@ -26,7 +25,7 @@ from specdec.drafters.registry import DraftResources
 from specdec.engine import Engine
 from specdec.errors import ModelLoadError
 from specdec.llm import LLM
-from specdec.model.eagle_checkpoint import load_head, save_head, tokenizer_hash
+from specdec.model.eagle_checkpoint import load_head, save_head
 from specdec.model.eagle_head import EagleHead, EagleHeadConfig
 from specdec.runners.base import SeqInput
 from specdec.runners.load import load_runner
@@ -36,6 +35,7 @@ from specdec.train.data import Sample
 from specdec.train.trainer import Tables, TrainConfig, Trainer
 from specdec.train.ttt import make_batch, unroll
 from specdec.train.vocab import choose_vocab
+from tests.test_eagle3 import tiny_head
 from tests.test_lossless import greedy, run
 
 K = 3
@@ -44,17 +44,7 @@ K = 3
 def parallel_head(llm: LLM, k: int = K, vocab: torch.Tensor | None = None, scale: float = 0.3,
                   seed: int = 0) -> EagleHead:
     """A random P-EAGLE head for ``llm``'s target drafting ``k`` tokens per pass."""
-    vocab = torch.arange(0, llm.runner.vocab_size, 24) if vocab is None else vocab
-    config = EagleHeadConfig.for_target(llm.runner.config, len(vocab), parallel_tokens=k)
-    config = replace(config, verifier={**config.verifier, "tokenizer_hash": tokenizer_hash(llm.tokenizer)})
-    torch.manual_seed(seed)
-    head = EagleHead(config)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            if p.dim() == 2 or name.startswith("mask_"):
-                p.normal_(0.0, scale)
-    head.set_vocab(vocab)
-    return head
+    return tiny_head(llm, vocab, seed, scale, parallel_tokens=k)
 
 
 @pytest.fixture(scope="module")
