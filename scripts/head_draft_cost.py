@@ -18,25 +18,20 @@ Configurations run interleaved, ``--rounds`` times, so a VM's drift hits them al
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from specdec.bench.report import cpu_info
+from specdec.bench.workloads import load_workload
 from specdec.config import SamplingParams, SpecConfig, SpecType
 from specdec.llm import LLM
 
-WORKLOAD = Path(__file__).resolve().parents[2] / "shared" / "workloads" / "spec_bench_dev.jsonl"
+GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")  # Spec-Bench's dev groups
 
 
 def dev_prompts(n: int) -> list[list[dict]]:
-    """The first prompt of each group, then the second of each, ... (n in all)."""
-    by_group: dict[str, list[str]] = {}
-    for line in WORKLOAD.read_text().splitlines():
-        row = json.loads(line)
-        by_group.setdefault(row.get("category") or row.get("group") or "", []).append(row["turns"][0])
-    depth = max(map(len, by_group.values()))
-    order = [g[i] for i in range(depth) for g in by_group.values() if i < len(g)]
-    return [[{"role": "user", "content": p}] for p in order[:n]]
+    """First turns: the first prompt of each group, then the second of each, ... (n in all)."""
+    groups = [load_workload(name).conversations for name in GROUPS]
+    order = [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g)]
+    return [c.messages(0, []) for c in order[:n]]
 
 
 def main() -> None:
