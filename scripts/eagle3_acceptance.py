@@ -1,6 +1,6 @@
 """Acceptance of an EAGLE-3 head on held-out prompts: tau, the acceptance rate and acceptance by depth.
 
-    python scripts/eagle3_acceptance.py [--head DIR] [--prompts scripts/eagle3-heldout.jsonl] [--max-new-tokens 96]
+    python scripts/eagle3_acceptance.py --head DIR [--prompts scripts/eagle3-heldout.jsonl] [--max-new-tokens 96]
                                       [--shapes chain-3,tree-4x4-7]
 
 Greedy, batch 1, the default model, chat-formatted prompts; the fixed draft shapes below
@@ -33,7 +33,7 @@ SHAPES = {  # name: (topk, num_steps, num_draft_tokens)
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--head", default=None, help="head folder (default: the shipped head)")
+    p.add_argument("--head", required=True, help="head folder (e.g. tests/heads/SmolLM2-135M-Instruct)")
     p.add_argument("--prompts", default=str(Path(__file__).with_name("eagle3-heldout.jsonl")))
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list from: {', '.join(SHAPES)}")
@@ -45,7 +45,7 @@ def main() -> int:
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     engine = Engine(llm.runner, draft_n_max=16, plan_drafts=False)
     plain = [run(engine, x, params, None).output_ids for x in ids]
-    print(f"{len(prompts)} prompts, {sum(map(len, plain))} tokens, head: {args.head or 'shipped'}")
+    print(f"{len(prompts)} prompts, {sum(map(len, plain))} tokens, head: {args.head}")
     print("| shape | tau | acceptance rate | accepted at depth 1..5 (share of steps) | draft ms / step |")
     print("|---|---:|---:|---|---:|")
     for name, (topk, steps, n) in shapes.items():

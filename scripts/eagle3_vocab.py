@@ -1,6 +1,6 @@
 """How big should an EAGLE-3 head's draft vocabulary be? Coverage, acceptance and draft cost by size.
 
-    python scripts/eagle3_vocab.py --data RUN/data [--head DIR] [--sizes 4096,8192,16384,32768,49152]
+    python scripts/eagle3_vocab.py --data RUN/data --head DIR [--sizes 4096,8192,16384,32768,49152]
                                  [--out /tmp/eagle3-vocab] [--prompts scripts/eagle3-heldout.jsonl]
 
 A head trained with the LM head frozen at the target's own rows (the default of `specdec train
@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafters.registry import SHIPPED_HEAD
 from specdec.model.eagle_checkpoint import load_head, save_head
 from specdec.model.eagle_head import EagleHead
 from specdec.runners.load import load_runner
@@ -48,7 +47,7 @@ def with_vocab(head: EagleHead, runner, counts: torch.Tensor, size: int) -> Eagl
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True, help="a training run's data folder (its train/validation split)")
-    p.add_argument("--head", default=str(SHIPPED_HEAD))
+    p.add_argument("--head", required=True, help="the head whose layer is re-vocabularied (e.g. tests/heads/...)")
     p.add_argument("--sizes", default="4096,8192,16384,32768,49152")
     p.add_argument("--out", default="/tmp/eagle3-vocab")
     p.add_argument("--prompts", default=str(Path(__file__).with_name("eagle3-heldout.jsonl")))

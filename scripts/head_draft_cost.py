@@ -37,7 +37,7 @@ def dev_prompts(n: int) -> list[list[dict]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
-    ap.add_argument("--head", default=None, help="sequential EAGLE-3 head (default: the shipped one)")
+    ap.add_argument("--head", required=True, help="sequential EAGLE-3 head (e.g. tests/heads/SmolLM2-135M-Instruct)")
     ap.add_argument("--parallel-head", default=None, help="P-EAGLE head (specdec train eagle3 --parallel K)")
     ap.add_argument("--mtp-module", default=None, help="MTP module (specdec train mtp)")
     ap.add_argument("--k", type=int, default=4)

@@ -171,7 +171,8 @@ def test_vllm_parallel_drafting_key():
     spec, _ = spec_from_vllm_config(json.dumps({"method": "eagle3", "model": "h", "num_speculative_tokens": 4,
                                                 "parallel_drafting": True}))
     assert spec.parallel_drafting and spec.spec_model == "h" and (spec.eagle_topk, spec.num_steps) == (1, 4)
-    assert not spec_from_vllm_config('{"method": "eagle3", "parallel_drafting": false}')[0].parallel_drafting
+    off = spec_from_vllm_config('{"method": "eagle3", "model": "h", "parallel_drafting": false}')[0]
+    assert not off.parallel_drafting
     for bad, message in (({"method": "ngram", "parallel_drafting": True}, "eagle3"),
                          ({"method": "eagle3", "parallel_drafting": "yes"}, "true or false")):
         with pytest.raises(ValueError, match=message):

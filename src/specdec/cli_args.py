@@ -96,7 +96,7 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "exact match: its text re-encoded by the target's tokenizer) or auto (the one measured "
                         "to be accepted more); both lossless")
     g.add_argument("--spec-model", default=None,
-                   help="EAGLE-3 head folder for --spec-type eagle3 (default: the head shipped for the default model); "
+                   help="EAGLE-3 head folder for --spec-type eagle3 (none ships: `specdec train eagle3` makes one); "
                         "for draft-mtp, a module trained by `specdec train mtp` (default: the target's own)")
     g.add_argument("--spec-eagle-topk", type=positive_int, default=SpecConfig.eagle_topk,
                    help="eagle3: children expanded per tree node (1 = a chain)")

@@ -236,7 +236,7 @@ class SpecConfig:
     # tli (token-level intersection), slem (string-level exact match), auto (by measured acceptance)
     draft_vocab: str = "auto"
     # eagle3 (SGLang's names): the head, and the dynamic tree it drafts
-    spec_model: str | None = None  # --spec-model: head folder; None = the head shipped for the default model
+    spec_model: str | None = None  # --spec-model: an EAGLE-3 head folder (eagle3 needs one) or an MTP module
     eagle_topk: int = 4  # --spec-eagle-topk: children expanded per node (1 = a chain)
     num_steps: int = 4  # --spec-num-steps: tree depth (head passes per draft)
     # --spec-num-draft-tokens: nodes sent to the verifier (capped by draft_n_max); 7 + the root is one
@@ -270,6 +270,9 @@ class SpecConfig:
             raise ValueError("--spec-ngram-cache-file and --spec-ngram-cache-static need --spec-type ngram-cache")
         if SpecType.DRAFT_MODEL in self.types and not self.draft_model:
             raise ValueError("--spec-type draft-model needs --draft-model")
+        if SpecType.EAGLE3 in self.types and not self.spec_model:  # issue 26: only a head that beats plain ships
+            raise ValueError("--spec-type eagle3 needs --spec-model DIR: no EAGLE-3 head ships with specdec (none "
+                             "trained so far beats plain decoding); `specdec train eagle3 --out DIR` makes one")
         if self.draft_p_split is not None and not 0.0 < self.draft_p_split < 1.0:
             raise ValueError(f"--spec-draft-p-split must be in (0, 1), got {self.draft_p_split}")
         if self.draft_branches < 1:

@@ -69,7 +69,7 @@ class AdviseConfig:
     max_model_len: int = 4096
     draft_model: str | None = None
     spec_model: str | None = None
-    with_head: bool = False  # measure eagle3 (a head was given, or one ships for the target)
+    with_head: bool = False  # measure eagle3 (--spec-model gave a head)
     seed: int = 0
 
 

@@ -9,7 +9,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specdec import catalog
 from specdec.bench.config import parse_methods
 from specdec.bench.workloads import WORKLOAD_NAMES, Workload, load_workload, load_workload_file
 from specdec.cli_args import add_model_args, positive_int
@@ -63,16 +62,14 @@ def config_from_args(args: argparse.Namespace) -> advise.AdviseConfig:
         raise UsageError(f"--batch-size must be in [1, {MAX_BATCH_SIZE}], got {args.batch_size}")
     workload = read_workload(args.workload)
     from specdec.bench import advise  # after the input checks: they answer without loading torch
-    from specdec.drafters.registry import SHIPPED_HEAD
 
     temperature = args.temperature if args.temperature is not None else (workload.temperature or 0.0)
     workload = advise.first_requests(replace(workload, temperature=temperature), args.prompts)
-    with_head = args.spec_model is not None or (catalog.is_default(args.model) and SHIPPED_HEAD.is_dir())
     return advise.AdviseConfig(
         workload=workload, temperature=temperature, batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens, draft_n_max=args.spec_draft_n_max, model=args.model, dtype=args.dtype,
         device=args.device, backend=args.backend, quantization=args.quantization, max_model_len=args.max_model_len,
-        draft_model=args.draft_model, spec_model=args.spec_model, with_head=with_head, seed=args.seed,
+        draft_model=args.draft_model, spec_model=args.spec_model, with_head=args.spec_model is not None, seed=args.seed,
     )
 
 

@@ -18,7 +18,6 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from specdec import catalog
 from specdec.bench.config import DEFAULT_METHODS, HEAD_METHODS, PASS_WIDTHS, PEER_NAMES, BenchConfig, parse_methods
 from specdec.bench.workloads import WORKLOAD_NAMES, load_workload, load_workload_file
 from specdec.cli_args import add_model_args, positive_int
@@ -80,8 +79,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     p.add_argument("--methods", default=None,
                    help="comma list of spec types; '+' chains (e.g. suffix+draft-model); 'none' is always run "
-                        f"(default: {','.join(DEFAULT_METHODS)}, plus {','.join(HEAD_METHODS)} on the default model "
-                        "or with --spec-model, plus draft-model with --draft-model)")
+                        f"(default: {','.join(DEFAULT_METHODS)}, plus {','.join(HEAD_METHODS)} with "
+                        "--spec-model, plus draft-model with --draft-model)")
     p.add_argument("--workloads", type=_names, default=None,
                    help=f"comma list from {','.join(WORKLOAD_NAMES)} (default: all)")
     p.add_argument("--workload-file", default=None,
@@ -111,7 +110,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="most branches of a --spec-draft-p-split tree, the main chain counted")
     p.add_argument("--spec-draft-vocab", default=SpecConfig.draft_vocab, choices=DRAFT_VOCAB_METHODS,
                    help="how a --draft-model with another tokenizer drafts: tli, slem or auto")
-    p.add_argument("--spec-model", default=None, help="EAGLE-3 head for the eagle3 methods (default: the shipped one)")
+    p.add_argument("--spec-model", default=None, help="EAGLE-3 head for the eagle3 methods (none ships)")
     p.add_argument("--spec-eagle-topk", type=positive_int, default=SpecConfig.eagle_topk)
     p.add_argument("--spec-num-steps", type=positive_int, default=SpecConfig.num_steps)
     p.add_argument("--spec-num-draft-tokens", type=positive_int, default=SpecConfig.num_draft_tokens)
@@ -142,7 +141,7 @@ def config_from_args(args: argparse.Namespace, argv: list[str] | None = None) ->
                           layerskip_exit=args.spec_layerskip_exit,
                           adaptive_layerskip=args.spec_layerskip_layers is not None
                           or args.spec_layerskip_exit is not None)
-        defaults = DEFAULT_METHODS + (HEAD_METHODS if catalog.is_default(args.model) or args.spec_model else ())
+        defaults = DEFAULT_METHODS + (HEAD_METHODS if args.spec_model else ())
         text = args.methods or ",".join(defaults)
         text += ",draft-model" if args.draft_model and "draft-model" not in text else ""
         methods = parse_methods(text, base)

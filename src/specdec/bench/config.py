@@ -10,7 +10,7 @@ from specdec.config import SpecConfig, SpecType, parse_spec_types
 
 DEFAULT_METHODS = ("none", "ngram", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix", "draft-self",
                    "adaptive")
-HEAD_METHODS = ("eagle3", "suffix+eagle3")  # added by default where a head fits: the default model or --spec-model
+HEAD_METHODS = ("eagle3", "suffix+eagle3")  # added by default with --spec-model (no head ships)
 PEER_NAMES = ("transformers", "llama-cpp")
 PASS_WIDTHS = (1, 2, 4, 8, 16, 32)  # `specdec bench passes` by default
 
