@@ -480,24 +480,17 @@ def test_one_collection_serves_heads_on_any_subset_of_its_layers(tiny_llama, tmp
 
 
 def test_api_and_server_with_suffix_chain(tiny_llama, tiny, tmp_path):
-    import httpx
-
-    from specdec.server.app import create_app
     from specdec.server.cli import spec_from_vllm_config
-    from tests.test_server import running_server
+    from tests.test_server import serve_like_plain
 
     folder = save_head(tiny_head(tiny), tmp_path / "head")
     prompt = "Repeat: one two three four. Repeat: one two three four. Repeat:"
-    want = tiny.generate(prompt, SamplingParams(max_new_tokens=20))[0].token_ids
+    want = tiny.generate(prompt, SamplingParams(max_new_tokens=20))[0]
     chained = SpecConfig(types=(SpecType.SUFFIX, SpecType.EAGLE3), spec_model=str(folder), eagle_topk=2,
                          num_steps=3, num_draft_tokens=6)
     served = LLM(str(tiny_llama), spec=chained, max_model_len=512, max_num_seqs=2, plan_drafts=False)
-    assert served.generate(prompt, SamplingParams(max_new_tokens=20))[0].token_ids == want
-    with running_server(create_app(served)) as url:
-        r = httpx.post(url + "/v1/completions", json={"model": served.model_name, "prompt": prompt,
-                                                      "max_tokens": 20, "temperature": 0}, timeout=120)
-        assert r.status_code == 200, r.text
-        assert r.json()["choices"][0]["text"] == tiny.generate(prompt, SamplingParams(max_new_tokens=20))[0].text
+    assert served.generate(prompt, SamplingParams(max_new_tokens=20))[0].token_ids == want.token_ids
+    serve_like_plain(served, prompt, want.text, max_tokens=20)
     spec, _ = spec_from_vllm_config(json.dumps({"method": "eagle3", "model": str(folder),
                                                 "num_speculative_tokens": 3}))
     assert spec.types == (SpecType.EAGLE3,) and spec.spec_model == str(folder)

@@ -321,23 +321,14 @@ def test_cli_reports_a_target_without_mtp_in_one_line(tiny_llama):
 def test_server_and_bench_draft_with_the_module_losslessly(models, tmp_path, capsys):
     """draft-mtp behind the OpenAI-style server (greedy text = plain's, a seeded sample answered) and in
     `specdec bench` (0 greedy mismatches, drafts made and kept)."""
-    import httpx
-
     from specdec.cli import main
-    from specdec.server.app import create_app
-    from tests.test_server import running_server
+    from tests.test_server import serve_like_plain
 
     folder = str(models["tracking"])
     prompt = "The quick brown fox"
     want = LLM(folder, spec="none", max_model_len=256).generate(prompt, SamplingParams(max_new_tokens=16))[0].text
     served = LLM(folder, spec="draft-mtp", max_model_len=256, max_num_seqs=2, plan_drafts=False)
-    with running_server(create_app(served)) as url:
-        body = {"model": served.model_name, "prompt": prompt, "max_tokens": 16}
-        r = httpx.post(url + "/v1/completions", json=body | {"temperature": 0}, timeout=120)
-        assert r.status_code == 200, r.text
-        assert r.json()["choices"][0]["text"] == want
-        r = httpx.post(url + "/v1/completions", json=body | {"temperature": 1.0, "seed": 3}, timeout=120)
-        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0, r.text
+    serve_like_plain(served, prompt, want)
     out = tmp_path / "bench"
     rc = main(["bench", "--model", folder, "--methods", "none,draft-mtp", "--workloads", "qa", "--limit", "1",
                "--max-turns", "1", "--max-new-tokens", "12", "--batch-sizes", "1", "--temperatures", "0",

@@ -297,11 +297,8 @@ def test_train_cli_parallel_head_from_a_sequential_one(peaked, peaked_folder, tm
 def test_server_and_bench_draft_in_parallel_losslessly(trained, peaked, peaked_folder, tmp_path, capsys):
     """--spec-parallel-drafting behind the OpenAI-style server (vLLM's "parallel_drafting" key; greedy
     text = plain's, a seeded sample answered) and in `specdec bench` (0 greedy mismatches, drafts made)."""
-    import httpx
-
     from specdec.cli import main
-    from specdec.server.app import create_app
-    from tests.test_server import running_server
+    from tests.test_server import serve_like_plain
 
     out, _ = trained
     prompt = "Count to ten, then count back down"
@@ -309,13 +306,7 @@ def test_server_and_bench_draft_in_parallel_losslessly(trained, peaked, peaked_f
     spec, _ = spec_from_vllm_config(json.dumps({"method": "eagle3", "model": str(out), "num_speculative_tokens": K,
                                                 "parallel_drafting": True}))
     served = LLM(peaked_folder, spec=spec, max_model_len=256, max_num_seqs=2, plan_drafts=False)
-    with running_server(create_app(served)) as url:
-        body = {"model": served.model_name, "prompt": prompt, "max_tokens": 16}
-        r = httpx.post(url + "/v1/completions", json=body | {"temperature": 0}, timeout=120)
-        assert r.status_code == 200, r.text
-        assert r.json()["choices"][0]["text"] == want
-        r = httpx.post(url + "/v1/completions", json=body | {"temperature": 1.0, "seed": 3}, timeout=120)
-        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0, r.text
+    serve_like_plain(served, prompt, want)
     bench = tmp_path / "bench"
     rc = main(["bench", "--model", peaked_folder, "--methods", "none,eagle3", "--spec-model", str(out),
                "--spec-parallel-drafting", "--spec-eagle-topk", "1", "--spec-num-steps", str(K),

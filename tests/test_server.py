@@ -58,6 +58,20 @@ def running_server(app):
         sock.close()
 
 
+def serve_like_plain(llm, prompt: str, want: str, max_tokens: int = 16) -> None:
+    """Serve ``llm`` over real HTTP: a greedy completion of ``prompt`` is ``want`` (plain decoding's
+    text) and a seeded sampled one is answered (a drafter's tests of the server edge)."""
+    from specdec.server.app import create_app
+
+    with running_server(create_app(llm)) as url:
+        body = {"model": llm.model_name, "prompt": prompt, "max_tokens": max_tokens}
+        r = httpx.post(url + "/v1/completions", json=body | {"temperature": 0}, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == want
+        r = httpx.post(url + "/v1/completions", json=body | {"temperature": 1.0, "seed": 3}, timeout=120)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0, r.text
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_llama):
     """(base URL, served LLM, offline reference LLM without speculation)."""
