@@ -87,7 +87,7 @@ def test_decide_at_a_batch_sets_the_server_budget(cfg):
 
 
 def test_candidates_are_data():
-    cfg = advise.AdviseConfig(Workload("w", ()), 0.0, draft_model="d", with_head=True)
+    cfg = advise.AdviseConfig(Workload("w", ()), 0.0, draft_model="d", spec_model="h")
     names = advise.candidate_names(cfg)
     assert names[: len(advise.CANDIDATES)] == list(advise.CANDIDATES)
     assert names[-2:] == [advise.DRAFT_MODEL_METHOD, advise.HEAD_METHOD]

@@ -68,8 +68,7 @@ class AdviseConfig:
     quantization: str | None = None
     max_model_len: int = 4096
     draft_model: str | None = None
-    spec_model: str | None = None
-    with_head: bool = False  # measure eagle3 (--spec-model gave a head)
+    spec_model: str | None = None  # an EAGLE-3 head: eagle3 is measured (none ships)
     seed: int = 0
 
 
@@ -123,7 +122,7 @@ def workload_kind(name: str) -> str:
 
 
 def candidate_names(cfg: AdviseConfig) -> list[str]:
-    return [*CANDIDATES, *([DRAFT_MODEL_METHOD] if cfg.draft_model else []), *([HEAD_METHOD] if cfg.with_head else [])]
+    return [*CANDIDATES, *([DRAFT_MODEL_METHOD] if cfg.draft_model else []), *([HEAD_METHOD] if cfg.spec_model else [])]
 
 
 def pass_widths(batch_size: int, draft_n_max: int) -> list[int]:
@@ -298,7 +297,7 @@ def explain(cfg: AdviseConfig, costs: PassCost, plain: MethodMeasure, drafting: 
                                f"one sequence at a time; plain decoding ran {plain.tokens_per_s:.1f} tok/s"),
         "draft model / head: " + ", ".join(
             [f"{DRAFT_MODEL_METHOD} measured" if cfg.draft_model else "no --draft-model given",
-             f"{HEAD_METHOD} measured" if cfg.with_head else "no EAGLE-3 head for this target (--spec-model)"]),
+             f"{HEAD_METHOD} measured" if cfg.spec_model else "no EAGLE-3 head for this target (--spec-model)"]),
     ]
     if chosen is plain:
         lines.append(f"decision: plain decoding; no drafter both measured and was expected to reach "

@@ -69,7 +69,7 @@ def config_from_args(args: argparse.Namespace) -> advise.AdviseConfig:
         workload=workload, temperature=temperature, batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens, draft_n_max=args.spec_draft_n_max, model=args.model, dtype=args.dtype,
         device=args.device, backend=args.backend, quantization=args.quantization, max_model_len=args.max_model_len,
-        draft_model=args.draft_model, spec_model=args.spec_model, with_head=args.spec_model is not None, seed=args.seed,
+        draft_model=args.draft_model, spec_model=args.spec_model, seed=args.seed,
     )
 
 
