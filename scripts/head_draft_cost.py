@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 
 from specdec.bench.report import cpu_info
-from specdec.bench.workloads import load_workload
+from specdec.bench.workloads import SPEC_BENCH_GROUPS, load_workload
 from specdec.config import SamplingParams, SpecConfig, SpecType
 from specdec.llm import LLM
 
-GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")  # Spec-Bench's dev groups
+GROUPS = ("mt_bench", *SPEC_BENCH_GROUPS)  # Spec-Bench's dev groups
 
 
 def dev_prompts(n: int) -> list[list[dict]]:

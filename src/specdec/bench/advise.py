@@ -31,7 +31,7 @@ from specdec.bench.harness import MethodRunner, build_requests, check_greedy
 from specdec.bench.metrics import acceptance_by_pos
 from specdec.bench.passes import measure as measure_passes
 from specdec.bench.records import GREEDY, Cell, Request
-from specdec.bench.workloads import Workload
+from specdec.bench.workloads import SPEC_BENCH_GROUPS, Workload
 from specdec.pass_cost import PassCost
 from specdec.stats import SpecStats
 
@@ -116,7 +116,7 @@ def workload_kind(name: str) -> str:
         return "code/agentic"
     if name == "creative":
         return "creative"
-    if name in ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"):
+    if name == "mt_bench" or name in SPEC_BENCH_GROUPS:
         return "chat"
     return "your workload"
 
