@@ -11,7 +11,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGUFWriter, quants
 from gguf import GGMLQuantizationType as T
 
-from specdec.model import clib, kernels
+from specdec.model import clib, kernels, quant
 from specdec.model.backend import CPU_KERNELS
 from specdec.model.gguf_weights import load_gguf_weights
 from specdec.model.quant import SUPPORTED, QuantMatrix
@@ -86,12 +86,82 @@ def test_quantized_product_rows_have_the_bits_of_a_row_alone(qtype):
             assert np.array_equal(alone[0], out[r])
 
 
+X8_TYPES = (T.Q4_K, T.Q6_K)
+
+
+@pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
+def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype):
+    """Groups of 8 rows packed at load (Q4KX8, Q6KX8): the same values (a row not in a whole group
+    keeps GGUF's layout), products within the activations' rounding of the dense product, and every
+    row's bits those of its product alone at every pass width and tile position."""
+    rng = np.random.default_rng(300 + int(qtype))
+    data = _random_blocks(qtype, 45, 512, rng)
+    qm = QuantMatrix.from_blocks(data, qtype, 512).interleaved()
+    assert np.count_nonzero(np.isin(qm.fmt, (quant.Q4KX8, quant.Q6KX8))) == 40  # 5 whole groups
+    dense = quants.dequantize(data, qtype).reshape(45, 512)
+    assert np.array_equal(qm.dense(), dense)
+    x = rng.standard_normal((13, 512)).astype(np.float32)
+    out = np.empty((13, 45), dtype=np.float32)
+    kernels.qmatmul(*qm.arrays(), x, out)
+    assert np.abs(out - x @ dense.T).max() < 0.02 * np.abs(x @ dense.T).max()
+    alone = np.empty((1, 45), dtype=np.float32)
+    for m in (1, 3, 4, 5, 9, 13):
+        wide = np.empty((m, 45), dtype=np.float32)
+        kernels.qmatmul(*qm.arrays(), x[:m], wide)
+        for r in range(m):
+            kernels.qmatmul(*qm.arrays(), np.ascontiguousarray(x[r : r + 1]), alone)
+            assert np.array_equal(alone[0], wide[r])
+    with pytest.raises(ValueError, match="groups of 8"):
+        qm.permute_rows(np.arange(45)[::-1])
+
+
+_X8_PRODUCTS = """
+import sys, numpy as np
+from gguf import GGMLQuantizationType as T
+from specdec.model import clib, kernels
+from specdec.model.quant import QuantMatrix
+from tests.test_quant import _random_blocks
+clib.load_qkernels()
+rng, out = np.random.default_rng(9), []
+for qtype in (T.Q4_K, T.Q6_K):
+    qm = QuantMatrix.from_blocks(_random_blocks(qtype, 64, 1024, rng), qtype, 1024).interleaved()
+    x = rng.standard_normal((7, 1024)).astype(np.float32)
+    y = np.empty((7, 64), dtype=np.float32)
+    kernels.qmatmul(*qm.arrays(), x, y)
+    out.append(y)
+np.save(sys.argv[1], np.stack(out))
+print(clib.isa())
+"""
+
+
+def test_interleaved_products_have_the_same_bits_on_every_isa(tmp_path):
+    """The interleaved kernels' integers are exact and their float steps the same fused operations in
+    the same order on every path, so the portable C build gives the bits of this CPU's build (an
+    AVX-512 machine checks its AVX-512 VL tiles this way too)."""
+    import os
+    import subprocess
+    import sys
+
+    results = {}
+    for name, flags in (("native", ""), ("scalar", "-mno-avx2 -mno-avx512f")):
+        env = {**os.environ, "SPECDEC_QKERNELS_CFLAGS": flags}
+        done = subprocess.run([sys.executable, "-c", _X8_PRODUCTS, str(tmp_path / f"{name}.npy")], env=env,
+                              capture_output=True, text=True, timeout=600,
+                              cwd=os.path.dirname(os.path.dirname(__file__)))
+        assert done.returncode == 0, done.stderr[-2000:]
+        results[name] = (done.stdout.strip(), np.load(tmp_path / f"{name}.npy"))
+    assert results["scalar"][0] == "scalar"
+    assert np.isfinite(results["native"][1]).all() and np.abs(results["native"][1]).max() > 0
+    assert np.array_equal(results["native"][1], results["scalar"][1])
+
+
 def test_mixed_layouts_in_one_matrix():
     """A fused q/k/v matrix may mix block types (Q4_K_M keeps attn_v in Q6_K): rows keep their own."""
     rng = np.random.default_rng(7)
     parts = [(T.Q4_K, 16), (T.Q6_K, 8), (T.Q8_0, 8)]
     blocks = [(_random_blocks(t, n, 256, rng), t) for t, n in parts]
-    fused = QuantMatrix.concat([QuantMatrix.from_blocks(b, t, 256) for b, t in blocks])
+    fused = QuantMatrix.concat([QuantMatrix.from_blocks(b, t, 256) for b, t in blocks]).interleaved()
+    assert list(fused.fmt) == [quant.Q4KX8] * 16 + [quant.Q6KX8] * 8 + [quant.I8] * 8
     dense = np.concatenate([quants.dequantize(b, t).reshape(-1, 256) for b, t in blocks])
     assert np.array_equal(fused.dense(), dense)
     x = rng.standard_normal((3, 256)).astype(np.float32)
@@ -268,11 +338,13 @@ def test_k_quant_model_verify_rows_bit_identical(tmp_path, arch):
     stacked = Transformer(cfg, weights, CPU_KERNELS, 256)
     assert set(stacked.block_types) == {"Q4_K", "Q5_K", "Q6_K"}
     runner = NativeRunner(stacked, cfg, torch.float32, torch.device("cpu"), 256, num_slots=2)
-    # the super-blocks' own bytes (144 / 176 / 210 per 256 values), not widened scales; stacked layers
-    # keep their own widths (ffn_down: Q4_K in layer 0, Q5_K in layer 1)
+    # the super-blocks' own bytes (Q5_K 176, Q6_K 210 per 256 values; Q4_K interleaved 148: its packed
+    # scales unpacked), not widened scales; stacked layers keep their own widths (ffn_down: Q4_K in
+    # layer 0, Q5_K in layer 1)
     assert list(runner.fused.weights.wqkv[5]) == [210, 210]
-    assert list(runner.fused.weights.w_down[5]) == [2 * 144, 2 * 176]
-    assert runner.fused.weights.w_down[0].nbytes == 256 * (2 * 144 + 2 * 176)
+    assert list(runner.fused.weights.w_down[5]) == [2 * 148, 2 * 176]
+    assert runner.fused.weights.w_down[0].nbytes == 256 * (2 * 148 + 2 * 176)
+    assert set(runner.fused.weights.w_down[3][0]) == {quant.Q4KX8}  # interleaved at load
     logits = runner.run([SeqInput(runner.allocate(), [3, 40, 500])]).logits[0]
     assert torch.isfinite(logits).all() and logits.std() > 0
     runner.free(0)

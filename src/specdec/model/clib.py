@@ -23,6 +23,7 @@ import llvmlite.binding as llvm
 from specdec.errors import ModelLoadError
 
 SOURCE = Path(__file__).with_name("qkernels.c")
+HEADERS = (Path(__file__).with_name("qkernels_x8.h"),)  # included by SOURCE: part of the build's key
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
 EXTRA_FLAGS = "SPECDEC_QKERNELS_CFLAGS"  # e.g. "-mno-avx512f" to measure the AVX2 path on an AVX-512 CPU
 
@@ -47,7 +48,7 @@ def load_qkernels() -> ctypes.CDLL:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
         raise ModelLoadError("no C compiler (cc) to build the quantized kernels")
-    source = SOURCE.read_bytes()
+    source = SOURCE.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
     flags = FLAGS + os.environ.get(EXTRA_FLAGS, "").split()
     key = hashlib.sha256(source + cc.encode() + " ".join(flags).encode() + _cpu_flags().encode()).hexdigest()[:16]
     lib = _cache_dir() / f"qkernels-{key}.so"

@@ -223,7 +223,7 @@ def qmatmul(q, s, m, fmt, x, out):  # pragma: no cover - compiled
     xk = np.empty((block, k), dtype=np.int8)  # the q8_K copy for K-quant rows (k % 256 == 0)
     dk = np.empty((block, max(1, k // 256)), dtype=np.float32)
     bk = np.empty((block, k // 16), dtype=np.int16)
-    per = (n_out + _QCHUNKS - 1) // _QCHUNKS
+    per = (n_out + 8 * _QCHUNKS - 1) // (8 * _QCHUNKS) * 8  # a multiple of 8: interleaved groups stay whole
     for r0 in range(0, rows, block):
         n_rows = min(block, rows - r0)
         _sd_prepare(x[r0:].ctypes.data, n_rows, k, xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data, nxl.ctypes.data,

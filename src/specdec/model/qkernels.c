@@ -2,7 +2,8 @@
  *
  * Compiled on first use for the CPU at hand (cc -O3 -march=native, see clib.py) and called
  * from the numba layer stack (kernels.qmatmul). Weights keep their blocks' integers and scales
- * (quant.py), in one of six layouts; a row has K values, K a multiple of 64:
+ * (quant.py), in one of six layouts (and two interleaved ones, qkernels_x8.h); a row has K values,
+ * K a multiple of 64:
  *
  *   U4M  4-bit q; 32 bytes per two 32-blocks (byte j: block 2p's value j in the low nibble,
  *        block 2p+1's value j in the high one); value = s[b] * q + m[b]  (Q4_0, Q4_1)
@@ -596,6 +597,8 @@ INLINE void ktile6_512(const int R, const uint8_t *q, int64_t k, const int8_t *x
 #define ktile6 ktile6_512
 #endif
 
+#include "qkernels_x8.h"
+
 #define KTILES(NAME, CALL)                                                                                  \
     static void NAME(int R, const uint8_t *q, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk, \
                      float *out, int64_t os) {                                                              \
@@ -633,13 +636,18 @@ TILES(tiles_i8, FMT_I8)
 
 /* out[r, n] = sum_k W[n, k] x[r, k] for weight rows n0 <= n < n1 and every activation row r.
  * q [N, q_stride] bytes, s and m [N, s_stride] floats, fmt [N] (a layout per row: a fused
- * q/k/v matrix may mix them); xq/dx8/bs32/nxl and xk/dk/bk from sd_prepare; out [rows, out_stride]. */
+ * q/k/v matrix may mix them; an interleaved group of 8 rows starts at a multiple of 8, and so must n0); xq/dx8/bs32/nxl and xk/dk/bk from sd_prepare; out [rows, out_stride]. */
 void sd_qmatmul(const uint8_t *q, const float *s, const float *m, const int8_t *fmt, int64_t q_stride,
                 int64_t s_stride, int64_t k, const int8_t *xq, const float *dx8, const float *bs32,
                 const int32_t *nxl, const int8_t *xk, const float *dk, const int16_t *bk, int64_t rows,
                 float *out, int64_t out_stride, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *qn = q + n * q_stride;
+        if (fmt[n] == FMT_Q4KX8 || fmt[n] == FMT_Q6KX8) {  /* rows n .. n + 7, interleaved (n % 8 == 0) */
+            x8_group(fmt[n], qn, k, xk, dk, bk, rows, out + n, out_stride);
+            n += X8 - 1;
+            continue;
+        }
         const float *sn = s + n * s_stride, *mn = m + n * s_stride;
         /* activation rows per tile (Q6_K's unpacked weights leave no room for 8 rows' accumulators) */
         const int step = fmt[n] == FMT_Q4K || fmt[n] == FMT_Q5K ? KROWS : 4;
@@ -672,6 +680,10 @@ void sd_dequantize_rows(const uint8_t *q, const float *s, const float *m, const 
         const uint8_t *qn = q + n * q_stride;
         const float *sn = s + n * s_stride, *mn = m + n * s_stride;
         float *o = out + i * k;
+        if (fmt[n] == FMT_Q4KX8 || fmt[n] == FMT_Q6KX8) {
+            x8_dequantize(fmt[n], q + (n & ~(int64_t)(X8 - 1)) * q_stride, (int)(n & (X8 - 1)), k, o);
+            continue;
+        }
         if (fmt[n] >= FMT_Q4K) {
             const int f = fmt[n];
             const int64_t size = f == FMT_Q4K ? 144 : (f == FMT_Q5K ? 176 : 210);

@@ -8,6 +8,10 @@ scales bit for bit. The 32-value types move into one of four layouts the kernels
 Q6K: 4.5, 5.5 and 6.5 bits a weight), their 6- and 8-bit sub-scales applied by the
 kernels in the integer domain. Types outside ``SUPPORTED`` are dequantised at load by
 the caller (one notice line).
+
+``QuantMatrix.interleaved`` then packs every aligned group of 8 Q4_K or Q6_K rows into the
+interleaved layouts Q4KX8 / Q6KX8 (qkernels_x8.h: one 32-bit lane per weight row), which the
+model does once at load for the matrices its passes multiply by.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf import quants
 
-U4M, U8M, I8, Q4K, Q5K, Q6K = 0, 1, 2, 4, 5, 6
-SUPER_BLOCK = {Q4K: 144, Q5K: 176, Q6K: 210}  # bytes per 256 values of the K-quant layouts
+U4M, U8M, I8, Q4K, Q5K, Q6K, Q4KX8, Q6KX8 = 0, 1, 2, 4, 5, 6, 7, 8
+SUPER_BLOCK = {Q4K: 144, Q5K: 176, Q6K: 210, Q4KX8: 148, Q6KX8: 210}  # bytes per 256 values and row
+X8 = 8  # weight rows per interleaved group
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)  # super-blocks of 256 values
 SUPPORTED = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, *K_QUANTS)
 # types a float checkpoint can be quantized to at load (gguf's own quantizers; it has none for K-quants)
@@ -61,7 +66,38 @@ class QuantMatrix:
         return out
 
     def permute_rows(self, order: np.ndarray) -> QuantMatrix:
+        if np.isin(self.fmt, (Q4KX8, Q6KX8)).any():
+            raise ValueError("interleaved rows move in groups of 8: permute before ``interleaved``")
         return QuantMatrix(self.q[order], self.s[order], self.m[order], self.fmt[order], self.k, self.types)
+
+    def interleaved(self) -> QuantMatrix:
+        """The same matrix with every group of 8 rows (at a multiple of 8) that is all Q4_K or all Q6_K
+        packed into Q4KX8 / Q6KX8; other rows as they are. Bytes per row grow by 4 per Q4_K
+        super-block (its 12 packed scale bytes unpacked), Q6_K's stay 210."""
+        groups = self.fmt[: len(self.fmt) // X8 * X8].reshape(-1, X8)
+        packs = {Q4K: (Q4KX8, _q4k_x8), Q6K: (Q6KX8, _q6k_x8)}
+        todo = {f: np.flatnonzero((groups == f).all(axis=1)) for f in packs}
+        if not any(len(g) for g in todo.values()):
+            return self
+        nsb = self.k // 256
+        width = max(self.q.shape[1], *(SUPER_BLOCK[packs[f][0]] * nsb for f, g in todo.items() if len(g)))
+        q = np.zeros((self.q.shape[0], width), dtype=np.uint8)
+        q[:, : self.q.shape[1]] = self.q
+        fmt = self.fmt.copy()
+        for f, idx in todo.items():
+            if not len(idx):
+                continue
+            layout, pack = packs[f]
+            per_row = SUPER_BLOCK[layout] * nsb
+            for chunk in np.array_split(idx, max(1, len(idx) // 1024)):  # bounded scratch on a 152K-row head
+                rows = (chunk[:, None] * X8 + np.arange(X8)).reshape(-1)
+                blobs = pack(self.q[rows, : SUPER_BLOCK[f] * nsb].reshape(len(chunk), X8, nsb, SUPER_BLOCK[f]))
+                q[rows] = 0
+                # a group's 8 rows are one contiguous run of 8 x width bytes: its blob fills the first ones
+                at = chunk[:, None] * (X8 * width) + np.arange(X8 * per_row)
+                q.reshape(-1)[at] = blobs.reshape(len(chunk), -1)
+                fmt[rows] = layout
+        return QuantMatrix(q, self.s, self.m, fmt, self.k, self.types)
 
     @staticmethod
     def from_blocks(data: np.ndarray, qtype: T, k: int) -> QuantMatrix:
@@ -212,6 +248,57 @@ def int8_rows(weight: np.ndarray) -> QuantMatrix:
     q = np.clip(np.rint(blocks / scale[..., None]), -127, 127).astype(np.int8).reshape(rows, k)
     return QuantMatrix(_biased(q), scale.astype(np.float32), np.zeros((rows, 1), np.float32),
                        np.full(rows, I8, dtype=np.int8), k, ("Q8_0",))
+
+
+def _k4_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K's 12 bytes [..., 12] -> 8 six-bit scales and 8 mins [..., 8] (llama.cpp's get_scale_min_k4)."""
+    p = packed.astype(np.uint8)
+    sc = np.concatenate([p[..., 0:4] & 63, (p[..., 8:12] & 15) | ((p[..., 0:4] >> 6) << 4)], axis=-1)
+    mn = np.concatenate([p[..., 4:8] & 63, (p[..., 8:12] >> 4) | ((p[..., 4:8] >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
+def _q4k_x8(b: np.ndarray) -> np.ndarray:
+    """Q4_K super-blocks of groups of 8 rows [G, 8, nsb, 144] -> Q4KX8 [G, nsb, 1184] (qkernels_x8.h)."""
+    b = b.transpose(0, 2, 1, 3)  # [G, nsb, row, 144]
+    G, nsb = b.shape[:2]
+    sc, mn = _k4_scales(b[..., 4:16])  # [G, nsb, row, 8]
+    qs = b[..., 16:].reshape(G, nsb, X8, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)  # [.., pair, step, row, 4]
+    return np.concatenate([
+        b[..., 0:2].reshape(G, nsb, 16), b[..., 2:4].reshape(G, nsb, 16),
+        sc.transpose(0, 1, 3, 2).reshape(G, nsb, 64), mn.transpose(0, 1, 3, 2).reshape(G, nsb, 64),
+        qs.reshape(G, nsb, 1024),
+    ], axis=-1)
+
+
+def _q6k_values(b: np.ndarray) -> np.ndarray:
+    """Q6_K super-blocks [..., 210] -> their 256 values 0..63 [..., 256] (before the -32)."""
+    ql, qh = b[..., 0:128], b[..., 128:192]
+    halves = []
+    for n in range(2):
+        lo, hi = ql[..., 64 * n : 64 * n + 64], qh[..., 32 * n : 32 * n + 32]
+        for quarter in range(4):
+            low = lo[..., 32 * (quarter & 1) : 32 * (quarter & 1) + 32]
+            low = low & 15 if quarter < 2 else low >> 4
+            halves.append(low | (((hi >> (2 * quarter)) & 3) << 4))
+    return np.concatenate(halves, axis=-1)
+
+
+def _q6k_x8(b: np.ndarray) -> np.ndarray:
+    """Q6_K super-blocks of groups of 8 rows [G, 8, nsb, 210] -> Q6KX8 [G, nsb, 1680] (qkernels_x8.h)."""
+    b = b.transpose(0, 2, 1, 3)  # [G, nsb, row, 210]
+    G, nsb = b.shape[:2]
+    v = _q6k_values(b).reshape(G, nsb, X8, 2, 4, 8, 4)  # [.., row, quad, chunk in quad, step, 4]
+    low, high = v & 15, v >> 4
+    l0 = low[:, :, :, :, 0] | (low[:, :, :, :, 1] << 4)  # [G, nsb, row, quad, step, 4]
+    l1 = low[:, :, :, :, 2] | (low[:, :, :, :, 3] << 4)
+    h = high[:, :, :, :, 0] | (high[:, :, :, :, 1] << 2) | (high[:, :, :, :, 2] << 4) | (high[:, :, :, :, 3] << 6)
+    body = np.stack([l0, l1, h], axis=4)  # [G, nsb, row, quad, part, step, 4]
+    body = body.transpose(0, 1, 3, 5, 4, 2, 6)  # [G, nsb, quad, step, part, row, 4]
+    return np.concatenate([
+        b[..., 208:210].reshape(G, nsb, 16), b[..., 192:208].transpose(0, 1, 3, 2).reshape(G, nsb, 128),
+        body.reshape(G, nsb, 1536).astype(np.uint8),
+    ], axis=-1)
 
 
 def _k_quant(layout: int):

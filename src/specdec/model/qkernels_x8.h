@@ -1,0 +1,265 @@
+/* Interleaved K-quant layouts: 8 weight rows per group, one 32-bit lane per row (included by qkernels.c).
+ *
+ * A plain K-quant row (qkernels.c's ktile45/ktile6) sums its products across the lanes of a register
+ * and pays a horizontal sum and its own scale shuffles per row. Here 8 weight rows are packed
+ * together at load (quant.QuantMatrix.interleaved): each 32-byte load holds 4 consecutive values of
+ * each of the 8 rows, the activations' 4 bytes are broadcast to every lane, and lane i accumulates row
+ * i alone: no horizontal sums, the scales of 8 rows applied by one instruction, and the weight
+ * unpacking shared by every activation row of the pass. The idea is llama.cpp's block_q4_Kx8 and
+ * ik_llama.cpp's _R8 types; the code is ours.
+ *
+ *   Q4KX8, per super-block of 256 values of 8 rows (8 x 148 bytes: GGUF's 144 with the 12 packed
+ *   scale bytes unpacked to 16):
+ *     [0, 16) d of rows 0..7 (f16)   [16, 32) dmin (f16)   [32, 96) scale[j][row]   [96, 160) min[j][row]
+ *     [160, 1184) for pair p < 4, step t < 8: 32 bytes, row i's 4 bytes at 4 i = its GGUF qs[32 p + 4 t ..]
+ *                 (low nibbles: sub-block 2p values 4t..4t+3; high nibbles: sub-block 2p + 1)
+ *   Q6KX8, per super-block of 8 rows (8 x 210 bytes, as GGUF's):
+ *     [0, 16) d (f16)   [16, 144) scale[g][row] (int8, g < 16 per 16 values)
+ *     [144, 1680) for quad h < 2, step t < 8: 96 bytes = L0, L1, H, each row i's 4 bytes at 4 i:
+ *                 chunk c = 4h + cc holds values 32c..32c+31; value 32c + 4t + u's low 4 bits are in
+ *                 L0 (cc 0: low nibble, cc 1: high), L1 (cc 2, 3), its high 2 bits at bits 2 cc of H.
+ *
+ * Arithmetic: the integers are exact (int16 partial sums are bounded below 2^15 by construction:
+ * 8 steps of 2 x 15 x 127 for Q4_K, 2 steps of 2 x 63 x 127 for Q6_K), and the float epilogue per
+ * super-block is the same fused operations in the same order on every path (AVX2, AVX-512 VL, and the
+ * portable C below, which uses fmaf), so a row's bits never depend on how many activation rows share
+ * the pass, nor on the ISA the library was built for.
+ */
+enum { FMT_Q4KX8 = 7, FMT_Q6KX8 = 8 };
+enum { X8 = 8, Q4KX8_BYTES = 8 * 148, Q6KX8_BYTES = 8 * 210 };
+
+#if defined(SD_AVX2)
+/* activation rows per tile: their accumulators must stay in registers (16 ymm, or 32 with AVX-512 VL) */
+#if defined(__AVX512VL__)
+#define XROWS 8
+#else
+#define XROWS 4
+#endif
+
+INLINE __m256i x4_bcast(const int8_t *p) {  /* 4 activation bytes to every lane */
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+INLINE __m256i dup16(__m256i v) {  /* a 16-bit value in the low half of each lane, into both halves */
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+}
+
+/* R activation rows against one Q4KX8 group: out[r * os + i] for weight rows i < 8 */
+INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                   float *out, int64_t os) {
+    const int64_t nsb = k / QK;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[XROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t *blk = grp + Q4KX8_BYTES * b;
+        const __m256 vd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+        const __m256 vm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+        __m256i sumi[XROWS], msum[XROWS];
+        for (int r = 0; r < R; r++) sumi[r] = msum[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const __m256i sc = dup16(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 32 + 8 * j))));
+            const __m256i mn = dup16(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 96 + 8 * j))));
+            const uint8_t *qs = blk + 160 + 256 * (j / 2);
+            __m256i a[XROWS];
+            for (int r = 0; r < R; r++) a[r] = _mm256_setzero_si256();
+            for (int t = 0; t < 8; t++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * t));
+                const __m256i w = _mm256_and_si256((j & 1) ? _mm256_srli_epi16(v, 4) : v, m4);
+                for (int r = 0; r < R; r++)
+                    a[r] = _mm256_add_epi16(a[r], _mm256_maddubs_epi16(w, x4_bcast(xk + r * k + QK * b + 32 * j + 4 * t)));
+            }
+            for (int r = 0; r < R; r++) {
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(a[r], sc));
+                /* the min term: min_j x the sums of the sub-block's two 16-value halves */
+                msum[r] = _mm256_add_epi32(msum[r], _mm256_madd_epi16(mn, x4_bcast((const int8_t *)(bk + r * (k / 16) + 16 * b + 2 * j))));
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const __m256 t = _mm256_fmsub_ps(vd, _mm256_cvtepi32_ps(sumi[r]), _mm256_mul_ps(vm, _mm256_cvtepi32_ps(msum[r])));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dk[r * nsb + b]), t, acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, acc[r]);
+}
+
+/* the scales of 16-value group g of 8 rows, each in both 16-bit halves of its lane */
+INLINE __m256i q6x8_scales(const uint8_t *blk, int g) {
+    return dup16(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 16 + 8 * g))));
+}
+
+INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                   float *out, int64_t os) {
+    const int64_t nsb = k / QK;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[XROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t *blk = grp + Q6KX8_BYTES * b;
+        const __m256 vd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+        __m256i sumi[XROWS];
+        for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
+        for (int hq = 0; hq < 4; hq++) {  /* quad hq / 2 (chunks 4 (hq / 2) ..), steps 4 (hq % 2) .. + 3 */
+            const int c0 = 4 * (hq / 2), half = hq % 2;
+            const __m256i s0 = q6x8_scales(blk, 2 * c0 + half), s1 = q6x8_scales(blk, 2 * c0 + 2 + half);
+            const __m256i s2 = q6x8_scales(blk, 2 * c0 + 4 + half), s3 = q6x8_scales(blk, 2 * c0 + 6 + half);
+            for (int t = 4 * half; t < 4 * half + 4; t++) {
+                const uint8_t *base = blk + 144 + 768 * (hq / 2) + 96 * t;
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)base);
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(base + 32));
+                const __m256i h = _mm256_loadu_si256((const __m256i *)(base + 64));
+                /* bits 2cc..2cc+1 of each H byte to bits 4..5 (a 16-bit shift never carries into a byte's 4..5) */
+                const __m256i w0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
+                const __m256i w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                                   _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
+                const __m256i w2 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(h, m30));
+                const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                                   _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+                for (int r = 0; r < R; r++) {
+                    const int8_t *x = xk + r * k + QK * b + 32 * c0 + 4 * t;
+                    __m256i v = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x4_bcast(x)), s0);
+                    v = _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x4_bcast(x + 32)), s1));
+                    v = _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(w2, x4_bcast(x + 64)), s2));
+                    v = _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(w3, x4_bcast(x + 96)), s3));
+                    sumi[r] = _mm256_add_epi32(sumi[r], v);
+                }
+            }
+        }
+        for (int gp = 0; gp < 8; gp++) {  /* values are q - 32: take 32 x sum_g scale_g x bk_g back */
+            const __m128i pair = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(blk + 16 + 16 * gp)),
+                                                   _mm_loadl_epi64((const __m128i *)(blk + 24 + 16 * gp)));
+            const __m256i sc2 = _mm256_cvtepi8_epi16(pair);  /* row i: (scale 2gp, scale 2gp + 1) */
+            for (int r = 0; r < R; r++) {
+                const __m256i off = _mm256_madd_epi16(sc2, x4_bcast((const int8_t *)(bk + r * (k / 16) + 16 * b + 2 * gp)));
+                sumi[r] = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(off, 5));
+            }
+        }
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dk[r * nsb + b]), _mm256_mul_ps(vd, _mm256_cvtepi32_ps(sumi[r])), acc[r]);
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, acc[r]);
+}
+#else  /* portable C: the same integers and the same fused float steps (fmaf), row by row */
+#define XROWS 4
+INLINE int q4x8_value(const uint8_t *blk, int i, int e) {
+    const int j = e / 32, l = e % 32;
+    const uint8_t byte = blk[160 + 256 * (j / 2) + 32 * (l / 4) + 4 * i + l % 4];
+    return (j & 1) ? byte >> 4 : byte & 15;
+}
+
+INLINE int q6x8_value(const uint8_t *blk, int i, int e) {
+    const int c = e / 32, l = e % 32, cc = c % 4;
+    const uint8_t *base = blk + 144 + 768 * (c / 4) + 96 * (l / 4) + 4 * i + l % 4;
+    const int low = (cc & 1) ? base[cc >= 2 ? 32 : 0] >> 4 : base[cc >= 2 ? 32 : 0] & 15;
+    return low | (((base[64] >> (2 * cc)) & 3) << 4);
+}
+
+INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                   float *out, int64_t os) {
+    const int64_t nsb = k / QK;
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < X8; i++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nsb; b++) {
+                const uint8_t *blk = grp + Q4KX8_BYTES * b;
+                const int8_t *x = xk + r * k + QK * b;
+                const int16_t *sums = bk + r * (k / 16) + 16 * b;
+                int32_t sumi = 0, msum = 0;
+                for (int j = 0; j < 8; j++) {
+                    int32_t dot = 0;
+                    for (int l = 0; l < 32; l++) dot += q4x8_value(blk, i, 32 * j + l) * x[32 * j + l];
+                    sumi += blk[32 + 8 * j + i] * dot;
+                    msum += blk[96 + 8 * j + i] * (sums[2 * j] + sums[2 * j + 1]);
+                }
+                const float d = f16_to_f32(blk + 2 * i), dmin = f16_to_f32(blk + 16 + 2 * i);
+                acc = fmaf(dk[r * nsb + b], fmaf(d, (float)sumi, -(dmin * (float)msum)), acc);
+            }
+            out[r * os + i] = acc;
+        }
+}
+
+INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                   float *out, int64_t os) {
+    const int64_t nsb = k / QK;
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < X8; i++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nsb; b++) {
+                const uint8_t *blk = grp + Q6KX8_BYTES * b;
+                const int8_t *x = xk + r * k + QK * b;
+                int32_t sumi = 0;
+                for (int g = 0; g < 16; g++) {
+                    int32_t dot = 0;
+                    for (int l = 0; l < 16; l++) dot += q6x8_value(blk, i, 16 * g + l) * x[16 * g + l];
+                    sumi += (int8_t)blk[16 + 8 * g + i] * (dot - 32 * bk[r * (k / 16) + 16 * b + g]);
+                }
+                acc = fmaf(dk[r * nsb + b], f16_to_f32(blk + 2 * i) * (float)sumi, acc);
+            }
+            out[r * os + i] = acc;
+        }
+}
+#endif
+
+#if XROWS == 8
+#define X8WIDE(KERNEL)                                                                                      \
+        case 8: KERNEL(8, g, k, xk, dk, bk, out, os); break;                                                \
+        case 7: KERNEL(7, g, k, xk, dk, bk, out, os); break;                                                \
+        case 6: KERNEL(6, g, k, xk, dk, bk, out, os); break;                                                \
+        case 5: KERNEL(5, g, k, xk, dk, bk, out, os); break;
+#else
+#define X8WIDE(KERNEL)
+#endif
+#define X8TILES(NAME, KERNEL)                                                                               \
+    static void NAME(int R, const uint8_t *g, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk, \
+                     float *out, int64_t os) {                                                              \
+        switch (R) {                                                                                        \
+        X8WIDE(KERNEL)                                                                                      \
+        case 4: KERNEL(4, g, k, xk, dk, bk, out, os); break;                                                \
+        case 3: KERNEL(3, g, k, xk, dk, bk, out, os); break;                                                \
+        case 2: KERNEL(2, g, k, xk, dk, bk, out, os); break;                                                \
+        default: KERNEL(1, g, k, xk, dk, bk, out, os); break;                                               \
+        }                                                                                                   \
+    }
+X8TILES(tiles_q4kx8, x8_q4k)
+X8TILES(tiles_q6kx8, x8_q6k)
+
+/* one interleaved group (weight rows n .. n + 7, at q + n * q_stride) against every activation row */
+static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                     int64_t rows, float *out, int64_t out_stride) {
+    for (int64_t r0 = 0; r0 < rows; r0 += XROWS) {
+        const int R = rows - r0 < XROWS ? (int)(rows - r0) : XROWS;
+        if (fmt == FMT_Q4KX8)
+            tiles_q4kx8(R, grp, k, xk + r0 * k, dk + r0 * (k / QK), bk + r0 * (k / 16), out + r0 * out_stride, out_stride);
+        else
+            tiles_q6kx8(R, grp, k, xk + r0 * k, dk + r0 * (k / QK), bk + r0 * (k / 16), out + r0 * out_stride, out_stride);
+    }
+}
+
+/* row i of an interleaved group as float32 (the embedding look-up; GGUF's dequantization formula) */
+static void x8_dequantize(int fmt, const uint8_t *grp, int i, int64_t k, float *o) {
+    for (int64_t b = 0; b < k / QK; b++) {
+        if (fmt == FMT_Q4KX8) {
+            const uint8_t *blk = grp + Q4KX8_BYTES * b;
+            const float d = f16_to_f32(blk + 2 * i), dmin = f16_to_f32(blk + 16 + 2 * i);
+            for (int e = 0; e < QK; e++) {
+                const int j = e / 32;
+                const int l = e % 32;
+                const uint8_t byte = blk[160 + 256 * (j / 2) + 32 * (l / 4) + 4 * i + l % 4];
+                const int w = (j & 1) ? byte >> 4 : byte & 15;
+                o[QK * b + e] = (d * (float)blk[32 + 8 * j + i]) * (float)w - dmin * (float)blk[96 + 8 * j + i];
+            }
+        } else {
+            const uint8_t *blk = grp + Q6KX8_BYTES * b;
+            const float d = f16_to_f32(blk + 2 * i);
+            for (int e = 0; e < QK; e++) {
+                const int c = e / 32, l = e % 32, cc = c % 4;
+                const uint8_t *base = blk + 144 + 768 * (c / 4) + 96 * (l / 4) + 4 * i + l % 4;
+                const int low = (cc & 1) ? base[cc >= 2 ? 32 : 0] >> 4 : base[cc >= 2 ? 32 : 0] & 15;
+                const int w = low | (((base[64] >> (2 * cc)) & 3) << 4);
+                o[QK * b + e] = (d * (float)(int8_t)blk[16 + 8 * (e / 16) + i]) * (float)(w - 32);
+            }
+        }
+    }
+}
