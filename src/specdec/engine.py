@@ -30,6 +30,10 @@ from specdec.stats import SpecStats
 from specdec.tree import DraftTree
 from specdec.verify import VerifyResult, verify
 
+# Prompt tokens per prefill pass of a sequence that asked for prompt logprobs: its [rows, V]
+# float32 logits and their log-softmax stay near 2 x 256 x V x 4 bytes (100 MB at V = 49K).
+PROMPT_LOGPROB_ROWS = 256
+
 
 @dataclass
 class SequenceState:
@@ -162,20 +166,33 @@ class Engine:
             if seq.params.max_new_tokens == 0:  # scoring a prompt (echo, max_tokens 0): the prefill is all
                 seq.finish_reason = "length"
         todo = [s for s in seqs if len(s.prompt_ids) > 1]
-        if not todo:
+        plain = [s for s in todo if s.prompt_logprobs is None]
+        seconds = self._prefill(plain, [SeqInput(s.slot, s.prompt_ids[:-1], all_logits=False) for s in plain])
+        for s in todo:
+            if s.prompt_logprobs is None:
+                continue
+            # Scored prompts run in chunks: each pass's logits [chunk, V] are ranked and dropped,
+            # so memory stays bounded at any prompt length and n (fused rows: the same bits).
+            context = s.prompt_ids[:-1]
+            for start in range(0, len(context), PROMPT_LOGPROB_ROWS):
+                seconds += self._prefill([s], [SeqInput(s.slot, context[start : start + PROMPT_LOGPROB_ROWS])], start)
+        return seconds
+
+    def _prefill(self, seqs: list[SequenceState], inputs: list[SeqInput], start: int = 0) -> float:
+        """One prefill pass of ``inputs`` (one per sequence); with all logits, the prompt logprobs
+        of the tokens they predict (prompt tokens start + 1 on). Returns its seconds."""
+        if not seqs:
             return 0.0
-        layers = hidden_layers(todo)
-        out = self.runner.run([
-            SeqInput(s.slot, s.prompt_ids[:-1], all_logits=s.params.prompt_logprobs is not None) for s in todo
-        ], layers)
-        for i, s in enumerate(todo):
+        layers = hidden_layers(seqs)
+        out = self.runner.run(inputs, layers)
+        for i, (s, logits) in enumerate(zip(seqs, out.logits, strict=True)):
             _observe(s, layers, out.hidden[i] if layers else [], None)
-        for s, logits in zip(todo, out.logits, strict=True):
             s.stats.target_forwards += 1
             s.stats.prefill_seconds += out.seconds
             s.stats.target_seconds += out.seconds
-            if s.prompt_logprobs is not None:  # row i predicts prompt token i + 1
-                s.prompt_logprobs.extend(token_logprobs(logits, s.prompt_ids[1:], s.params.prompt_logprobs))
+            if inputs[i].all_logits:  # row i predicts prompt token start + i + 1
+                targets = s.prompt_ids[start + 1 : start + 1 + len(inputs[i].token_ids)]
+                s.prompt_logprobs.extend(token_logprobs(logits, targets, s.params.prompt_logprobs))
         return out.seconds
 
     def finish(self, seq: SequenceState) -> None:

@@ -29,12 +29,13 @@ from specdec.config import SamplingParams, SpecType, parse_spec_types
 from specdec.grammar import GrammarError
 from specdec.llm import LLM
 from specdec.log import get_logger
+from specdec.server import limits
 from specdec.server.edge import DEFAULT_MAX_BODY_BYTES, EdgePolicy, GuardMiddleware
 from specdec.server.errors import APIError, add_error_handlers, error_body
 from specdec.server.jobs import ChatJob, CompletionJob, Job, ServerState
 from specdec.server.metrics import ServerMetrics
 from specdec.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, SamplingRequest
-from specdec.server.scheduler import QueueFullError, Scheduler
+from specdec.server.scheduler import QueueFullError, Scheduler, SchedulerDownError
 from specdec.server.web import add_web_routes
 from specdec.text import as_prompt_list
 
@@ -58,11 +59,7 @@ def create_app(
     The scheduler thread starts and stops with the app's lifespan; at its end ``llm.close()`` saves
     what drafters learned (--spec-ngram-cache-file).
     """
-    # FastAPI and Starlette stay lazy: only `specdec serve` needs them (see the module docstring).
-    from fastapi import FastAPI
-    from fastapi import Request as HTTPRequest
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response
+    from fastapi import FastAPI  # lazy, as Starlette: only `specdec serve` needs them (module docstring)
 
     name = served_model_name or llm.model_name
     metrics = ServerMetrics(name)
@@ -89,8 +86,20 @@ def create_app(
     app.state.specdec = state
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes,
                        edge=edge or EdgePolicy.for_bind("127.0.0.1"))
-
     add_error_handlers(app, logger)
+    add_api_routes(app, state)
+    add_web_routes(app, state, api_key_required=bool(api_key))
+    return app
+
+
+def add_api_routes(app, state: ServerState) -> None:
+    """/health, /metrics, /v1/models, /v1/completions, /v1/chat/completions; a body that fails
+    validation is a 400 with the first offending field."""
+    from fastapi import Request as HTTPRequest
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response
+
+    llm, scheduler = state.llm, state.scheduler
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_req, exc: RequestValidationError):
@@ -99,15 +108,17 @@ def create_app(
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": name, **scheduler.snapshot()}
+        if scheduler.down is not None:  # the engine thread is gone: a load balancer must stop sending here
+            return JSONResponse(error_body(scheduler.down, "server_error", 503), status_code=503)
+        return {"status": "ok", "model": state.model_name, **scheduler.snapshot()}
 
     @app.get("/metrics")
     async def prometheus_metrics():
-        return Response(metrics.render(), media_type=metrics.content_type)
+        return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
     @app.get("/v1/models")
     async def models():
-        return ModelList(data=[ModelCard(id=name, max_model_len=state.max_model_len)]).model_dump()
+        return ModelList(data=[ModelCard(id=state.model_name, max_model_len=state.max_model_len)]).model_dump()
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: HTTPRequest):
@@ -121,9 +132,6 @@ def create_app(
         messages = [m.as_template_dict() for m in body.messages]
         ids = await asyncio.to_thread(encode_chat, llm, messages, body.template_tools)
         return await serve(state, request, body, [ids], ChatJob)
-
-    add_web_routes(app, state, api_key_required=bool(api_key))
-    return app
 
 
 def describe_validation_errors(errors) -> tuple[str, str | None]:
@@ -229,25 +237,49 @@ def new_sequence(state: ServerState, ids: list[int], params: SamplingParams, job
         raise APIError(400, str(exc)) from None
 
 
-async def serve(state: ServerState, request, body: SamplingRequest, prompts: list[list[int]], job: type[Job]):
-    """Submit the request's sequences (n per prompt) and answer with ``job``'s endpoint shapes."""
-    from fastapi.responses import JSONResponse, StreamingResponse  # lazy: see the module docstring
-
+def new_sequences(state: ServerState, body: SamplingRequest, prompts: list[list[int]], job: type[Job]) -> list:
+    """The request's engine sequences, n per prompt (400s on what cannot be served). Runs off the
+    event loop: bad-word tokenizing and grammar compiling take time that grows with the request."""
     num_seqs = len(prompts) * body.n
     if num_seqs > state.max_num_seqs:
         raise APIError(400, f"this request needs {num_seqs} sequences (prompts x n) but the server runs at most "
                        f"{state.max_num_seqs} at once (--max-batch-size)", param="n")
-    seqs = []
     spec_types = drafter_types(state, body.spec_decode_drafter)
+    seqs, entries = [], 0
     for ids in prompts:
         params = sampling_params(state, body, len(ids), job)
+        entries += body.n * logprob_entries(params, len(ids))
+        if entries > limits.MAX_LOGPROB_ENTRIES:
+            raise APIError(400, f"this request asks for up to {entries} logprob entries (tokens x (logprobs + 1) x "
+                           f"n), more than the {limits.MAX_LOGPROB_ENTRIES} a response may hold; ask for fewer "
+                           "tokens, choices or top logprobs", param="logprobs")
         for j in range(body.n):
             seqs.append(new_sequence(state, ids, params.for_choice(j), job, spec_types))
+    return seqs
+
+
+def logprob_entries(params: SamplingParams, prompt_len: int) -> int:
+    """The most logprob values one sequence can return: per scored token, its own and the top k."""
+    entries = 0
+    if params.prompt_logprobs is not None:
+        entries += prompt_len * (params.prompt_logprobs + 1)
+    if params.logprobs is not None:
+        entries += params.max_new_tokens * (params.logprobs + 1)
+    return entries
+
+
+async def serve(state: ServerState, request, body: SamplingRequest, prompts: list[list[int]], job: type[Job]):
+    """Submit the request's sequences and answer with ``job``'s endpoint shapes."""
+    from fastapi.responses import JSONResponse, StreamingResponse  # lazy: see the module docstring
+
+    seqs = await asyncio.to_thread(new_sequences, state, body, prompts, job)
     request_id = f"{job.id_prefix}-{uuid.uuid4().hex}"
     try:
         req = state.scheduler.submit(request_id, seqs, asyncio.get_running_loop())
     except QueueFullError as exc:
         raise APIError(429, str(exc), "rate_limit_error", "rate_limit_exceeded") from None
+    except SchedulerDownError as exc:
+        raise APIError(503, str(exc), "server_error", 503) from None
     answer = job(state, req, body, prompts)
     if body.stream:
         return StreamingResponse(answer.stream(), media_type="text/event-stream",

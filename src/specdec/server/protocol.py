@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, model_serializer, model_validator
 
 from specdec.config import MAX_LOGPROBS, SamplingParams, StructuredKind, StructuredOutput
+from specdec.server import limits
 
 INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
@@ -72,16 +73,22 @@ class SamplingRequest(SpecDecodeOptions):
 
     @model_validator(mode="after")
     def _check_sampling(self) -> SamplingRequest:
+        if len(self.logit_bias or {}) > limits.MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias holds at most {limits.MAX_LOGIT_BIAS} entries")
         for key, bias in (self.logit_bias or {}).items():
-            if not (key.strip().isascii() and key.strip().isdigit()):  # "²".isdigit(), but int("²") fails
-                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            key = key.strip()
+            # "²".isdigit(), but int("²") fails; a 4301-digit key fails int() itself
+            if not (key.isascii() and key.isdigit() and len(key) <= limits.MAX_TOKEN_ID_DIGITS):
+                raise ValueError(f"logit_bias keys must be token ids, got {key[:20]!r}")
             if not -100 <= bias <= 100:
                 raise ValueError("logit_bias values must be in [-100, 100]")
         if self.bad_words is not None and any(not w for w in self.bad_words):
             raise ValueError("bad_words holds an empty string")
-        self.structured  # noqa: B018 - raises on a bad or ambiguous structured-output request
-        if isinstance(self.stop, list) and len(self.stop) > 16:
-            raise ValueError("stop holds at most 16 strings")
+        limits.check_texts("bad_words", self.bad_words or (), limits.MAX_BAD_WORDS, limits.MAX_BAD_WORDS_CHARS)
+        limits.check_texts("stop", self.stops, limits.MAX_STOPS, limits.MAX_STOPS * limits.MAX_STOP_CHARS)
+        if any(len(s) > limits.MAX_STOP_CHARS for s in self.stops):
+            raise ValueError(f"a stop string has at most {limits.MAX_STOP_CHARS} characters")
+        self.structured  # noqa: B018 - raises on a bad, ambiguous or oversized structured-output request
         if self.max_tokens is not None and self.max_completion_tokens is not None \
                 and self.max_tokens != self.max_completion_tokens:
             raise ValueError("max_tokens and max_completion_tokens disagree; give one")
@@ -94,6 +101,8 @@ class SamplingRequest(SpecDecodeOptions):
                              _from_structured_outputs(self.structured_outputs), self._from_guided()) if c]
         if len(found) > 1:
             raise ValueError("give one of response_format, structured_outputs and guided_*")
+        if found and len(found[0].spec or "") > limits.MAX_GRAMMAR_CHARS:
+            raise ValueError(f"a structured-output constraint has at most {limits.MAX_GRAMMAR_CHARS} characters")
         return found[0] if found else None
 
     def _from_guided(self) -> StructuredOutput | None:
@@ -174,15 +183,16 @@ def _from_structured_outputs(spec: dict[str, Any] | None) -> StructuredOutput | 
     if keys[0] == "json":
         if isinstance(value, str):
             try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                raise ValueError("the JSON schema is not valid JSON") from None
+                value = limits.loads(value)
+            except ValueError as exc:
+                raise ValueError(f"the JSON schema is unusable: {exc}") from None
         if not isinstance(value, dict):
             raise ValueError("a JSON schema must be a JSON object")
         return StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps(value))
     if keys[0] == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
             raise ValueError("choice must be a non-empty list of non-empty strings")
+        limits.check_texts("choice", value, limits.MAX_CHOICES, limits.MAX_GRAMMAR_CHARS)
         return StructuredOutput(StructuredKind.CHOICE, json.dumps(value))
     if not isinstance(value, str) or not value:
         raise ValueError(f"{keys[0]} must be a non-empty string")
@@ -215,7 +225,7 @@ class CompletionRequest(SamplingRequest):
     def _logprob_settings(self, max_new_tokens: int) -> dict[str, int | None]:
         prompt_logprobs = self.logprobs if self.echo else None
         if max_new_tokens == 0 and prompt_logprobs is None:  # echo alone: the engine scores, nobody reads it
-            prompt_logprobs = 0
+            prompt_logprobs = 0  # (in bounded chunks: engine.PROMPT_LOGPROB_ROWS)
         return dict(logprobs=self.logprobs, prompt_logprobs=prompt_logprobs)
 
 
@@ -265,8 +275,8 @@ class ChatMessage(_Request):
 
 def _json_or_text(text: str) -> Any:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
+        return limits.loads(text)
+    except ValueError:  # also too deep or a too long number: the template gets the text
         return text
 
 
@@ -295,6 +305,8 @@ class ChatCompletionRequest(SamplingRequest):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         names = [t.function.name for t in self.tools or []]
+        if len(names) > limits.MAX_TOOLS:
+            raise ValueError(f"tools holds at most {limits.MAX_TOOLS} functions")
         if len(set(names)) != len(names):
             raise ValueError("tools have duplicate function names")
         if isinstance(self.tool_choice, dict):

@@ -30,15 +30,13 @@ import asyncio
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from specdec.budget import DraftBudget
-from specdec.config import SamplingParams
-from specdec.drafters.base import EMPTY, Drafter, DraftProposal
 from specdec.engine import Engine, SequenceState, StepResult
 from specdec.log import get_logger
 from specdec.logprobs import TokenLogprob
+from specdec.server.guards import GuardedDrafter, GuardedProcessors, guard_stop
 from specdec.stats import SpecStats
 
 logger = get_logger(__name__)
@@ -46,6 +44,10 @@ logger = get_logger(__name__)
 
 class QueueFullError(Exception):
     """Every slot is taken and the waiting queue is full: the client should retry later (429)."""
+
+
+class SchedulerDownError(Exception):
+    """The scheduler thread has stopped (shut down, or died): nothing can be served (503)."""
 
 
 @dataclass(frozen=True)
@@ -100,58 +102,6 @@ class Request:
         return all(s.finished for s in self.seqs)
 
 
-class GuardedDrafter(Drafter):
-    """Forwards to a request's drafter; an exception fails that request instead of the whole step."""
-
-    def __init__(self, inner: Drafter, request: Request) -> None:
-        self.inner, self.request = inner, request
-        self.name = inner.name
-        self.hidden_layers = inner.hidden_layers
-
-    def _call(self, fn: Callable, *args):
-        if self.request.error is not None:
-            return None
-        try:
-            return fn(*args)
-        except Exception as exc:  # noqa: BLE001 - reported as this request's 500
-            logger.exception("drafter %s failed in request %s", self.name, self.request.id)
-            self.request.error = f"drafter {self.name} failed: {type(exc).__name__}: {exc}"
-            return None
-
-    def bind_slot(self, slot: int) -> None:
-        self._call(self.inner.bind_slot, slot)
-
-    def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
-        self._call(self.inner.begin, prompt_ids, sampling)
-
-    def observe(self, target_hidden) -> None:
-        self._call(self.inner.observe, target_hidden)
-
-    def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
-        return self._call(self.inner.propose, context, max_tokens) or EMPTY
-
-    def accept(self, context: Sequence[int], num_accepted: int) -> None:
-        self._call(self.inner.accept, context, num_accepted)
-
-    def end(self, context: Sequence[int]) -> None:
-        self._call(self.inner.end, context)
-
-    def windows(self):
-        return self._call(self.inner.windows) or {}
-
-
-def _guard_stop(should_stop: Callable[[list[int]], bool], request: Request) -> Callable[[list[int]], bool]:
-    def check(output_ids: list[int]) -> bool:
-        try:
-            return should_stop(output_ids)
-        except Exception as exc:  # noqa: BLE001 - reported as this request's 500
-            logger.exception("stop check failed in request %s", request.id)
-            request.error = f"stop check failed: {type(exc).__name__}: {exc}"
-            return True
-
-    return check
-
-
 class Scheduler:
     """Owns the engine on one thread; ``submit`` and ``cancel`` are called from the event loop."""
 
@@ -174,6 +124,7 @@ class Scheduler:
         self._num_running_seqs = 0
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self.down: str | None = None  # why the thread no longer serves: shutting down, or what killed it
         self.num_steps = 0
 
     # -- event-loop side -------------------------------------------------------------------------
@@ -186,10 +137,12 @@ class Scheduler:
             if seq.drafter is not None:
                 seq.drafter = GuardedDrafter(seq.drafter, req)
             if seq.should_stop is not None:
-                seq.should_stop = _guard_stop(seq.should_stop, req)
+                seq.should_stop = guard_stop(seq.should_stop, req)
+            if seq.processors is not None:
+                seq.processors = GuardedProcessors(seq.processors, req)
         with self._cond:
-            if self._stopping:
-                raise QueueFullError("the server is shutting down")
+            if self.down is not None:
+                raise SchedulerDownError(self.down)
             waiting = sum(len(r.seqs) for r in self._waiting)
             room = self.max_num_seqs - self._num_running_seqs
             if waiting + len(seqs) - room > self.max_queue:
@@ -229,6 +182,7 @@ class Scheduler:
     def stop(self, timeout: float = 30.0) -> None:
         with self._cond:
             self._stopping = True
+            self.down = self.down or "the server is shutting down"
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -238,13 +192,26 @@ class Scheduler:
         self._waiting.clear()
 
     def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._stopping and not self._waiting and not self._running:
-                    self._cond.wait()
-                if self._stopping:
-                    return
-            self.run_turn()
+        try:
+            while True:
+                with self._cond:
+                    while not self._stopping and not self._waiting and not self._running:
+                        self._cond.wait()
+                    if self._stopping:
+                        return
+                self.run_turn()
+        except BaseException as exc:  # noqa: BLE001 - e.g. a Rust panic: say so, never hang the clients
+            self._die(f"the scheduler thread died: {type(exc).__name__}: {exc}")
+
+    def _die(self, reason: str) -> None:
+        """The thread ends: /health reports ``reason`` (503) and every request still here gets a 503."""
+        logger.critical("specdec: %s", reason, exc_info=True)
+        with self._cond:
+            self.down = reason
+            pending = [*self._running, *self._waiting]
+            self._waiting.clear()
+        for req in pending:
+            self._fail(req, reason, status=503)
 
     def run_turn(self) -> None:
         """One turn of the loop: drop cancelled requests, admit and prefill (first tokens), one step.

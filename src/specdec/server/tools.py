@@ -16,6 +16,7 @@ import re
 import uuid
 
 from specdec.config import StructuredKind, StructuredOutput
+from specdec.server import limits
 from specdec.server.protocol import DeltaFunctionCall, DeltaMessage, DeltaToolCall, FunctionCall, Tool, ToolCall
 
 _WRAPPED = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -48,8 +49,8 @@ def parse_tool_calls(text: str, tools: list[Tool]) -> list[ToolCall]:
     calls = []
     for body in bodies:
         try:
-            obj = json.loads(body)
-        except json.JSONDecodeError:
+            obj = limits.loads(body)
+        except ValueError:  # not JSON, or too deep / too long a number: not a call
             return []
         for item in obj if isinstance(obj, list) else [obj]:
             if not isinstance(item, dict) or not isinstance(item.get("name"), str) or item["name"] not in names:
@@ -185,7 +186,7 @@ class _ValueScanner:
 
 def _is_json(text: str) -> bool:
     try:
-        json.loads(text)
-    except json.JSONDecodeError:
+        limits.loads(text)
+    except ValueError:
         return False
     return True
