@@ -164,7 +164,7 @@ def sample(micro: Micro, make_drafter: Callable[[], Drafter], case: Case = PLAIN
     for start in range(0, n, BATCH):
         seqs = []
         for i in range(start, min(start + BATCH, n)):
-            # seeds two apart: a draft model seeds its generator with the request's seed + 1
+            # seeds two apart, as they always were (a draft model's own stream is SamplingParams.draft_seed)
             params = replace(case.params, seed=seed + 2 * i)
             seqs.append(SequenceState(list(case.prompt), params, drafter=make_drafter(),
                                       processors=case.processors(list(case.prompt), params)))
@@ -321,7 +321,7 @@ class DraftModelChain(Drafter):
         self.q = q
 
     def begin(self, prompt_ids, sampling):
-        self.params, self.generator = sampling, make_generator(sampling.seed + 1, "cpu")
+        self.params, self.generator = sampling, make_generator(sampling.draft_seed, "cpu")
 
     def propose(self, context, max_tokens):
         token_ids, qs = [], []
@@ -424,7 +424,7 @@ def test_n_min_drops_short_deterministic_drafts_only(micro):
 # Model drafters are tested below (draft-mtp at the end) and in their own files (test_layerskip.py).
 LOOKUP_DRAFTERS = [t for t in SpecType if t not in (SpecType.NONE, SpecType.DRAFT_MODEL, SpecType.EAGLE3,
                                                      SpecType.DRAFT_SELF, SpecType.DRAFT_LAYERSKIP,
-                                                     SpecType.DRAFT_MTP)]
+                                                     SpecType.DRAFT_MTP, SpecType.RETRIEVAL)]
 SHORT_MATCHES = {SpecType.NGRAM_MOD: dict(ngram_mod_n_match=2, ngram_mod_n_min=1)}
 
 

@@ -248,3 +248,18 @@ def test_readme_parameter_list_matches_the_api():
     assert flags and flags <= set(generate._option_string_actions)
     accepted = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields)
     assert names[2] == accepted - {"suffix"}
+
+
+def test_each_choice_and_each_role_draws_its_own_stream():
+    """n > 1 with a seed: choice i's target stream, and its drafter's, are all distinct (with seed + i
+    and a drafter at seed + 1, choice i's drafter drew choice i + 1's target stream: correlated
+    choices, though each was exact). Choice 0 keeps the seed: n = 1 samples are unchanged."""
+    for seed in (0, 7, 2**63 - 1):
+        params = SamplingParams(temperature=1.0, seed=seed, n=8)
+        choices = [params.for_choice(i) for i in range(8)]
+        streams = [c.seed for c in choices] + [c.draft_seed for c in choices]
+        assert len(set(streams)) == 16 and all(0 <= s < 2**63 for s in streams)
+        assert choices[0].seed == seed and all(c.n == 1 for c in choices)
+        assert all(choices[i].draft_seed != choices[i + 1].seed for i in range(7))
+    assert SamplingParams(temperature=1.0).for_choice(3).seed is None  # unseeded stays unseeded
+    assert SamplingParams(temperature=1.0).draft_seed is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
 from dataclasses import dataclass, replace
 
@@ -146,9 +147,24 @@ class SamplingParams:
                     or self.logit_bias or self.min_tokens or self.bad_words)
 
     def for_choice(self, i: int) -> SamplingParams:
-        """Settings of the i-th of n samples: one sequence, seed + i (kept below 2**63)."""
-        seed = None if self.seed is None else (self.seed + i) % 2**63
+        """Settings of the i-th of n samples: one sequence; choice 0 keeps the seed, choice i > 0
+        gets a seed derived from (seed, i), so no choice's stream is another's or a drafter's
+        (seed + i made choice i's draft stream, seed + i + 1, choice i + 1's target stream)."""
+        seed = self.seed if self.seed is None or i == 0 else derive_seed(self.seed, f"choice {i}")
         return replace(self, n=1, seed=seed)
+
+    @property
+    def draft_seed(self) -> int | None:
+        """The seed of a drafter's own sampling stream: independent of the target's and of every
+        other choice's (None: unseeded)."""
+        return None if self.seed is None else derive_seed(self.seed, "draft")
+
+
+def derive_seed(seed: int, role: str) -> int:
+    """A seed in [0, 2**63) for the stream ``role`` of ``seed``: a hash, so streams derived for
+    different roles or seeds do not coincide (as seed + 1 of one and seed of the next would)."""
+    digest = hashlib.blake2b(f"{seed}/{role}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 class SpecType(str, enum.Enum):

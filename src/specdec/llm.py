@@ -205,11 +205,12 @@ class LLM:
 
         Batching changes no output: greedy tokens are those of one prompt at a time (a verify row's
         logits do not depend on the other rows), and so are seeded samples with plain decoding
-        (each sequence draws from its own generator, seeded with its ``seed``; choice i of n with
-        seed + i). With drafting, a seeded sample is drawn from the same distribution but need
-        not be the same tokens: how many draws a step takes depends on the draft, and the drafts
-        depend on the batch (the engine plans draft lengths from the batch's pass cost, and drafters
-        that learn across requests learn in another order).
+        (each sequence draws from its own generator, seeded with its ``seed``; choice i > 0 of n with
+        one derived from (seed, i): ``SamplingParams.for_choice``). With drafting, a seeded sample is
+        drawn from the same distribution but need not be the same tokens: how many draws a step
+        takes depends on the draft, and the drafts depend on the batch (the engine plans draft
+        lengths from the batch's pass cost, and drafters that learn across requests learn in another
+        order).
         """
         prompts = as_prompt_list(prompts)
         per_prompt = _params_per_prompt(params, len(prompts))

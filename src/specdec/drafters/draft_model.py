@@ -79,7 +79,7 @@ class DraftModelDrafter(Drafter):
         self.cached = []
         self.params = sampling
         if not sampling.greedy:
-            seed = None if sampling.seed is None else sampling.seed + 1  # independent of the target's
+            seed = sampling.draft_seed  # independent of the target's and other choices' draws
             self.generator = make_generator(seed, self.runner.device)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:

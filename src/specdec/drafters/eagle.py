@@ -74,7 +74,7 @@ class EagleDrafter(Drafter):
         self._reset()
         self.params = sampling
         if not sampling.greedy:
-            seed = None if sampling.seed is None else sampling.seed + 1  # independent of the target's draws
+            seed = sampling.draft_seed  # independent of the target's and other choices' draws
             self.generator = make_generator(seed, "cpu")
 
     def observe(self, target_hidden: Mapping[int, torch.Tensor]) -> None:

@@ -213,7 +213,7 @@ class LayerSkipDrafter(Drafter):
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         self.params, self._last, self.sums = sampling, None, {}
         if not sampling.greedy:
-            seed = None if sampling.seed is None else sampling.seed + 1  # independent of the target's
+            seed = sampling.draft_seed  # independent of the target's and other choices' draws
             self.generator = make_generator(seed, self.target.device)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
