@@ -246,3 +246,66 @@ def test_from_config_needs_what_a_drafter_cannot_make():
         Fixed.from_config(SpecConfig())
     with pytest.raises(TypeError):  # a drafter is handed only what it reads, by name
         NgramDrafter.from_config(SpecConfig(), cache=None)
+
+
+# -- wrappers forward every Drafter method ---------------------------------------------------------
+def _drafter_methods() -> list[str]:
+    """Every public method of the Drafter protocol (a new one joins this list by itself)."""
+    return sorted(name for name, value in vars(Drafter).items()
+                  if callable(value) and not name.startswith("_") and name != "from_config")
+
+
+class Spy(Drafter):
+    """Records each call; answers what no default would, so a forwarded answer is told from a default."""
+
+    name = "spy"
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __getattribute__(self, name):
+        if name in _drafter_methods():
+            calls = object.__getattribute__(self, "calls")
+            answers = {"propose": DraftProposal([7]), "windows": {"spy-member": "window"}, "catch_up_seconds": 2.5,
+                       "planned_alpha": 0.123}
+            return lambda *args: calls.append(name) or answers.get(name)
+        return object.__getattribute__(self, name)
+
+    def propose(self, context, max_tokens):  # abstract in Drafter; replaced by __getattribute__
+        raise AssertionError
+
+
+CALL_ARGS = {"bind_slot": (3,), "begin": ([1, 2], SamplingParams()), "observe": ({-1: torch.zeros(1, 2)},),
+             "propose": ([1, 2], 4), "accept": ([1, 2], 1), "end": ([1, 2],), "windows": (),
+             "catch_up_seconds": ([1, 2],), "planned_alpha": (0.5,)}
+
+
+def _wrapped_spies() -> list[tuple[Drafter, Spy]]:
+    from specdec.server.guards import GuardedDrafter
+
+    class Request:
+        id, error = "r", None
+
+    spies = [Spy(), Spy()]
+    for spy in spies:
+        spy.hidden_layers = (-1,)  # so a chain forwards observe
+    return [(GuardedDrafter(spies[0], Request()), spies[0]), (ChainedDrafter([spies[1]]), spies[1])]
+
+
+@pytest.mark.parametrize("method", _drafter_methods())
+def test_wrappers_forward_every_drafter_method(method):
+    """GuardedDrafter (the server's) and ChainedDrafter reach their inner drafter on every method of
+    Drafter and hand back its answer: a method added to Drafter fails here until both forward it
+    (GuardedDrafter once dropped planned_alpha and catch_up_seconds, ChainedDrafter windows)."""
+    assert method in CALL_ARGS, f"Drafter.{method} is new: give it arguments here"
+    for wrapper, inner in _wrapped_spies():
+        answer = getattr(wrapper, method)(*CALL_ARGS[method])
+        assert inner.calls == [method], (type(wrapper).__name__, method)
+        if method == "propose":
+            assert answer.token_ids == [7]
+        elif method == "windows":
+            assert answer == {"spy-member": "window"}
+        elif method == "catch_up_seconds":
+            assert answer == 2.5
+        elif method == "planned_alpha":
+            assert answer in (0.123, 0.5)  # the chain plans with the monitor's alpha unless no member drafts

@@ -213,6 +213,18 @@ class ChainedDrafter(Drafter):
         for d in self.drafters:
             d.end(context)
 
+    def windows(self) -> dict[str, WindowSums]:
+        return {name: w for d in self.drafters for name, w in d.windows().items()}
+
+    def catch_up_seconds(self, context: Sequence[int]) -> float:
+        # the next propose may ask every member in turn, so each may have to catch up first
+        return sum(d.catch_up_seconds(context) for d in self.drafters)
+
+    def planned_alpha(self, alpha: float) -> float | None:
+        # None only when no member will propose: then the chain proposes nothing either
+        plans = [d.planned_alpha(alpha) for d in self.drafters]
+        return None if all(p is None for p in plans) else alpha
+
 
 # -- drafters that index the tokens they have seen ------------------------------------------------
 
