@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import sys
 from itertools import count
 from pathlib import Path
@@ -91,9 +92,42 @@ def test_assembles_once_atomically_and_never_imports(tmp_path, monkeypatch, cach
 
 def test_a_damaged_cached_copy_is_assembled_again(tmp_path, monkeypatch, cache):
     model = fake_model(tmp_path, monkeypatch, SLICES)
+    whole = b"".join(SLICES)
     path = catalog.model_file(model)
     path.write_bytes(b"short")
-    assert catalog.model_file(model).read_bytes() == b"".join(SLICES)
+    assert catalog.model_file(model).read_bytes() == whole
+    # Damage at the same size: the mtime moved, so the copy is hashed again, found wrong and rebuilt.
+    path.write_bytes(b"X" + whole[1:])
+    assert path.stat().st_size == model.size
+    assert catalog.model_file(model).read_bytes() == whole
+    # Touched but whole: hashed once, then trusted again without assembling.
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    monkeypatch.setattr(catalog, "assemble", lambda *a: pytest.fail("assembled a whole copy"))
+    assert catalog.model_file(model) == path
+    hashed = []
+    monkeypatch.setattr(catalog, "_sha256", lambda p: hashed.append(p) or model.sha256)
+    assert catalog.model_file(model) == path and hashed == []  # the marker now has the new mtime
+
+
+def test_stale_temp_files_go_and_an_unwritable_cache_is_one_line(tmp_path, monkeypatch, cache):
+    model = fake_model(tmp_path, monkeypatch, SLICES)
+    cache.mkdir(parents=True, exist_ok=True)
+    stale = cache / f".{model.file_name}.killed.tmp"
+    stale.write_bytes(b"half")
+    os.utime(stale, (0, 0))  # a killed assembly's file, untouched for long
+    catalog.model_file(model)
+    assert not stale.exists()
+    other = fake_model(tmp_path / "other", monkeypatch, SLICES)
+
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(catalog.tempfile, "mkstemp", no_space)
+    (cache / other.file_name).unlink(missing_ok=True)
+    (cache / (other.file_name + ".sha256")).unlink(missing_ok=True)
+    with pytest.raises(ModelLoadError) as err:
+        catalog.model_file(other)
+    assert "\n" not in str(err.value) and "No space left on device" in str(err.value)
 
 
 def test_digest_mismatch_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, cache):

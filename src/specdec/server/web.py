@@ -4,10 +4,11 @@
     GET /dashboard         live charts of the server's speculation
     GET /static/...        their HTML, JS and CSS (shipped in the package: no CDN, no build step)
     GET /playground/config what the pages need to know: the model, the drafters a request may choose
-    GET /metrics/live      the dashboard's data: per-second buckets (``live.py``); needs the API key if set
+    GET /metrics/live      the dashboard's data: per-second buckets (``live.py``)
 
 The pages hold no data of their own, so they are public; the data comes through
-the /v1 routes and /metrics/live, which take the API key (the pages ask for it).
+the /v1 routes, /playground/config (it names the model, which may be a file path) and
+/metrics/live, which take the API key when one is set (the pages ask for it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 
 STATIC_DIR = Path(__file__).parent / "static"
 LIVE_PATH = "/metrics/live"
-PROTECTED_PATHS = ("/v1", LIVE_PATH)  # where GuardMiddleware asks for the API key
+CONFIG_PATH = "/playground/config"
+PROTECTED_PATHS = ("/v1", LIVE_PATH, CONFIG_PATH)  # where GuardMiddleware asks for the API key
 MAX_WINDOW = 900  # seconds of history /metrics/live returns at most (live.KEEP_SECONDS)
 
 
@@ -36,7 +38,7 @@ def add_web_routes(app, state, api_key_required: bool = False) -> None:
     async def dashboard():
         return FileResponse(STATIC_DIR / "dashboard.html")
 
-    @app.get("/playground/config")
+    @app.get(CONFIG_PATH)
     async def config():
         loaded = [t.value for t in state.llm.drafts.loaded()]
         return {"model": state.model_name, "max_model_len": state.max_model_len, "drafters": loaded,

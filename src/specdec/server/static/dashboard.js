@@ -84,15 +84,21 @@ async function poll() {
   setTimeout(poll, POLL_MS);
 }
 
-async function init() {
-  setupKeyInput();
+// The server's settings (behind the API key when one is set: read again once a key is entered).
+async function showConfig() {
   try {
     const config = await loadConfig();
     $("#model").textContent = config.model;
     colors = new Colors(config.drafters);
   } catch (err) {
-    $("#status").textContent = `cannot read the server's settings: ${err.message}`;
+    $("#status").textContent = err.status === 401 ? "enter the server's API key above"
+      : `cannot read the server's settings: ${err.message}`;
   }
+}
+
+async function init() {
+  setupKeyInput(showConfig);
+  await showConfig();
   poll();
 }
 

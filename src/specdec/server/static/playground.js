@@ -183,7 +183,7 @@ function setBusy(busy) {
 }
 
 async function init() {
-  setupKeyInput();
+  setupKeyInput(showConfig);
   $("#composer").addEventListener("submit", (e) => {
     e.preventDefault();
     const text = $("#prompt").value.trim();
@@ -202,20 +202,27 @@ async function init() {
     state.history = [];
     $("#messages").replaceChildren();
   });
+  await showConfig();
+  document.body.dataset.ready = "1";
+}
+
+// The server's settings (behind the API key when one is set: read again once a key is entered).
+async function showConfig() {
   try {
     const config = await loadConfig();
     $("#model").textContent = config.model;
     state.colors = new Colors(config.drafters);
     const select = $("#drafter");
+    select.replaceChildren();
     const all = config.drafters.join(",") || "none";
     select.append(el("option", { value: "" }, `server default (${all})`));
     if (config.drafters.length > 1) config.drafters.forEach((d) => select.append(el("option", { value: d }, d)));
     select.append(el("option", { value: "none" }, "none (plain decoding)"));
     legend($("#legend"), config.drafters, state.colors);
   } catch (err) {
-    addMessage("error", `cannot read the server's settings: ${err.message}`).classList.add("error");
+    const why = err.status === 401 ? "enter the server's API key above" : err.message;
+    addMessage("error", `cannot read the server's settings: ${why}`).classList.add("error");
   }
-  document.body.dataset.ready = "1";
 }
 
 init();
