@@ -34,7 +34,7 @@ from specdec.runners.base import SeqInput
 # draft-layerskip a model whose skipped layers matter little: tests/test_layerskip.py)
 TOKEN_DRAFTERS = [t for t in SpecType
                   if t not in (SpecType.NONE, SpecType.DRAFT_MODEL, SpecType.EAGLE3, SpecType.DRAFT_LAYERSKIP,
-                               SpecType.DRAFT_MTP)]
+                               SpecType.DRAFT_MTP, SpecType.RETRIEVAL)]  # retrieval needs a datastore: its own tests
 
 
 class ReplayDrafter(Drafter):

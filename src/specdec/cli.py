@@ -48,6 +48,12 @@ def _advise() -> Command:
     return add_advise_args, cmd_advise
 
 
+def _datastore() -> Command:
+    from specdec.datastore_cli import add_datastore_args, cmd_datastore
+
+    return add_datastore_args, cmd_datastore
+
+
 def _models() -> Command:
     from specdec.catalog_cli import add_models_args, cmd_models
 
@@ -62,6 +68,7 @@ COMMANDS: dict[str, tuple[str, Callable[[], Command]]] = {
     "train": ("train a drafter head (eagle3) for a target model", _train),
     "advise": ("measure a workload's prompts and say which method to run, and why", _advise),
     "models": ("the models --model NAME accepts, and how to install each", _models),
+    "datastore": ("build a retrieval datastore (--spec-type retrieval) from an offline corpus", _datastore),
 }
 
 

@@ -95,6 +95,13 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "only its tokens with an exact twin in the target's vocabulary), slem (string-level "
                         "exact match: its text re-encoded by the target's tokenizer) or auto (the one measured "
                         "to be accepted more); both lossless")
+    g.add_argument("--spec-draft-vocab-size", type=positive_int, default=None, metavar="N",
+                   help="draft-model drafts from the N tokens most frequent in an offline corpus only (FR-Spec: its "
+                        "LM head cut to those rows; the target still verifies over every token, so lossless)")
+    g.add_argument("--spec-draft-prompt-tail", type=positive_int, default=None, metavar="M",
+                   help="draft-model reads only the last M prompt tokens (bounds its prefill on long prompts)")
+    g.add_argument("--spec-datastore", default=None, metavar="PATH",
+                   help="retrieval: the datastore to draft from (`specdec datastore build --out PATH`)")
     g.add_argument("--spec-model", default=None,
                    help="EAGLE-3 head folder for --spec-type eagle3 (none ships: `specdec train eagle3` makes one); "
                         "for draft-mtp, a module trained by `specdec train mtp` (default: the target's own)")
@@ -137,6 +144,8 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
             ngram_mod_n_max=args.spec_ngram_mod_n_max, ngram_cache_file=args.spec_ngram_cache_file,
             ngram_cache_static=args.spec_ngram_cache_static,
             draft_model=args.draft_model, draft_vocab=args.spec_draft_vocab, spec_model=args.spec_model,
+            draft_vocab_size=args.spec_draft_vocab_size, draft_prompt_tail=args.spec_draft_prompt_tail,
+            datastore=args.spec_datastore,
             eagle_topk=args.spec_eagle_topk,
             num_steps=args.spec_num_steps, num_draft_tokens=num_draft, min_acceptance=args.spec_min_acceptance,
             parallel_drafting=args.spec_parallel_drafting,

@@ -183,6 +183,7 @@ class SpecType(str, enum.Enum):
     # The target itself with some layers skipped (or only its first E): drafters/layerskip.py.
     DRAFT_LAYERSKIP = "draft-layerskip"
     DRAFT_MTP = "draft-mtp"  # the target checkpoint's own multi-token-prediction module: drafters/mtp.py
+    RETRIEVAL = "retrieval"  # REST: continuations found in a corpus (--spec-datastore): drafters/retrieval.py
     # Runs the cheap drafters (and the draft model or EAGLE-3 head when one is given) and per
     # step picks or merges their proposals by measured acceptance and cost: drafters/adaptive.py.
     ADAPTIVE = "adaptive"
@@ -251,6 +252,11 @@ class SpecConfig:
     # --spec-draft-vocab: how a draft model with another tokenizer drafts (drafters/cross_vocab.py):
     # tli (token-level intersection), slem (string-level exact match), auto (by measured acceptance)
     draft_vocab: str = "auto"
+    # FR-Spec: the draft model's LM head only over the N most frequent tokens (drafters/frequent_vocab.py);
+    # None: the whole vocabulary. --spec-draft-prompt-tail M: the draft reads only the last M prompt tokens
+    draft_vocab_size: int | None = None  # --spec-draft-vocab-size N
+    draft_prompt_tail: int | None = None  # --spec-draft-prompt-tail M
+    datastore: str | None = None  # --spec-datastore: retrieval's store (`specdec datastore build`)
     # eagle3 (SGLang's names): the head, and the dynamic tree it drafts
     spec_model: str | None = None  # --spec-model: an EAGLE-3 head folder (eagle3 needs one) or an MTP module
     eagle_topk: int = 4  # --spec-eagle-topk: children expanded per node (1 = a chain)
@@ -289,6 +295,13 @@ class SpecConfig:
         if SpecType.EAGLE3 in self.types and not self.spec_model:  # issue 26: only a head that beats plain ships
             raise ValueError("--spec-type eagle3 needs --spec-model DIR: no EAGLE-3 head ships with specdec (none "
                              "trained so far beats plain decoding); `specdec train eagle3 --out DIR` makes one")
+        if SpecType.RETRIEVAL in self.types and not self.datastore:
+            raise ValueError("--spec-type retrieval needs --spec-datastore PATH (`specdec datastore build --out PATH` "
+                             "makes one)")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ValueError(f"--spec-draft-vocab-size must be >= 1, got {self.draft_vocab_size}")
+        if self.draft_prompt_tail is not None and self.draft_prompt_tail < 1:
+            raise ValueError(f"--spec-draft-prompt-tail must be >= 1, got {self.draft_prompt_tail}")
         if self.draft_p_split is not None and not 0.0 < self.draft_p_split < 1.0:
             raise ValueError(f"--spec-draft-p-split must be in (0, 1), got {self.draft_p_split}")
         if self.draft_branches < 1:

@@ -100,13 +100,16 @@ class PieceStream:
 
         decode(window .. token i) against decode(window .. newest token) tells how many
         characters follow token i; both start at the same token, so only the step's own
-        tokens are decoded again, not the whole output.
+        tokens are decoded again, not the whole output (whose length the stream's
+        ``OutputText`` keeps).
         """
         first = len(self.ids)
         self.ids.extend(token_ids)
-        total = len(decode(self.tokenizer, self.ids))
+        self.text.output.extend(token_ids)  # the stream's incremental text: no decode of the whole output
         window = max(0, first - _WINDOW)
-        tail = len(decode(self.tokenizer, self.ids[window:]))
+        tail_text = decode(self.tokenizer, self.ids[window:])
+        tail = len(tail_text)
+        total = len(self.text.output.text) + tail - len(tail_text.rstrip("\ufffd"))  # with any half character
         for i in range(first, len(self.ids)):
             head = decode(self.tokenizer, self.ids[window : i + 1]).rstrip("\ufffd")
             prev = self.ends[-1] if self.ends else 0

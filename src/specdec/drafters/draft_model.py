@@ -26,6 +26,13 @@ follows the main chain (its earlier sibling's subtree), never its own tokens but
 The draft runs one token per pass, branch after branch: the main chain first, then each
 branch from its split point (the cache truncated back to it); the next step's catch-up keeps
 whatever prefix of the committed text the cache still holds.
+
+Two ways to make the draft cheaper, neither touching what is kept:
+- ``--spec-draft-vocab-size N`` (FR-Spec, ``frequent_vocab``): the draft's LM head holds only
+  the N most frequent tokens; ``_run`` expands its [N] logits to the full vocabulary with -inf
+  elsewhere, so q is renormalized over the subset and zero outside it.
+- ``--spec-draft-prompt-tail M``: the draft reads only the last M tokens of the prompt (its
+  positions start at the first of them), bounding its prefill on long prompts.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import torch
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters.base import EMPTY, Drafter, DraftProposal
 from specdec.drafters.dynamic_tree import Child, greedy_children, sampled_children
+from specdec.drafters.frequent_vocab import DraftVocab
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator, probs_from_logits, sample
 
@@ -48,9 +56,14 @@ class DraftModelDrafter(Drafter):
     name = "draft-model"
 
     def __init__(self, runner: ModelRunner, p_min: float = 0.0, p_split: float | None = None,
-                 branches: int = 2) -> None:
+                 branches: int = 2, vocab: DraftVocab | None = None, prompt_tail: int | None = None) -> None:
         if p_split is not None and not (0.0 < p_split < 1.0 and branches >= 1):
             raise ValueError(f"draft trees need 0 < p split < 1 and branches >= 1, got {p_split}, {branches}")
+        if prompt_tail is not None and prompt_tail < 1:
+            raise ValueError(f"the draft's prompt tail must be >= 1 token, got {prompt_tail}")
+        self.vocab = vocab  # --spec-draft-vocab-size: the runner's head scores these ids only
+        self.prompt_tail = prompt_tail  # --spec-draft-prompt-tail: the draft reads the last M prompt tokens
+        self.offset = 0  # context[offset:] is what the draft reads (0 unless the prompt was cut)
         self.runner = runner
         self.p_min = p_min  # --spec-draft-p-min: stop drafting once the top probability drops below
         self.p_split = p_split  # --spec-draft-p-split: branch where a later candidate's q is above; None: chains
@@ -63,26 +76,30 @@ class DraftModelDrafter(Drafter):
     @classmethod
     def from_config(
         cls, spec: SpecConfig, runner: ModelRunner | None = None, target: ModelRunner | None = None,
+        vocab: DraftVocab | None = None,
     ) -> DraftModelDrafter:
         """``runner`` is the engine's loaded draft model; ``target`` (when given) tells whether trees can be
-        verified (a target runner without trees verifies chains: the draft then drafts chains)."""
+        verified (a target runner without trees verifies chains: the draft then drafts chains); ``vocab`` the
+        ids its restricted head scores (``frequent_vocab.restrict_draft_vocab``), None for the whole vocabulary."""
         if runner is None:
             raise ValueError("draft-model needs a loaded draft model runner (see DraftResources)")
         trees = target is None or getattr(target, "supports_trees", False)
         return cls(runner, p_min=spec.draft_p_min, p_split=spec.draft_p_split if trees else None,
-                   branches=spec.draft_branches)
+                   branches=spec.draft_branches, vocab=vocab, prompt_tail=spec.draft_prompt_tail)
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         if self.slot < 0:
             self.slot = self.runner.allocate()
         self.runner.truncate(self.slot, 0)
         self.cached = []
+        self.offset = 0 if self.prompt_tail is None else max(0, len(prompt_ids) - self.prompt_tail)
         self.params = sampling
         if not sampling.greedy:
             seed = sampling.draft_seed  # independent of the target's and other choices' draws
             self.generator = make_generator(seed, self.runner.device)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
+        context = context[self.offset :] if self.offset else context  # what the draft reads
         if max_tokens <= 0 or len(context) + max_tokens + 1 >= self.runner.max_seq_len:
             return EMPTY
         logits = self._catch_up(context)  # [V]: the draft's prediction after the root
@@ -192,7 +209,7 @@ class DraftModelDrafter(Drafter):
         """The draft's pass over a context it has not cached (a prompt), priced by its runner's
         measured pass costs (``_run`` times every pass into them). A step's own catch-up (the
         accepted tokens and the bonus one) is part of drafting and is not counted here."""
-        todo = len(context) - len(self.cached)
+        todo = len(context) - self.offset - len(self.cached)
         if todo <= STEP_CATCH_UP:
             return 0.0
         return self.runner.pass_cost.estimate(todo) or 0.0
@@ -202,7 +219,7 @@ class DraftModelDrafter(Drafter):
         self.cached.extend(tokens)
         if out.seconds:
             self.runner.pass_cost.observe(len(tokens), out.seconds)
-        return out.logits[0][-1]
+        return out.logits[0][-1] if self.vocab is None else self.vocab.expand(out.logits[0][-1])
 
 
 @dataclass

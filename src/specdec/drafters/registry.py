@@ -6,12 +6,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specdec.config import SpecConfig, SpecType
+from specdec.datastore import Datastore, tokenizer_identity
 from specdec.drafters.adaptive import AdaptiveDrafter
 from specdec.drafters.base import ChainedDrafter, Drafter
 from specdec.drafters.cross_vocab import CrossVocab, CrossVocabDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_self import DraftSelfDrafter
 from specdec.drafters.eagle import EagleDrafter
+from specdec.drafters.frequent_vocab import DraftVocab, restrict_draft_vocab, special_ids, vocab_counts
 from specdec.drafters.layerskip import LayerSkipDrafter, SkipSearch
 from specdec.drafters.mtp import MtpDrafter
 from specdec.drafters.ngram import NgramDrafter
@@ -19,6 +21,7 @@ from specdec.drafters.ngram_cache import NgramCacheDrafter, NgramCacheStore
 from specdec.drafters.ngram_map import NgramMapDrafter, NgramMapK4VDrafter
 from specdec.drafters.ngram_mod import NgramHashPool, NgramModDrafter
 from specdec.drafters.retokenize import TokenizerPair
+from specdec.drafters.retrieval import RetrievalDrafter
 from specdec.drafters.suffix import SuffixCache, SuffixDrafter
 from specdec.drafters.vocab_map import VocabMap
 from specdec.errors import ModelLoadError
@@ -46,6 +49,7 @@ DRAFTERS: dict[SpecType, type[Drafter]] = {
     SpecType.EAGLE3: EagleDrafter,
     SpecType.DRAFT_LAYERSKIP: LayerSkipDrafter,
     SpecType.DRAFT_MTP: MtpDrafter,
+    SpecType.RETRIEVAL: RetrievalDrafter,
     SpecType.ADAPTIVE: AdaptiveDrafter,
 }
 
@@ -105,6 +109,9 @@ class DraftResources:
                 max_seq_len=target.max_seq_len, num_slots=max_num_seqs,
             )
             self.cross_vocab = cross_vocab_for(spec, target, self.draft_runner, tokenizer, folder)
+        self.draft_vocab = draft_vocab_for(spec, self.draft_runner, tokenizer, target, self.cross_vocab) \
+            if SpecType.DRAFT_MODEL in types else None
+        self.datastore = load_datastore(spec.datastore, target, tokenizer) if SpecType.RETRIEVAL in types else None
         self.target = target
         self.eagle_head = load_eagle_head(spec.spec_model, target, tokenizer, spec.parallel_drafting) \
             if SpecType.EAGLE3 in types else None
@@ -139,7 +146,11 @@ class DraftResources:
             case SpecType.DRAFT_MODEL if self.cross_vocab is not None:
                 return CrossVocabDrafter.from_config(spec, runner=self.draft_runner, cross_vocab=self.cross_vocab)
             case SpecType.DRAFT_MODEL:
-                return DraftModelDrafter.from_config(spec, runner=self.draft_runner, target=self.target)
+                return DraftModelDrafter.from_config(spec, runner=self.draft_runner, target=self.target,
+                                                     vocab=self.draft_vocab)
+            case SpecType.RETRIEVAL:
+                return RetrievalDrafter.from_config(spec, store=self.datastore,
+                                                    tree=getattr(self.target, "supports_trees", False))
             case SpecType.EAGLE3:
                 return EagleDrafter.from_config(spec, head=self.eagle_head, target=self.target)
             case SpecType.DRAFT_LAYERSKIP:
@@ -209,6 +220,30 @@ def cross_vocab_for(spec: SpecConfig, target: ModelRunner, draft: ModelRunner, t
         logger.warning("specdec: warning: only %.0f%% of the draft model's tokens map to the target's: "
                        "it will be accepted rarely", 100 * vocab.fraction)
     return CrossVocab(TokenizerPair(tokenizer, draft_tok), vocab, spec.draft_vocab)
+
+
+def draft_vocab_for(spec: SpecConfig, draft: ModelRunner, tokenizer, target: ModelRunner,
+                    cross_vocab: CrossVocab | None) -> DraftVocab | None:
+    """--spec-draft-vocab-size N: the draft's LM head cut to the N tokens most frequent in the offline
+    corpus, special tokens kept (``frequent_vocab``); None without the flag."""
+    if spec.draft_vocab_size is None:
+        return None
+    if cross_vocab is not None or tokenizer is None:
+        raise ModelLoadError("--spec-draft-vocab-size ranks the target's tokens: it needs a draft model with the "
+                             "target's tokenizer (and the tokenizer loaded)")
+    counts = vocab_counts(tokenizer, draft.vocab_size)
+    return restrict_draft_vocab(draft, spec.draft_vocab_size, counts, special_ids(tokenizer, target.eos_token_ids))
+
+
+def load_datastore(path: str, target: ModelRunner, tokenizer) -> Datastore:
+    """--spec-datastore, checked against the target's tokenizer (its vocabulary size alone when no
+    tokenizer is loaded, as for token-id tests); DatastoreError (one line) when it does not fit."""
+    store = Datastore.load(path)
+    store.check_tokenizer(tokenizer_identity(tokenizer) if tokenizer is not None else None, target.vocab_size,
+                          where=path)
+    logger.warning("specdec: retrieval datastore %s: %s tokens from %s", path, f"{store.num_tokens:,}",
+                   store.sources or "token ids")
+    return store
 
 
 def load_eagle_head(folder: str, target: ModelRunner, tokenizer, parallel: bool = False) -> EagleHead:

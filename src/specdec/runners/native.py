@@ -9,6 +9,7 @@ pass on the ``torch`` backend), or a long prompt over GGUF blocks in fused chunk
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -17,6 +18,7 @@ from specdec.cache import KVCache
 from specdec.config import ModelConfig
 from specdec.model.fused import FusedDecoder, Rows
 from specdec.model.kernels import RowLayout
+from specdec.model.quant import int8_rows
 from specdec.model.transformer import Batch, Transformer
 from specdec.runners.base import ModelRunner, PassOutput, SeqInput
 from specdec.tree import DraftTree
@@ -112,6 +114,26 @@ class NativeRunner(ModelRunner):
 
     def output_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.model.head_rows(token_ids.cpu().long()).float().to(self.device)
+
+    def restrict_head(self, token_ids: torch.Tensor) -> None:
+        """Keep only the LM head's rows ``token_ids`` ([N] ascending ids): every pass then returns logits
+        [T, N], column j that of token_ids[j], and ``vocab_size`` is N. For a draft model that drafts from
+        a frequent subset of the vocabulary (``drafters.frequent_vocab``): done once at load, no pass
+        changes. A quantized head's rows become Q8_0 rows (``quant.int8_rows``) of their dequantized values:
+        interleaved blocks cannot be gathered row by row, and the draft only needs its own q, not the bits."""
+        model = self.model
+        rows = model.head_rows(token_ids)  # [N, H] float32
+        if "lm_head" in model.quantized and rows.shape[1] % 64 == 0:
+            model.quantized["lm_head"] = int8_rows(rows.numpy())
+        else:
+            model.quantized.pop("lm_head", None)
+            dtype = model.embed.dtype if model.embed is not None else torch.float32
+            model.lm_head = torch.nn.Parameter(rows.to(self.device, dtype), requires_grad=False)
+            model.head = model.backend.linear(model.lm_head)
+        self.config = model.config = replace(self.config, vocab_size=len(token_ids))
+        self.vocab_size = len(token_ids)
+        if self.fused is not None:
+            self.fused = FusedDecoder.from_model(model)
 
     def commit(self, slot: int, start: int, keep: list[int]) -> None:
         self.cache.compact(slot, start, keep)
