@@ -28,7 +28,7 @@ from specdec.server.app import create_app  # noqa: E402
 from specdec.server.ray.app import build, flags_from_args  # noqa: E402
 from specdec.server.ray.deployment import APP_NAME, ENGINE, REPLICA_HEADER, build_app  # noqa: E402
 from specdec.server.ray.options import RayDeployment, ReplicaSettings, Scale  # noqa: E402
-from tests.test_server import metric_values, running_server, wait_for  # noqa: E402
+from tests.test_server import check_edge, metric_values, running_server, wait_for  # noqa: E402
 
 API_KEY = "ray-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -76,7 +76,8 @@ def greedy(offline: LLM, prompt, max_tokens: int, ignore_eos: bool = False) -> s
 
 
 def replicas(url: str) -> list[str]:
-    return sorted(r["replica"] for r in httpx.get(url + "/health", timeout=30).json()["per_replica"])
+    health = httpx.get(url + "/health", headers=AUTH, timeout=30).json()
+    return sorted(r["replica"] for r in health["per_replica"])
 
 
 def chat(client, messages, **kwargs) -> tuple[str, str]:
@@ -131,17 +132,42 @@ def test_errors_health_and_metrics(endpoint, client):
         openai.OpenAI(base_url=endpoint + "/v1", api_key="nope", max_retries=0).models.list()
 
     def generated() -> float:
-        return sum(v for (name, _), v in metric_values(endpoint).items() if name == "specdec:generation_tokens_total")
+        return sum(v for (name, _), v in metric_values(endpoint, AUTH).items()
+                   if name == "specdec:generation_tokens_total")
 
     before = generated()
     client.completions.create(model=None, prompt="Count: 1 2 3 1 2 3", max_tokens=8, temperature=0)
-    health = httpx.get(endpoint + "/health").json()
+    health = httpx.get(endpoint + "/health", headers=AUTH).json()
     assert health["status"] == "ok" and health["replicas"] == 2 and health["max_num_seqs"] == 2 * SLOTS
     wait_for(lambda: generated() == before + 8)  # replicas report every REPORT_EVERY_S
-    values = metric_values(endpoint)
+    values = metric_values(endpoint, AUTH)
     labelled = {dict(labels)["replica"] for (name, labels) in values if name == "specdec:generation_tokens_total"}
     assert labelled == set(replicas(endpoint))
     assert ("specdec:ray_request_retries_total", ()) in values
+
+
+def test_the_ingress_applies_the_edge_of_specdec_serve(endpoint):
+    """Under --ray the same EdgePolicy guards the front door: foreign Host 400, foreign Origin 403,
+    /health and /metrics behind the key, and the playground's own origin can chat (the replicas
+    refused every browser POST before)."""
+    check_edge(endpoint, AUTH)
+
+
+def test_hostile_bodies_at_the_ingress_never_5xx(endpoint):
+    """A sample of the hostile bodies (every value for three fields, and whole bodies nested 3000
+    deep): 4xx or an answer from the ingress, never a 5xx."""
+    from tests.hostile import hostile_cases
+
+    fives = []
+    for path, body in hostile_cases(huge_string=1 << 14):
+        field = body.split(b'"max_tokens": 1, "', 1)[-1]
+        if not (body.startswith((b"[", b'{"a"')) or field.startswith((b"prompt", b"logit_bias", b"guided_json"))):
+            continue
+        r = httpx.post(endpoint + path, content=body, headers={**AUTH, "content-type": "application/json"},
+                       timeout=120)
+        if r.status_code >= 500:
+            fives.append((body[:100], r.text[:200]))
+    assert not fives, fives[:5]
 
 
 # -- routing --------------------------------------------------------------------------------------
@@ -193,7 +219,8 @@ def _stream_replica(url: str, body: dict) -> str:
 
 
 def _running(url: str) -> dict[str, int]:
-    return {r["replica"]: r["running_sequences"] for r in httpx.get(url + "/health").json()["per_replica"]}
+    health = httpx.get(url + "/health", headers=AUTH).json()
+    return {r["replica"]: r["running_sequences"] for r in health["per_replica"]}
 
 
 # -- faults and scaling (last: they replace replicas; ~20 s each) ------------------------------------
@@ -236,7 +263,7 @@ def test_killing_a_replica_mid_load_loses_no_unstreamed_request(endpoint, client
             else:
                 assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == wants[i]
     assert len(results) == 6
-    values = metric_values(endpoint)
+    values = metric_values(endpoint, AUTH)
     assert values[("specdec:ray_request_retries_total", ())] + values[("specdec:ray_request_failed_total", ())] >= 1
     # The endpoint keeps serving, and Serve brings a fresh replica in place of the victim.
     assert client.completions.create(model=None, prompt="Still there?", max_tokens=4).usage.completion_tokens == 4

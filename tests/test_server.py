@@ -94,9 +94,9 @@ def health(url: str) -> dict:
     return httpx.get(url + "/health", headers=AUTH).json()  # with an API key, /health takes it too
 
 
-def metric_values(url: str) -> dict[tuple[str, tuple], float]:
+def metric_values(url: str, auth: dict = AUTH) -> dict[tuple[str, tuple], float]:
     out = {}
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics", headers=AUTH).text):
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", headers=auth).text):
         for s in family.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
@@ -133,7 +133,10 @@ def test_completions_match_offline(tiny, client):
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     spec = r.model_extra["spec_decode"]
     assert set(spec) >= {"drafted", "accepted", "acceptance_rate", "mean_accepted_len"}
-    assert spec["mean_accepted_len"] >= 1.0
+    assert 0 <= spec["accepted"] <= spec["drafted"]
+    assert spec["acceptance_rate"] == (round(spec["accepted"] / spec["drafted"], 4) if spec["drafted"] else 0.0)
+    # one token per decoding pass, more exactly when drafts were kept
+    assert (spec["mean_accepted_len"] > 1.0) == (spec["accepted"] > 0) and spec["mean_accepted_len"] >= 1.0
     stream = client.completions.create(model=llm.model_name, prompt=prompt, max_tokens=24, temperature=0,
                                        stream=True)
     chunks = list(stream)
@@ -155,7 +158,8 @@ def test_chat_matches_offline(tiny, client):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
     assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens
-    assert chunks[-1].model_extra["spec_decode"]["drafted"] >= 0
+    # the same greedy request, alone on the server, with a deterministic drafter: the same drafts
+    assert chunks[-1].model_extra["spec_decode"]["drafted"] == r.model_extra["spec_decode"]["drafted"]
 
 
 # -- the sampling API under speculation: logprobs, echo, penalties, structured output, tools ---------
@@ -327,7 +331,7 @@ def test_n_choices_and_seed(tiny, client):
     b = client.completions.create(**kwargs)
     assert [c.index for c in a.choices] == [0, 1, 2]
     assert [c.text for c in a.choices] == [c.text for c in b.choices]  # same seed, same batch: same samples
-    assert len({c.text for c in a.choices}) > 1  # seeds seed, seed + 1, seed + 2 differ
+    assert len({c.text for c in a.choices}) > 1  # each choice's seed is its own (SamplingParams.for_choice)
     assert a.usage.completion_tokens == 18 or any(c.finish_reason == "stop" for c in a.choices)
 
 
@@ -554,22 +558,31 @@ def test_chunked_upload_over_the_limit_gets_413(tiny):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
 
 
-def test_edge_hosts_origins_and_the_playground(tiny):
-    """DNS rebinding (a foreign Host) gets 400, another site's POST 403; the playground's own origin works."""
-    url, llm, _ = tiny
+def check_edge(url: str, auth: dict) -> None:
+    """The edge of a server bound to 127.0.0.1 with an API key (``specdec serve`` and the ``--ray``
+    ingress alike): DNS rebinding (a foreign Host) gets 400, another site's POST 403, the
+    playground's own origin works, and /health, /metrics and /playground/config take the key."""
     port = url.rsplit(":", 1)[1]
     body = {"prompt": "hi", "max_tokens": 2}
-    for path in ("/", "/playground/config"):
-        assert httpx.get(url + path, headers={"host": f"attacker.example:{port}"}).status_code == 400
-    r = httpx.post(url + "/v1/completions", json=body, headers={**AUTH, "host": f"attacker.example:{port}"})
+    for path in ("/", "/playground/config", "/health"):
+        assert httpx.get(url + path, headers={**auth, "host": f"attacker.example:{port}"}).status_code == 400
+    r = httpx.post(url + "/v1/completions", json=body, headers={**auth, "host": f"attacker.example:{port}"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_host"
-    r = httpx.post(url + "/v1/completions", json=body, headers={**AUTH, "origin": "https://attacker.example"})
+    r = httpx.post(url + "/v1/completions", json=body, headers={**auth, "origin": "https://attacker.example"})
     assert r.status_code == 403 and r.json()["error"]["code"] == "invalid_origin"
-    for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
-        r = httpx.post(url + "/v1/completions", json=body, headers={**AUTH, "host": host, "origin": f"http://{host}"})
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}"):  # the playground, same-origin: it chats
+        r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 2}, headers={**auth, "host": host, "origin": f"http://{host}"}, timeout=120)
         assert r.status_code == 200, r.text
     assert httpx.get(url + "/", headers={"host": f"localhost:{port}"}).status_code == 200
-    assert httpx.get(url + "/health").status_code == 401  # with a key, /health and /metrics take it
+    for path in ("/health", "/metrics", "/playground/config"):
+        denied = httpx.get(url + path)
+        assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_api_key", path
+        assert httpx.get(url + path, headers=auth).status_code == 200, path
+
+
+def test_edge_hosts_origins_and_the_playground(tiny):
+    check_edge(tiny[0], AUTH)
 
 
 def test_openai_client_raises_typed_errors(tiny, client):
@@ -718,8 +731,8 @@ def test_adaptive_server_reports_drafters_windows_and_monitor(tiny_model_factory
     for name, d in spec["drafters"].items():
         assert origins.count(name) == d["accepted"]
         assert set(d["window"]) >= {"alpha", "tau", "steps"}
-    assert set(spec["window"]) >= {"alpha", "tau", "speedup"} and spec["off_steps"] >= 0
-    assert spec["switch_offs"] >= 0 and spec["probes"] >= 0
+    assert set(spec["window"]) >= {"alpha", "tau", "speedup"}
+    assert spec["off_steps"] == spec["switch_offs"] == 0  # min_acceptance 0 switches nothing off
     steps = {labels: v for (name, labels), v in metrics.items() if name == "specdec:spec_decode_sequence_steps_total"}
     assert sum(steps.values()) == 2 * 40 - first["spec_decode"]["accepted"] - spec["accepted"]  # one per step
     accepted = sum(v for (name, labels), v in metrics.items()

@@ -176,3 +176,34 @@ def test_server_doc_flags_table_matches_the_parser(monkeypatch):
     known = options(build_parser())
     stale = sorted(set(FLAG.findall(specdec_text(text))) - set(known))
     assert not stale, f"docs/server.md names flags specdec does not have: {stale}"
+
+
+def test_bodies_in_flight_together_are_bounded():
+    """Bodies held by running requests count against one total: with room for 2500 bytes, a second
+    2000-byte upload while the first's request still runs gets 429; once it finished, the next is served."""
+    import asyncio
+    import threading
+
+    app = FastAPI()
+    release, entered = threading.Event(), threading.Event()
+
+    @app.post("/v1/hold")
+    async def hold(request: Request):
+        entered.set()
+        await asyncio.to_thread(release.wait, 30)
+        return {"bytes": len(await request.body())}
+
+    guard = GuardMiddleware(app, None, 2000, EdgePolicy.for_bind("127.0.0.1"), max_total_body_bytes=2500)
+    with running_server(guard) as url, httpx.Client(timeout=30) as client:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(client.post, url + "/v1/hold", content=b"x" * 2000)
+            assert entered.wait(30)
+            busy = httpx.post(url + "/v1/hold", content=b"y" * 2000, timeout=30)
+            assert busy.status_code == 429 and busy.json()["error"]["code"] == "rate_limit_exceeded"
+            assert guard.held == 2000
+            release.set()
+            assert first.result().json() == {"bytes": 2000}
+        assert guard.held == 0
+        assert httpx.post(url + "/v1/hold", content=b"z" * 2000, timeout=30).json() == {"bytes": 2000}

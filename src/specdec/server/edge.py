@@ -14,7 +14,8 @@ Checked in this order, each refusal an OpenAI error body:
 3. The API key, when set, on ``PROTECTED_PATHS`` and, unless ``metrics_public``, on ``/metrics``
    and ``/health`` (401 ``invalid_api_key``): they name the model, which may be a file path.
 4. The body: at most ``max_body_bytes`` (413 ``request_too_large``), whether announced by
-   ``Content-Length`` or sent chunked; the body is read here, counted, and handed on whole.
+   ``Content-Length`` or sent chunked; the body is read here, counted, and handed on whole. The
+   bodies of all requests in flight together stay within ``max_total_body_bytes`` (429 beyond).
 
 Plain ASGI (not BaseHTTPMiddleware), so streamed responses and client disconnects pass through
 untouched. No heavy imports: ``specdec serve --help`` reads its defaults from here.
@@ -104,9 +105,14 @@ class EdgePolicy:
 class GuardMiddleware:
     """Host, origin, API key and body size, as the module docstring lists them."""
 
-    def __init__(self, app, api_key: str | None, max_body_bytes: int, edge: EdgePolicy | None = None) -> None:
-        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
-        self.edge = edge or EdgePolicy.open()
+    def __init__(self, app, api_key: str | None, max_body_bytes: int, edge: EdgePolicy,
+                 max_total_body_bytes: int | None = None) -> None:
+        # ``edge`` has no default: a front door that forgot it must not fall open (the Ray ingress did)
+        self.app, self.api_key, self.max_body_bytes, self.edge = app, api_key, max_body_bytes, edge
+        # Bodies being read or held by a running request, all together: 16 clients uploading 16 MiB
+        # each must not take 256 MiB (429 beyond it; default 4 bodies of the largest size)
+        self.max_total_body_bytes = max_total_body_bytes or 4 * max_body_bytes
+        self.held = 0
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -117,13 +123,33 @@ class GuardMiddleware:
         if refusal is not None:
             await _send_json(send, *refusal)
             return
-        if scope["method"] not in SAFE_METHODS:
-            body = await _read_body(receive, self.max_body_bytes)
+        if scope["method"] in SAFE_METHODS:
+            await self.app(scope, receive, send)
+            return
+        counted = [0]  # this request's bytes in ``held``
+        try:
+            body = await _read_body(receive, self.max_body_bytes, self._reserve(counted))
             if body is None:
                 await _send_json(send, 413, self._too_large("more than"), {"connection": "close"})
-                return
-            receive = _replay(body, receive)
-        await self.app(scope, receive, send)
+            elif body is _BUSY:
+                await _send_json(send, 429, error_body(
+                    f"the server holds {self.max_total_body_bytes} bytes of request bodies already; retry later",
+                    "rate_limit_error", "rate_limit_exceeded"), {"connection": "close"})
+            else:
+                await self.app(scope, _replay(body, receive), send)
+        finally:
+            self.held -= counted[0]
+
+    def _reserve(self, counted: list[int]):
+        """A callback taking ``n`` more bytes of this request into ``held``; False when they do not fit."""
+        def reserve(n: int) -> bool:
+            if self.held + n > self.max_total_body_bytes:
+                return False
+            self.held += n
+            counted[0] += n
+            return True
+
+        return reserve
 
     def _refusal(self, scope, headers: dict[str, str]) -> tuple[int, dict, dict] | None:
         """(status, body, extra headers) when the request is refused before its body is read."""
@@ -150,8 +176,12 @@ class GuardMiddleware:
                           "request_too_large")
 
 
-async def _read_body(receive, limit: int) -> bytes | None:
-    """The whole request body, or None as soon as it passes ``limit`` bytes (the rest is not read)."""
+_BUSY = b"busy"  # _read_body's answer when the bodies held together would pass their bound
+
+
+async def _read_body(receive, limit: int, reserve=lambda n: True) -> bytes | None:
+    """The whole request body, or None as soon as it passes ``limit`` bytes, or ``_BUSY`` when
+    ``reserve(len(chunk))`` refuses a chunk (the rest is not read)."""
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -161,6 +191,8 @@ async def _read_body(receive, limit: int) -> bytes | None:
         size += len(chunk)
         if size > limit:
             return None
+        if not reserve(len(chunk)):
+            return _BUSY
         chunks.append(chunk)
         if not message.get("more_body", False):
             break

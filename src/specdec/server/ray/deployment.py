@@ -1,6 +1,7 @@
 """specdec on Ray Serve: replicas of the engine behind one OpenAI-compatible ingress.
 
-    HTTP -> Ray proxy -> SpecdecIngress (one replica: API key, body limit, affinity key, retries,
+    HTTP -> Ray proxy -> SpecdecIngress (one replica: the edge policy (hosts, origins, API key, body
+                                         limit; ``edge.py``, as ``specdec serve``), affinity key, retries,
                                          /health and /metrics from what every replica reports)
                       -> AffinityRouter (in the ingress: same conversation, same replica)
                       -> SpecdecEngine x N (each the app of ``specdec serve``: its own LLM, scheduler,
@@ -20,7 +21,6 @@ No ``from __future__ import annotations``: FastAPI reads the route annotations.
 """
 
 import asyncio
-import json
 import logging
 import math
 import os
@@ -38,8 +38,9 @@ from ray.serve.exceptions import BackPressureError, ReplicaUnavailableError
 
 from specdec.llm import LLM
 from specdec.log import get_logger
+from specdec.server import limits
 from specdec.server.app import create_app
-from specdec.server.edge import GuardMiddleware
+from specdec.server.edge import EdgePolicy, GuardMiddleware
 from specdec.server.errors import add_error_handlers, error_body, error_event
 from specdec.server.ray.affinity import affinity_key
 from specdec.server.ray.forward import ForwardedRequest, ResponsePart, call_asgi
@@ -70,9 +71,10 @@ class EngineReplica:
                   max_num_seqs=s.max_batch_size, backend=s.backend, quantization=s.quantization,
                   logprobs_mode=s.logprobs_mode)
         llm.warmup()
-        # No API key here: only the ingress is reachable from outside, and it checks the key.
+        # No API key, host or origin check here: only the ingress is reachable from outside, and it
+        # applies the deployment's EdgePolicy (the replicas see no Host: forward.HOP_HEADERS).
         self.app = create_app(llm, served_model_name=s.served_model_name, max_queue=s.max_queue,
-                              budget=s.budget, max_body_bytes=s.max_request_bytes)
+                              budget=s.budget, max_body_bytes=s.max_request_bytes, edge=EdgePolicy.open())
         self.state = self.app.state.specdec
         self.state.scheduler.start()  # what the app's lifespan does under uvicorn
         self.ingress = serve.get_deployment_handle(INGRESS, app_name=context.app_name)
@@ -107,9 +109,11 @@ class EngineReplica:
 class Ingress:
     """The one HTTP entry: checks, then forwards each request to a replica chosen by the router."""
 
-    def __init__(self, engine, api_key: str | None, max_request_bytes: int, model_name: str) -> None:
+    def __init__(self, engine, api_key: str | None, max_request_bytes: int, model_name: str,
+                 edge: EdgePolicy) -> None:
         self.engine = engine  # DeploymentHandle of the engine replicas
         self.api_key, self.max_request_bytes, self.model_name = api_key, max_request_bytes, model_name
+        self.edge = edge
         self.retries = 0  # requests re-sent after their replica died before answering
         self.failed = 0  # requests whose replica failed after the client got the first byte
         self.reports: dict[str, tuple[float, dict, str]] = {}  # replica -> (when, health, metrics page)
@@ -126,7 +130,8 @@ class Ingress:
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         app = FastAPI(title="specdec-ray", docs_url=None, redoc_url=None, openapi_url=None)
-        app.add_middleware(GuardMiddleware, api_key=self.api_key, max_body_bytes=self.max_request_bytes)
+        app.add_middleware(GuardMiddleware, api_key=self.api_key, max_body_bytes=self.max_request_bytes,
+                           edge=self.edge)  # the same edge as `specdec serve`: hosts, origins, metrics
 
         add_error_handlers(app, logger)  # e.g. 405 for a method no route takes
 
@@ -221,8 +226,8 @@ async def _read_body(request, limit: int) -> bytes | None:
 
 def _json_or_none(body: bytes):
     try:
-        return json.loads(body)
-    except ValueError:
+        return limits.loads(body.decode("utf-8", "replace"))
+    except ValueError:  # not JSON, too deep, too long a number: no affinity key, the replica answers 400
         return None
 
 
@@ -237,7 +242,8 @@ def build_app(d: RayDeployment):
         engine = engine.options(request_router_config=RequestRouterConfig(request_router_class=AffinityRouter))
     ingress = serve.deployment(Ingress, name=INGRESS, num_replicas=1, ray_actor_options={"num_cpus": 0},
                                max_ongoing_requests=10_000, logging_config=d.logging_config)
-    return ingress.bind(engine.bind(d.replica), d.api_key, d.replica.max_request_bytes, d.replica.model_name)
+    return ingress.bind(engine.bind(d.replica), d.api_key, d.replica.max_request_bytes, d.replica.model_name,
+                        d.edge)
 
 
 def run(d: RayDeployment, host: str, port: int, address: str | None = None) -> int:

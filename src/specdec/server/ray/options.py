@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from specdec.budget import DraftBudget
 from specdec.config import SpecConfig
 from specdec.errors import UsageError
+from specdec.server.edge import EdgePolicy
 
 RAY_MISSING = "--ray needs Ray Serve: pip install 'specdec[ray]' (or pip install 'ray[serve]')"
 DRAIN_TIMEOUT_S = 300.0  # a replica scaled away finishes its running generations for this long
@@ -60,6 +61,8 @@ class RayDeployment:
     replica: ReplicaSettings
     scale: Scale = Scale()
     api_key: str | None = None
+    # The ingress's host, origin and metrics policy (``specdec serve``'s flags): the one front door
+    edge: EdgePolicy = EdgePolicy.for_bind("127.0.0.1")
     affinity: bool = True  # False: Ray's default power-of-two-choices router (for comparisons)
     num_cpus: float = 1.0  # logical CPUs Ray reserves per replica
     drain_timeout_s: float = DRAIN_TIMEOUT_S
@@ -111,7 +114,8 @@ def deployment_from_args(args: argparse.Namespace, spec: SpecConfig, budget: Dra
         max_queue=args.max_queue, max_request_bytes=args.max_request_bytes,
         served_model_name=args.served_model_name, logprobs_mode=args.logprobs_mode,
     )
-    return RayDeployment(replica, scale_from_args(args), api_key=args.api_key, log_level=args.log_level)
+    edge = EdgePolicy.for_bind(args.host, args.allowed_hosts, args.allowed_origins, args.metrics_public)
+    return RayDeployment(replica, scale_from_args(args), api_key=args.api_key, edge=edge, log_level=args.log_level)
 
 
 def engine_options(d: RayDeployment) -> dict:
