@@ -146,8 +146,13 @@ def test_output_follows_the_grammar_with_and_without_speculation(tiny, tiny_llam
                                                      else None)
     sampled = generate(tiny, prompt, SamplingParams(max_new_tokens=60, temperature=1.0, seed=3,
                                                     structured=structured), drafter)
+    # Every sampled token is one the grammar allows, finished or not; a finished one passes the check.
+    matcher = tiny.grammars.matcher(structured)
+    assert matcher.advance(sampled.output_ids) == len(sampled.output_ids)
     if sampled.finish_reason == "stop":
-        assert check(tiny.tokenizer.decode(sampled.output_ids, skip_special_tokens=True))
+        assert matcher.finished and check(tiny.tokenizer.decode(sampled.output_ids, skip_special_tokens=True))
+    else:
+        assert sampled.finish_reason == "length" and len(sampled.output_ids) == 60
 
 
 def test_min_tokens_yields_to_a_complete_grammar(tiny):
