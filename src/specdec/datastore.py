@@ -180,22 +180,15 @@ class Datastore:
         sorted, so each sub-range is exact; past ``max_scan`` suffixes only tokens seen in an even sample of
         that many are listed (a rarer one is below 1 / max_scan of the range, too rare to draft)."""
         if hi - lo <= max_scan:
-            starts = lo + np.arange(hi - lo)
-        else:
-            starts = np.unique(np.linspace(lo, hi - 1, max_scan).astype(np.int64))
-        values = self.tokens[self.sa[starts] + offset]
-        out = []
-        if hi - lo <= max_scan:
+            values = self.tokens[self.sa[lo:hi] + offset]
+            if hi - lo <= 64:  # most trie nodes: a Python pass beats numpy's per-call overhead
+                return _runs(values.tolist(), lo)
             edges = np.flatnonzero(values[1:] != values[:-1]) + 1
-            for a, b in zip([0, *edges.tolist()], [*edges.tolist(), len(values)], strict=True):
-                if values[a] != SEP:
-                    out.append((int(values[a]), lo + a, lo + b))
-            return out
-        for token in np.unique(values).tolist():
-            if token != SEP:
-                out.append((token, self._key_bound(token, lo, hi, offset, False),
-                            self._key_bound(token, lo, hi, offset, True)))
-        return out
+            starts, ends = [0, *edges.tolist()], [*edges.tolist(), len(values)]
+            return [(int(values[a]), lo + a, lo + b) for a, b in zip(starts, ends, strict=True) if values[a] != SEP]
+        sample = np.unique(np.linspace(lo, hi - 1, max_scan).astype(np.int64))
+        return [(token, self._key_bound(token, lo, hi, offset, False), self._key_bound(token, lo, hi, offset, True))
+                for token in np.unique(self.tokens[self.sa[sample] + offset]).tolist() if token != SEP]
 
     def _key_bound(self, token: int, lo: int, hi: int, offset: int, upper: bool) -> int:
         """``_bound`` on the single token at ``offset`` (the range shares everything before it)."""
@@ -207,3 +200,14 @@ class Datastore:
             else:
                 hi = mid
         return lo
+
+
+def _runs(values: list[int], lo: int) -> list[tuple[int, int, int]]:
+    """(value, lo + start, lo + end) of each run of equal sorted ``values``, SEP runs left out."""
+    out, start = [], 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[start]:
+            if values[start] != SEP:
+                out.append((values[start], lo + start, lo + i))
+            start = i
+    return out
