@@ -27,3 +27,38 @@ def test_bad_tree_settings_are_one_line(argv):
     with pytest.raises(UsageError) as err:
         spec(*argv)
     assert "\n" not in str(err.value) and "spec-draft" in str(err.value)
+
+
+def bench_config(*argv: str):
+    from specdec.bench.cli import add_bench_args, config_from_args
+
+    p = Parser()
+    add_bench_args(p)
+    return config_from_args(p.parse_args(["--quick", "--peers", "none", *argv]))
+
+
+def test_bench_takes_every_drafter_setting_from_add_spec_args():
+    """`specdec bench` reuses generate's flags: a setting bench never re-declared reaches every method."""
+    cfg = bench_config("--methods", "ngram,suffix", "--spec-ngram-size-n", "3", "--spec-draft-n-max", "5")
+    assert [m.name for m in cfg.methods] == ["none", "ngram", "suffix"]
+    assert all(m.spec.ngram_size_n == 3 and m.spec.draft_n_max == 5 for m in cfg.methods)
+    assert cfg.draft_n_max == 5
+
+
+def test_parallel_drafting_is_checked_once_for_cli_bench_and_server():
+    """The one check lives in SpecConfig: generate, bench and vLLM's --speculative-config all refuse it
+    without a head-drafting method, and bench keeps it only for its eagle3 methods."""
+    from specdec.config import SpecConfig, SpecType
+    from specdec.server.cli import spec_from_vllm_config
+
+    with pytest.raises(UsageError, match="parallel-drafting.*eagle3"):
+        bench_config("--methods", "ngram", "--spec-parallel-drafting")
+    p = Parser()
+    add_spec_args(p)
+    with pytest.raises(UsageError, match="parallel-drafting.*eagle3"):
+        spec_from_args(p.parse_args(["--spec-type", "suffix", "--spec-parallel-drafting"]))
+    with pytest.raises(ValueError, match="eagle3"):
+        spec_from_vllm_config('{"method": "ngram", "parallel_drafting": true}')
+    base = SpecConfig(types=(SpecType.EAGLE3,), spec_model="h", parallel_drafting=True)
+    assert not base.with_types((SpecType.NGRAM,)).parallel_drafting
+    assert base.with_types((SpecType.SUFFIX, SpecType.EAGLE3)).parallel_drafting

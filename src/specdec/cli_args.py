@@ -55,13 +55,18 @@ def add_logprobs_mode_arg(p) -> None:
                         "temperature, top-k/top-p/min-p), or the logits of either")
 
 
-def add_spec_args(p: argparse.ArgumentParser) -> None:
+def add_spec_args(p: argparse.ArgumentParser, with_type: bool = True) -> None:
+    """Every drafter setting, once for all commands. ``with_type`` False: the command picks the drafting
+    methods itself (`specdec bench --methods`; pass them to ``spec_from_args``), so no --spec-type."""
     g = p.add_argument_group("speculative decoding (llama-server flag names)")
-    g.add_argument("--spec-type", default=None,
-                   help=f"{', '.join(t.value for t in SpecType)}; a comma list chains them (the first that "
-                        "proposes wins); adaptive (the default) picks or merges the cheap drafters' proposals each "
-                        "step, plus the draft model / EAGLE-3 head given with --draft-model / --spec-model; "
-                        "none = plain decoding")
+    if with_type:
+        g.add_argument("--spec-type", default=None,
+                       help=f"{', '.join(t.value for t in SpecType)}; a comma list chains them (the first that "
+                            "proposes wins); adaptive (the default) picks or merges the cheap drafters' proposals "
+                            "each step, plus the draft model / EAGLE-3 head given with --draft-model / --spec-model; "
+                            "none = plain decoding")
+    else:
+        p.set_defaults(spec_type=None)
     g.add_argument("--spec-min-acceptance", type=float, default=SpecConfig.min_acceptance,
                    help="pause speculation while a sequence's recent per-token acceptance is below this "
                         "(re-probed with growing back-off)")
@@ -89,7 +94,9 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "file exists and written at exit (llama.cpp's lookup cache format)")
     g.add_argument("--spec-ngram-cache-static", default=None, metavar="PATH",
                    help="ngram-cache: read-only n-gram counts, e.g. of a corpus (llama.cpp's --lookup-cache-static)")
-    g.add_argument("--draft-model", default=None, help="draft model for --spec-type draft-model")
+    g.add_argument("--draft-model", default=None,
+                   help="draft model for --spec-type draft-model (bench: adds method draft-model and the "
+                        "transformers assistant_model peer)")
     g.add_argument("--spec-draft-vocab", default=SpecConfig.draft_vocab, choices=DRAFT_VOCAB_METHODS,
                    help="a --draft-model with another tokenizer drafts by tli (token-level intersection: "
                         "only its tokens with an exact twin in the target's vocabulary), slem (string-level "
@@ -125,12 +132,15 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "raises --spec-draft-n-max to match unless that is given)")
 
 
-def spec_from_args(args: argparse.Namespace) -> SpecConfig:
+def spec_from_args(args: argparse.Namespace, types: tuple[SpecType, ...] | None = None) -> SpecConfig:
+    """The SpecConfig of ``add_spec_args``' flags; UsageError (one line) on a bad value.
+
+    ``types``: the methods, for a command that picks them itself (bench: all its methods', so each
+    flag is checked against them); None = --spec-type, or the default types without it."""
     try:
-        types = DEFAULT_SPEC_TYPES if args.spec_type is None else parse_spec_types(args.spec_type)
+        if types is None:
+            types = DEFAULT_SPEC_TYPES if args.spec_type is None else parse_spec_types(args.spec_type)
         num_draft = args.spec_num_draft_tokens or SpecConfig.num_draft_tokens
-        if args.spec_parallel_drafting and not {SpecType.EAGLE3, SpecType.ADAPTIVE} & set(types):
-            raise ValueError("--spec-parallel-drafting drafts with an EAGLE-3 head: it needs --spec-type eagle3")
         layers = args.spec_layerskip_layers
         n_max = args.spec_draft_n_max or (
             max(num_draft, SpecConfig.draft_n_max) if SpecType.EAGLE3 in types else SpecConfig.draft_n_max

@@ -189,6 +189,8 @@ class SpecType(str, enum.Enum):
     ADAPTIVE = "adaptive"
 
 
+# The methods that may draft with an EAGLE-3 head (adaptive: when one is given), so may take --spec-parallel-drafting
+HEAD_DRAFTING_TYPES = frozenset({SpecType.EAGLE3, SpecType.ADAPTIVE})
 DEFAULT_SPEC_TYPES = (SpecType.ADAPTIVE,)  # what `specdec serve`, `generate` and LLM draft with unless told
 
 
@@ -266,7 +268,7 @@ class SpecConfig:
     num_draft_tokens: int = 7
     # --spec-parallel-drafting (vLLM's "parallel_drafting"): a P-EAGLE head drafts all its K positions in
     # one pass (``specdec train eagle3 --parallel K``); the tree is at most min(K, num_steps) deep. Other
-    # drafters ignore it (a bench's methods share one SpecConfig)
+    # drafters ignore it; a config without a head-drafting type refuses it (``with_types`` drops it)
     parallel_drafting: bool = False
     # draft-layerskip: the layers the draft skips (None = searched on the fly, ``layerskip.SkipSearch``)
     # or, with layerskip_exit = E, the first E layers only (early exit: LayerSkip checkpoints)
@@ -319,6 +321,17 @@ class SpecConfig:
             raise ValueError(f"--spec-layerskip-layers needs layer indices >= 0, got {self.layerskip_layers}")
         if self.layerskip_exit is not None and self.layerskip_exit < 1:
             raise ValueError(f"--spec-layerskip-exit must be >= 1, got {self.layerskip_exit}")
+        # The one check of the flag against the methods (the CLI, the server's --speculative-config and
+        # the bench all build a SpecConfig); whether the head was trained for it: eagle_checkpoint.check_parallel
+        if self.parallel_drafting and not HEAD_DRAFTING_TYPES & set(self.types):
+            raise ValueError("--spec-parallel-drafting drafts with an EAGLE-3 head: it needs --spec-type eagle3 "
+                             "(or adaptive with --spec-model)")
+
+    def with_types(self, types: tuple[SpecType, ...]) -> SpecConfig:
+        """These settings drafting with ``types`` (a bench's methods share one config): the P-EAGLE flag
+        kept only where an EAGLE-3 head drafts, as the other drafters ignore it."""
+        parallel = self.parallel_drafting and bool(HEAD_DRAFTING_TYPES & set(types))
+        return replace(self, types=types, parallel_drafting=parallel)
 
     @property
     def enabled(self) -> bool:

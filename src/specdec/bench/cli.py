@@ -18,10 +18,17 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from specdec.bench.config import DEFAULT_METHODS, HEAD_METHODS, PASS_WIDTHS, PEER_NAMES, BenchConfig, parse_methods
+from specdec.bench.config import (
+    DEFAULT_METHODS,
+    HEAD_METHODS,
+    PASS_WIDTHS,
+    PEER_NAMES,
+    BenchConfig,
+    methods_types,
+    parse_methods,
+)
 from specdec.bench.workloads import WORKLOAD_NAMES, load_workload, load_workload_file
-from specdec.cli_args import add_model_args, positive_int
-from specdec.config import DRAFT_VOCAB_METHODS, SpecConfig, parse_layer_list
+from specdec.cli_args import add_model_args, add_spec_args, positive_int, spec_from_args
 from specdec.errors import UsageError
 
 # --quick: a few prompts per workload, batch 1, greedy (creative keeps its temperature):
@@ -99,27 +106,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
     p.add_argument("--quick", action="store_true", help="a few prompts per workload; minutes, not hours")
     p.add_argument("--usd-per-hour", type=float, default=1.0, help="machine price for cost per M tokens")
-    p.add_argument("--draft-model", default=None, help="draft model: adds method draft-model and the "
-                                                       "transformers assistant_model peer")
-    p.add_argument("--spec-draft-n-max", type=positive_int, default=SpecConfig.draft_n_max,
-                   help="most drafted tokens per step, every method")
-    p.add_argument("--spec-draft-p-split", type=float, nargs="?", const=0.1, default=None, metavar="P",
-                   help="the draft model drafts trees, branching where a later candidate's probability is above P "
-                        "(alone: 0.1, llama.cpp's default); off unless given")
-    p.add_argument("--spec-draft-branches", type=positive_int, default=SpecConfig.draft_branches,
-                   help="most branches of a --spec-draft-p-split tree, the main chain counted")
-    p.add_argument("--spec-draft-vocab", default=SpecConfig.draft_vocab, choices=DRAFT_VOCAB_METHODS,
-                   help="how a --draft-model with another tokenizer drafts: tli, slem or auto")
-    p.add_argument("--spec-model", default=None, help="EAGLE-3 head for the eagle3 methods (none ships)")
-    p.add_argument("--spec-eagle-topk", type=positive_int, default=SpecConfig.eagle_topk)
-    p.add_argument("--spec-num-steps", type=positive_int, default=SpecConfig.num_steps)
-    p.add_argument("--spec-num-draft-tokens", type=positive_int, default=SpecConfig.num_draft_tokens)
-    p.add_argument("--spec-parallel-drafting", action="store_true",
-                   help="eagle3 methods draft with a P-EAGLE head's K positions in one pass")
-    p.add_argument("--spec-layerskip-layers", default=None, metavar="auto|LIST",
-                   help="draft-layerskip: the layers skipped (default auto: searched; a LIST pins them)")
-    p.add_argument("--spec-layerskip-exit", type=positive_int, default=None, metavar="E",
-                   help="draft-layerskip: draft with the first E layers (early exit)")
+    add_spec_args(p, with_type=False)  # every drafter setting, as generate and serve take them
     p.add_argument("--seed", type=int, default=0, help="base seed of sampled runs")
     p.add_argument("--ignore-eos", action="store_true",
                    help="every answer runs to --max-new-tokens (equal lengths: sampled cells compare fairly)")
@@ -130,20 +117,11 @@ def config_from_args(args: argparse.Namespace, argv: list[str] | None = None) ->
     preset = QUICK if args.quick else FULL
     pick = lambda name: preset[name] if getattr(args, name) is None else getattr(args, name)
     try:
-        base = SpecConfig(draft_n_max=args.spec_draft_n_max, draft_model=args.draft_model,
-                          draft_vocab=args.spec_draft_vocab, draft_p_split=args.spec_draft_p_split,
-                          draft_branches=args.spec_draft_branches,
-                          spec_model=args.spec_model, eagle_topk=args.spec_eagle_topk,
-                          num_steps=args.spec_num_steps, num_draft_tokens=args.spec_num_draft_tokens,
-                          parallel_drafting=args.spec_parallel_drafting,
-                          layerskip_layers=None if args.spec_layerskip_layers is None
-                          else parse_layer_list(args.spec_layerskip_layers),
-                          layerskip_exit=args.spec_layerskip_exit,
-                          adaptive_layerskip=args.spec_layerskip_layers is not None
-                          or args.spec_layerskip_exit is not None)
         defaults = DEFAULT_METHODS + (HEAD_METHODS if args.spec_model else ())
         text = args.methods or ",".join(defaults)
         text += ",draft-model" if args.draft_model and "draft-model" not in text else ""
+        # the flags checked against every method's types at once (eagle3's n-max rule included)
+        base = spec_from_args(args, types=methods_types(text))
         methods = parse_methods(text, base)
         if args.workloads is None and args.workload_file:
             names = []
@@ -167,7 +145,7 @@ def config_from_args(args: argparse.Namespace, argv: list[str] | None = None) ->
         temperatures=pick("temperatures"), max_new_tokens=pick("max_new_tokens"), limit=limit,
         ignore_eos=args.ignore_eos,
         max_turns=max_turns, peers=peers, out=Path(args.out), quick=args.quick, usd_per_hour=args.usd_per_hour,
-        draft_model=args.draft_model, draft_n_max=args.spec_draft_n_max, seed=args.seed,
+        draft_model=args.draft_model, draft_n_max=base.draft_n_max, seed=args.seed,
         peer_threads=args.peer_threads, oracle=not args.no_oracle, command=command_line(argv),
     )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.bench.workloads import Workload
@@ -42,8 +42,16 @@ def parse_methods(text: str, base: SpecConfig) -> list[Method]:
         types = parse_spec_types(name.replace("+", ","))
         if SpecType.DRAFT_MODEL in types and not base.draft_model:
             raise ValueError(f"method {name} needs --draft-model")
-        methods.append(Method(name, replace(base, types=types)))
+        methods.append(Method(name, base.with_types(types)))
     return methods
+
+
+def methods_types(text: str) -> tuple[SpecType, ...]:
+    """Every spec type the --methods list names (plain decoding alone when it names none): what the
+    shared flags are checked against."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    types = dict.fromkeys(t for n in names for t in parse_spec_types(n.replace("+", ",")) if t is not SpecType.NONE)
+    return tuple(types) or (SpecType.NONE,)
 
 
 @dataclass

@@ -30,6 +30,7 @@ import torch
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters.base import EMPTY, Drafter, DraftProposal
 from specdec.drafters.dynamic_tree import DraftNode, build_tree, greedy_children, sampled_children
+from specdec.model.eagle_checkpoint import check_parallel
 from specdec.model.eagle_head import EagleHead, HeadCache
 from specdec.runners.base import ModelRunner
 from specdec.sampling import make_generator, probs_from_logits
@@ -42,8 +43,7 @@ class EagleDrafter(Drafter):
                  num_draft_tokens: int = 7, parallel: bool = False) -> None:
         if min(topk, num_steps, num_draft_tokens) < 1:
             raise ValueError("eagle3 needs topk, num_steps and num_draft_tokens >= 1")
-        if parallel and not head.config.parallel_tokens:
-            raise ValueError("parallel drafting needs a head trained for it (specdec train eagle3 --parallel K)")
+        check_parallel(head, parallel)
         self.head, self.target = head, target
         # parallel: the K drafted positions of one pass (the tree is at most that deep); else 0
         self.num_parallel = head.config.parallel_tokens if parallel else 0

@@ -111,9 +111,6 @@ def spec_from_vllm_config(text: str) -> tuple[SpecConfig, int | None]:
         if not isinstance(cfg["parallel_drafting"], bool):
             raise ValueError(f"--speculative-config parallel_drafting must be true or false, got "
                              f"{cfg['parallel_drafting']!r}")
-        if cfg["parallel_drafting"] and kind not in (SpecType.EAGLE3, SpecType.ADAPTIVE):
-            raise ValueError('--speculative-config "parallel_drafting" drafts with an EAGLE-3 head: it needs '
-                             '"method": "eagle3"')
         changes["parallel_drafting"] = cfg["parallel_drafting"]
     known = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
              "disable_by_batch_size", "parallel_drafting"}
