@@ -20,7 +20,7 @@ from specdec.model.eagle_head import EagleHead, EagleHeadConfig
 from specdec.runners.load import load_runner
 from specdec.text import load_tokenizer
 from specdec.train.mtp import MtpIO, new_mtp_head
-from specdec.train.run import init_from_target
+from specdec.train.recipes import init_from_target
 
 
 def main() -> None:

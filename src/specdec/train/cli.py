@@ -42,6 +42,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     m = sub.add_parser("mtp", help="train a multi-token-prediction module for a target that has none "
                                    "(--spec-type draft-mtp --spec-model DIR)")
     _add_common(m, "the module")
+    m.set_defaults(train_lm_head=False)  # its LM head is the target's, frozen and never stored
 
 
 def _add_common(e: argparse.ArgumentParser, what: str) -> None:
