@@ -186,6 +186,18 @@ def test_browser_playground_and_dashboard(web, page):
     assert second.locator("[data-stat=acceptance] b").inner_text() != "–"
     assert "target" in second.locator("[data-stat=mix]").inner_text()
 
+    # Compare: the answer decoded again without drafting; greedy, so the texts agree, and the
+    # speedup is the plain decode time over the speculative one
+    page.check("#compare")
+    page.fill("#prompt", LOOPING_PROMPT)
+    page.click("#send")
+    third = answers.nth(2)
+    third.locator(".stats.compare").wait_for(timeout=60_000)
+    assert third.locator("[data-stat=same] b").inner_text() == "yes"
+    plain_s, spec_s = (float(t.split()[0]) for t in third.locator("[data-stat=decode] b").inner_text().split("→"))
+    speedup = float(third.locator("[data-stat=speedup] b").inner_text().rstrip("×"))
+    assert speedup == pytest.approx(plain_s / spec_s, rel=0.25)  # of the two rounded times
+
     page.goto(url + "/dashboard")
     page.wait_for_function("Number(document.body.dataset.updates || 0) >= 1", timeout=20_000)
     updates = int(page.locator("#chart-tps").get_attribute("data-updates"))

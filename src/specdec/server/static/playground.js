@@ -47,6 +47,7 @@ class AnswerView {
     this.text = "";
     this.byOrigin = new Map();
     this.rejectedAt = new Map(); // token index -> [{text, drafter}] shown just before that token
+    this.firstTokenAt = null; // performance.now() of the first tokens: decoding is timed from there
   }
 
   addSteps(steps) {
@@ -57,6 +58,7 @@ class AnswerView {
   }
 
   addTokens(tokens, origins) {
+    if (this.firstTokenAt === null && tokens.length) this.firstTokenAt = performance.now();
     tokens.forEach((piece, i) => {
       const origin = origins[i] ?? TARGET;
       const index = this.count++;
@@ -110,6 +112,23 @@ class AnswerView {
     this.node.append(stats);
   }
 
+  // The same request decoded plainly: its decode time against this answer's, the prefill (time to
+  // the first token) beside it, and whether the texts agree (at temperature 0 they must).
+  addComparison(plain, decodeSeconds, firstSeconds) {
+    const line = el("div", { class: "stats compare" });
+    const item = (name, value, key) => {
+      const span = el("span", { "data-stat": key });
+      span.append(document.createTextNode(`${name} `), el("b", {}, value));
+      line.append(span);
+    };
+    const speedup = decodeSeconds > 0 ? plain.decodeSeconds / decodeSeconds : 0;
+    item("speedup vs plain (decode)", `${speedup.toFixed(2)}×`, "speedup");
+    item("decode", `${plain.decodeSeconds.toFixed(2)} s → ${decodeSeconds.toFixed(2)} s`, "decode");
+    item("first token", `${plain.firstSeconds.toFixed(2)} s / ${firstSeconds.toFixed(2)} s`, "first");
+    item("same text", plain.text === this.text ? "yes" : "no", "same");
+    this.node.append(line);
+  }
+
   error(message) {
     this.node.classList.add("error");
     this.node.append(el("div", { class: "stats" }, message));
@@ -134,6 +153,28 @@ function requestBody() {
   return body;
 }
 
+// One request streamed to its end without showing it: its text, time to first token and decode time.
+async function timedRun(body, signal) {
+  const started = performance.now();
+  const response = await fetch("/v1/chat/completions", {
+    method: "POST",
+    headers: { "Content-Type": "application/json", ...authHeaders() },
+    body: JSON.stringify(body),
+    signal,
+  });
+  if (!response.ok) throw new Error(`${response.status} ${response.statusText}`);
+  let text = "", first = null;
+  for await (const data of sseEvents(response)) {
+    if (data.error) throw new Error(data.error.message);
+    const tokens = data.spec_decode?.tokens || [];
+    if (first === null && tokens.length) first = performance.now();
+    text += tokens.join("");
+  }
+  const end = performance.now();
+  first ??= end;
+  return { text, firstSeconds: (first - started) / 1000, decodeSeconds: (end - first) / 1000 };
+}
+
 async function send(text) {
   state.history.push({ role: "user", content: text });
   addMessage("user", text);
@@ -142,11 +183,12 @@ async function send(text) {
   setBusy(true);
   const started = performance.now();
   let spec = null, usage = null;
+  const body = requestBody();
   try {
     const response = await fetch("/v1/chat/completions", {
       method: "POST",
       headers: { "Content-Type": "application/json", ...authHeaders() },
-      body: JSON.stringify(requestBody()),
+      body: JSON.stringify(body),
       signal: state.controller.signal,
     });
     if (!response.ok) {
@@ -161,8 +203,19 @@ async function send(text) {
       if (sd.drafted !== undefined) spec = sd;
       if (data.usage) usage = data.usage;
     }
-    view.finish(spec, usage, (performance.now() - started) / 1000);
+    const ended = performance.now();
+    view.finish(spec, usage, (ended - started) / 1000);
     state.history.push({ role: "assistant", content: view.text });
+    if ($("#compare").checked && body.spec_decode_drafter !== "none") {
+      const first = view.firstTokenAt ?? ended;
+      try {  // its own errors: the answer above is kept either way
+        const plain = await timedRun({ ...body, spec_decode_drafter: "none", spec_decode_detail: false },
+                                     state.controller.signal);
+        view.addComparison(plain, (ended - first) / 1000, (first - started) / 1000);
+      } catch (err) {
+        if (err.name !== "AbortError") view.error(`plain decoding run: ${err.message}`);
+      }
+    }
   } catch (err) {
     if (err.name === "AbortError") {
       view.finish(spec, null, (performance.now() - started) / 1000);
