@@ -123,7 +123,7 @@ def test_greedy_identity_on_the_default_model(smol, tmp_path):
     engine = Engine(smol.runner, draft_n_max=8, plan_drafts=False)
     prompts = {name: smol.chat_prompt([{"role": "user", "content": REAL_PROMPTS[name]}])
                for name in ("repetitive", "open", "code-edit")}
-    plain = {name: run(engine, p, greedy(32), None).output_ids for name, p in prompts.items()}
+    plain = {name: run(engine, p, greedy(24), None).output_ids for name, p in prompts.items()}
     docs = corpus_documents(smol.tokenizer, ("pydoc",), 200_000)
     docs += [plain["open"], plain["code-edit"]]
     path = store_file(tmp_path, docs, tokenizer_identity(smol.tokenizer))
@@ -131,7 +131,7 @@ def test_greedy_identity_on_the_default_model(smol, tmp_path):
                                smol.runner, smol.tokenizer)
     accepted = {}
     for name, prompt in prompts.items():
-        seq = run(engine, prompt, greedy(32), resources.new_drafter())
+        seq = run(engine, prompt, greedy(24), resources.new_drafter())
         assert seq.output_ids == plain[name], f"retrieval diverged on {name}"
         accepted[name] = (seq.stats.drafted, seq.stats.accepted)
     assert all(d > 0 and a > 0 for d, a in (accepted["open"], accepted["code-edit"])), accepted

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from specdec.config import SpecConfig, SpecType
+from specdec.datastore import Datastore, tokenizer_identity
 from specdec.drafters import registry
 from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.drafters.frequent_vocab import DraftVocab, frequent_tokens, restrict_draft_vocab, special_ids
+from specdec.drafters.frequent_vocab import DraftVocab, frequent_tokens, restrict_draft_vocab, special_ids, store_counts
 from specdec.drafters.registry import DraftResources
 from specdec.engine import Engine
 from specdec.errors import ModelLoadError
@@ -100,6 +101,22 @@ def test_greedy_identity_tiny_target_drafting_for_itself_from_a_subset(tiny, tin
         assert any(t not in set(vocab.ids.tolist()) for t in plain)  # tokens the draft cannot propose
 
 
+def test_a_datastore_ranks_the_draft_vocabulary(tiny, tiny_llama, tmp_path):
+    """--spec-datastore given: its documents (here the model's own answer) rank the tokens, not the corpus."""
+    engine = Engine(tiny.runner, draft_n_max=5, plan_drafts=False)
+    prompt = [5, 6, 7, 8] * 4
+    plain = run(engine, prompt, greedy(32), None).output_ids
+    store = Datastore.build([plain * 3], tokenizer_identity(tiny.tokenizer))
+    assert store_counts(store, tiny.runner.vocab_size)[plain[0]] >= 3
+    store.save(tmp_path / "answers.npz")
+    spec = SpecConfig(types=(SpecType.DRAFT_MODEL,), draft_n_max=5, draft_model=str(tiny_llama), draft_vocab_size=64,
+                      datastore=str(tmp_path / "answers.npz"))
+    resources = DraftResources(spec, tiny.runner, tiny.tokenizer)
+    assert set(plain) <= set(resources.draft_vocab.ids.tolist())
+    seq = run(engine, prompt, greedy(32), resources.new_drafter())
+    assert seq.output_ids == plain and seq.stats.accepted > 0
+
+
 def test_prompt_tail_bounds_what_the_draft_reads(tiny, tiny_llama):
     draft, _ = load_runner(str(tiny_llama), max_seq_len=512)
     engine = Engine(tiny.runner, draft_n_max=4, plan_drafts=False)
@@ -135,10 +152,10 @@ def test_greedy_identity_default_model_with_a_reduced_draft_head(smol, monkeypat
     resources = DraftResources(spec, smol.runner, smol.tokenizer)
     assert resources.draft_runner.vocab_size == 8192 and resources.draft_vocab.size == smol.runner.vocab_size
     assert special_ids(smol.tokenizer, smol.runner.eos_token_ids) <= set(resources.draft_vocab.ids.tolist())
-    engine = Engine(smol.runner, draft_n_max=6, plan_drafts=False)
+    engine = Engine(smol.runner, draft_n_max=4, plan_drafts=False)
     prompt = smol.chat_prompt([{"role": "user", "content": REAL_PROMPTS["open"]}])
-    plain = run(engine, prompt, greedy(24), None).output_ids
-    seq = run(engine, prompt, greedy(24), resources.new_drafter())
+    plain = run(engine, prompt, greedy(16), None).output_ids
+    seq = run(engine, prompt, greedy(16), resources.new_drafter())
     assert seq.output_ids == plain
     assert seq.stats.drafted > 0 and seq.stats.accepted > seq.stats.drafted // 3, seq.stats
     with pytest.raises(ModelLoadError, match="target's tokenizer"):

@@ -10,7 +10,8 @@ whole vocabulary, so a token outside the subset can still be the recovered or bo
 output stays exactly the target's whatever N is; N only moves acceptance and draft cost.
 
 Ranks: token counts of an offline corpus (``corpus.SOURCES``) under the target's tokenizer,
-computed once per tokenizer and cached at ``$SPECDEC_CACHE/vocab-counts/<sha256>.npy``. The
+computed once per tokenizer and cached at ``$SPECDEC_CACHE/vocab-counts/<sha256>.npy``, or of a
+retrieval datastore's documents when one is given (``--spec-datastore``: say the model's answers). The
 tokenizer's special tokens (EOS, the chat markers) are always kept: plain text never counts
 them, and a draft that cannot end a turn is rejected at every turn's end.
 """
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 
 from specdec.corpus import SOURCES, corpus_documents
-from specdec.datastore import tokenizer_identity
+from specdec.datastore import Datastore, tokenizer_identity
 from specdec.errors import ModelLoadError
 from specdec.log import get_logger
 from specdec.model.weights import cache_root
@@ -50,7 +51,9 @@ class DraftVocab:
 
 
 def frequent_tokens(counts: np.ndarray, n: int, keep: Iterable[int] = ()) -> np.ndarray:
-    """The ``n`` token ids to draft from, ascending: ``keep`` first, then the most counted (ties: lower id).
+    """The ``n`` token ids to draft from, ascending: ``keep`` first, then the most counted. Ties, and the
+    tokens a corpus never shows, go to the lower id: a BPE vocabulary's merge order, itself a frequency
+    rank of the tokenizer's own training text.
 
     Example: counts [5, 0, 9, 1, 3], n 3, keep [1] -> 1 kept, then 2 (9) and 0 (5): [0, 1, 2].
     """
@@ -86,6 +89,12 @@ def vocab_counts(tokenizer, vocab_size: int, max_tokens: int = COUNT_TOKENS) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     np.save(path, counts)
     return counts
+
+
+def store_counts(store: Datastore, vocab_size: int) -> np.ndarray:
+    """[vocab_size] counts of each token in a retrieval datastore (its documents, not its separators)."""
+    tokens = store.tokens[store.tokens >= 0]
+    return np.bincount(tokens, minlength=vocab_size)[:vocab_size].astype(np.int64)
 
 
 def restrict_draft_vocab(runner: ModelRunner, n: int, counts: np.ndarray, keep: Iterable[int] = ()) -> DraftVocab:

@@ -13,7 +13,7 @@ from specdec.drafters.cross_vocab import CrossVocab, CrossVocabDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_self import DraftSelfDrafter
 from specdec.drafters.eagle import EagleDrafter
-from specdec.drafters.frequent_vocab import DraftVocab, restrict_draft_vocab, special_ids, vocab_counts
+from specdec.drafters.frequent_vocab import DraftVocab, restrict_draft_vocab, special_ids, store_counts, vocab_counts
 from specdec.drafters.layerskip import LayerSkipDrafter, SkipSearch
 from specdec.drafters.mtp import MtpDrafter
 from specdec.drafters.ngram import NgramDrafter
@@ -225,13 +225,15 @@ def cross_vocab_for(spec: SpecConfig, target: ModelRunner, draft: ModelRunner, t
 def draft_vocab_for(spec: SpecConfig, draft: ModelRunner, tokenizer, target: ModelRunner,
                     cross_vocab: CrossVocab | None) -> DraftVocab | None:
     """--spec-draft-vocab-size N: the draft's LM head cut to the N tokens most frequent in the offline
-    corpus, special tokens kept (``frequent_vocab``); None without the flag."""
+    corpus (or in --spec-datastore's), special tokens kept (``frequent_vocab``); None without the flag."""
     if spec.draft_vocab_size is None:
         return None
     if cross_vocab is not None or tokenizer is None:
         raise ModelLoadError("--spec-draft-vocab-size ranks the target's tokens: it needs a draft model with the "
                              "target's tokenizer (and the tokenizer loaded)")
-    counts = vocab_counts(tokenizer, draft.vocab_size)
+    # a --spec-datastore (say of the model's own answers) ranks the tokens when given; else the offline corpus
+    counts = store_counts(load_datastore(spec.datastore, target, tokenizer), draft.vocab_size) if spec.datastore \
+        else vocab_counts(tokenizer, draft.vocab_size)
     return restrict_draft_vocab(draft, spec.draft_vocab_size, counts, special_ids(tokenizer, target.eos_token_ids))
 
 
