@@ -67,6 +67,10 @@ def cell_record(cell, baseline_tps: float | None, usd_per_hour: float) -> dict:
         "prefill_seconds": round(s.prefill_seconds, 4),
         "decode_tokens_per_s": round(s.new_tokens / (s.seconds - s.prefill_seconds), 3)
         if s.seconds > s.prefill_seconds else None,
+        # a decode step beside its target pass: what the step adds (drafting, verify, bookkeeping)
+        "step_ms": round(1e3 * (s.seconds - s.prefill_seconds) / s.decode_passes, 3) if s.decode_passes else None,
+        "pass_ms": round(1e3 * (s.target_seconds - s.prefill_seconds) / s.decode_passes, 3)
+        if s.decode_passes else None,
         "target_forwards": s.target_forwards,
         "decode_passes": s.decode_passes,
         "tau": round(s.mean_accepted_len, 4) if cell.kind == "specdec" else None,

@@ -36,6 +36,16 @@ enum { X8 = 8, Q4KX8_BYTES = 8 * 148, Q6KX8_BYTES = 8 * 210 };
 #define XROWS 4
 #endif
 
+/* the weights PF_AHEAD bytes on, into L1 while this super-block computes: a 1-row pass streams the
+ * weights and the hardware prefetcher alone keeps too few lines in flight (a prefetch never faults,
+ * so reading past the matrix's end is harmless) */
+#ifndef PF_AHEAD
+#define PF_AHEAD 4096
+#endif
+INLINE void prefetch_ahead(const uint8_t *p, int bytes) {
+    for (int i = 0; i < bytes; i += 64) _mm_prefetch((const char *)(p + PF_AHEAD + i), _MM_HINT_T0);
+}
+
 INLINE __m256i x4_bcast(const int8_t *p) {  /* 4 activation bytes to every lane */
     int32_t v;
     memcpy(&v, p, 4);
@@ -55,6 +65,7 @@ INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = grp + Q4KX8_BYTES * b;
+        prefetch_ahead(blk, Q4KX8_BYTES);
         const __m256 vd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
         const __m256 vm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
         __m256i sumi[XROWS], msum[XROWS];
@@ -98,6 +109,7 @@ INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = grp + Q6KX8_BYTES * b;
+        prefetch_ahead(blk, Q6KX8_BYTES);
         const __m256 vd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
         __m256i sumi[XROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
