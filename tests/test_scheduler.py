@@ -202,3 +202,45 @@ def test_a_request_arriving_mid_speculation_gets_its_first_token_in_one_turn(llm
     assert steps == 2  # its first-token pass, then the batch's step
     assert len(new_events) == 2  # the batch's step in the same turn served it too
     assert [u.step.num_drafted for e in busy_events for u in e.updates] == [4]  # busy kept drafting
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_between_other_requests_steps(tiny_llama, monkeypatch):
+    """A 1300-token prompt joins a running request: it is cached 512 tokens a turn over three turns,
+    and the running request decodes one step in each of them (it waited for the whole prefill
+    before); the long request's greedy output is that of offline generation."""
+    llm = LLM(str(tiny_llama), spec="none", max_model_len=2048, max_num_seqs=2)
+    long_prompt = [1000 + (i * 7) % 3000 for i in range(1300)]
+    want = llm.generate([long_prompt], SamplingParams(max_new_tokens=4))[0].token_ids
+    passes: list[int] = []
+    real_run = llm.runner.run
+
+    def run(inputs, *args, **kwargs):
+        passes.append(sum(len(i.token_ids) for i in inputs))
+        return real_run(inputs, *args, **kwargs)
+
+    monkeypatch.setattr(llm.runner, "run", run)
+    events: list[tuple[str, int]] = []
+
+    async def main():
+        sched = Scheduler(llm.engine, 2, DraftBudget(0))  # not started: driven turn by turn
+        loop = asyncio.get_running_loop()
+        params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+        short = sched.submit("short", [llm.new_sequence(llm.encode("Go on:"), params)], loop)
+        sched.run_turn()  # the short request: prefilled, first token, one step
+        long = sched.submit("long", [llm.new_sequence(long_prompt, SamplingParams(max_new_tokens=4))], loop)
+        passes.clear()
+        for turn in range(3):
+            sched.run_turn()
+            await asyncio.sleep(0)  # deliver the turn's events
+            for name, req in (("short", short), ("long", long)):
+                while not req.queue.empty():
+                    events.append((name, turn))
+                    req.queue.get_nowait()
+        while not long.done:
+            sched.run_turn()
+        return long
+
+    long = asyncio.run(main())
+    assert passes[:2] == [512, 1] and passes[2:4] == [512, 1]  # a chunk, then the short one's step
+    assert sorted({t for name, t in events if name == "short"}) == [0, 1, 2]  # it decoded every turn
+    assert long.seqs[0].output_ids == want

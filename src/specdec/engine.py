@@ -146,10 +146,12 @@ class Engine:
                 f"{self.runner.max_seq_len}; shorten it or raise --max-model-len"
             )
 
-    def start(self, seqs: list[SequenceState]) -> float:
+    def start(self, seqs: list[SequenceState], prefill: bool = True) -> float:
         """Allocate cache slots and prefill every prompt but its last token (the first root).
 
-        Returns the seconds of the prefill pass (0.0 when no prompt needed one).
+        Returns the seconds of the prefill passes (0.0 when no prompt needed one). ``prefill=False``:
+        only the slots and state; the caller prefills in steps of its choosing (``prefill``), as the
+        server does to interleave a long prompt with other requests' decoding.
         """
         for seq in seqs:
             self.check_prompt(seq.prompt_ids)
@@ -165,18 +167,33 @@ class Engine:
                 seq.prompt_logprobs = [None]
             if seq.params.max_new_tokens == 0:  # scoring a prompt (echo, max_tokens 0): the prefill is all
                 seq.finish_reason = "length"
-        todo = [s for s in seqs if len(s.prompt_ids) > 1]
-        plain = [s for s in todo if s.prompt_logprobs is None]
-        seconds = self._prefill(plain, [SeqInput(s.slot, s.prompt_ids[:-1], all_logits=False) for s in plain])
-        for s in todo:
-            if s.prompt_logprobs is None:
-                continue
-            # Scored prompts run in chunks: each pass's logits [chunk, V] are ranked and dropped,
-            # so memory stays bounded at any prompt length and n (fused rows: the same bits).
-            context = s.prompt_ids[:-1]
-            for start in range(0, len(context), PROMPT_LOGPROB_ROWS):
-                seconds += self._prefill([s], [SeqInput(s.slot, context[start : start + PROMPT_LOGPROB_ROWS])], start)
+        seconds = 0.0
+        while prefill and not all(self.prefilled(s) for s in seqs):
+            seconds += self.prefill(seqs)
         return seconds
+
+    def prefilled(self, seq: SequenceState) -> bool:
+        """Every prompt token but the last is in the cache."""
+        return self.runner.lengths[seq.slot] >= len(seq.prompt_ids) - 1
+
+    def prefill(self, seqs: list[SequenceState], max_tokens: int | None = None) -> float:
+        """Cache the next prompt tokens of each sequence not yet prefilled: all the rest in one pass
+        (``max_tokens`` None) or at most ``max_tokens``. A sequence scoring its prompt runs in
+        PROMPT_LOGPROB_ROWS chunks: each pass's logits [chunk, V] are ranked and dropped, so memory
+        stays bounded at any prompt length and n (fused rows: the same bits). Returns the seconds."""
+        todo = [s for s in seqs if not self.prefilled(s)]
+        plain = [s for s in todo if s.prompt_logprobs is None]
+        seconds = self._prefill(plain, [self._next_chunk(s, max_tokens, all_logits=False) for s in plain])
+        for s in todo:
+            if s.prompt_logprobs is not None:
+                rows = PROMPT_LOGPROB_ROWS if max_tokens is None else min(max_tokens, PROMPT_LOGPROB_ROWS)
+                seconds += self._prefill([s], [self._next_chunk(s, rows)], self.runner.lengths[s.slot])
+        return seconds
+
+    def _next_chunk(self, seq: SequenceState, max_tokens: int | None, all_logits: bool = True) -> SeqInput:
+        start = self.runner.lengths[seq.slot]
+        end = len(seq.prompt_ids) - 1 if max_tokens is None else min(start + max_tokens, len(seq.prompt_ids) - 1)
+        return SeqInput(seq.slot, seq.prompt_ids[start:end], all_logits=all_logits)
 
     def _prefill(self, seqs: list[SequenceState], inputs: list[SeqInput], start: int = 0) -> float:
         """One prefill pass of ``inputs`` (one per sequence); with all logits, the prompt logprobs

@@ -3,11 +3,14 @@
 Requests join and leave between steps. Each turn of the loop
 
 1. drops cancelled requests (the client left), freeing their KV cache slots;
-2. admits waiting requests, first come first served, while slots are free; each
-   is prefilled (``engine.start``) and at once gets its first token from a pass
-   of its own sequences without drafts, so time to first token never includes a
-   verify pass of the running batch (vLLM and SGLang likewise emit the first
-   token with the prefill);
+2. admits waiting requests, first come first served, while slots are free, and
+   prefills up to PREFILL_TOKENS_PER_TURN prompt tokens (``engine.prefill``): a
+   longer prompt is cached over several turns, with the running requests' decode
+   step between them, so it never stalls them for its whole prefill. A request
+   whose prompt is cached at once gets its first token from a pass of its own
+   sequences without drafts, so time to first token never includes a verify pass
+   of the running batch (vLLM and SGLang likewise emit the first token with the
+   prefill);
 3. caps the step's drafting with the user's ``DraftBudget`` and runs one ``engine.step``
    over every running sequence (the engine plans the drafts from the batch's pass cost):
    each sequence keeps its own number of accepted tokens;
@@ -40,6 +43,12 @@ from specdec.server.guards import GuardedDrafter, GuardedProcessors, guard_stop
 from specdec.stats import SpecStats
 
 logger = get_logger(__name__)
+
+
+# Prompt tokens prefilled per turn of the loop, over all requests: a longer prompt is cached over
+# several turns, the running requests decoding between them (a float prompt of up to this many
+# tokens still runs as one pass, as offline).
+PREFILL_TOKENS_PER_TURN = 512
 
 
 class QueueFullError(Exception):
@@ -121,6 +130,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
+        self._prefilling: list[Request] = []  # running requests whose prompts are not all cached yet
         self._num_running_seqs = 0
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -224,8 +234,10 @@ class Scheduler:
         try:
             for req in admitted:
                 self._start(req)
-            if self._running:
-                self._step(list(self._running))
+            self._prefill_turn()
+            decoding = [r for r in self._running if r not in self._prefilling]
+            if decoding:
+                self._step(decoding)
             self._publish_state()
         except Exception as exc:  # noqa: BLE001 - a bug here must not leave every client hanging
             logger.exception("scheduler turn failed")
@@ -257,12 +269,38 @@ class Scheduler:
 
     # -- engine work (scheduler thread only) --------------------------------------------------
     def _start(self, req: Request) -> None:
+        """Slots and per-sequence state; the prompt is prefilled by ``_prefill_turn``, turn by turn."""
         try:
-            self.engine.start(req.seqs)
-        except Exception as exc:  # noqa: BLE001 - one request's prefill failed; the rest go on
-            logger.exception("prefill failed for request %s", req.id)
+            self.engine.start(req.seqs, prefill=False)
+        except Exception as exc:  # noqa: BLE001 - one request's start failed; the rest go on
+            logger.exception("start failed for request %s", req.id)
             self._fail(req, f"prefill failed: {type(exc).__name__}: {exc}")
             return
+        self._prefilling.append(req)
+
+    def _prefill_turn(self) -> None:
+        """Prefill up to PREFILL_TOKENS_PER_TURN prompt tokens, first come first served: a long
+        prompt takes several turns, each followed by the running requests' decode step, so it
+        delays them by one chunk's pass at a time instead of its whole prefill."""
+        budget = PREFILL_TOKENS_PER_TURN
+        for req in list(self._prefilling):
+            if budget <= 0:
+                break
+            before = sum(self.engine.runner.lengths[s.slot] for s in req.seqs)
+            try:
+                self.engine.prefill(req.seqs, budget)
+            except Exception as exc:  # noqa: BLE001 - one request's prefill failed; the rest go on
+                logger.exception("prefill failed for request %s", req.id)
+                self._prefilling.remove(req)
+                self._fail(req, f"prefill failed: {type(exc).__name__}: {exc}")
+                continue
+            budget -= sum(self.engine.runner.lengths[s.slot] for s in req.seqs) - before
+            if all(self.engine.prefilled(s) for s in req.seqs):
+                self._prefilling.remove(req)
+                self._ready(req)
+
+    def _ready(self, req: Request) -> None:
+        """A request whose prompts are cached: its first token now (or, scoring only, its answer)."""
         if req.error is not None:
             self._fail(req, req.error)
             return
@@ -356,6 +394,8 @@ class Scheduler:
         with self._cond:
             if req in self._running:
                 self._running.remove(req)
+            if req in self._prefilling:
+                self._prefilling.remove(req)
 
     def _fail(self, req: Request, message: str, status: int = 500) -> None:
         if req in self._running:
