@@ -20,10 +20,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specdec.config import SamplingParams
+from specdec.drafters.heads import load_mtp_head
 from specdec.errors import ModelLoadError
 from specdec.llm import LLM
 from specdec.model.eagle_head import HeadCache
-from specdec.model.mtp_checkpoint import check_supported, load_mtp_head, read_mtp_weights
+from specdec.model.mtp_checkpoint import check_supported, read_mtp_weights
 from specdec.model.weights import read_model_config
 from specdec.runners.base import SeqInput
 from specdec.runners.load import load_runner

@@ -15,10 +15,10 @@ import torch
 from safetensors import safe_open
 
 from specdec.config import SamplingParams, SpecConfig, SpecType
+from specdec.drafters.heads import load_mtp_head
 from specdec.drafters.registry import DraftResources
 from specdec.errors import ModelLoadError
 from specdec.llm import LLM
-from specdec.model.mtp_checkpoint import load_mtp_head
 from specdec.server.cli import spec_from_vllm_config
 from specdec.train.data import SampleStore
 from specdec.train.mtp import checkpoint_names

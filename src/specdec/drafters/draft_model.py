@@ -83,7 +83,7 @@ class DraftModelDrafter(Drafter):
         ids its restricted head scores (``frequent_vocab.restrict_draft_vocab``), None for the whole vocabulary."""
         if runner is None:
             raise ValueError("draft-model needs a loaded draft model runner (see DraftResources)")
-        trees = target is None or getattr(target, "supports_trees", False)
+        trees = target is None or target.supports_trees
         return cls(runner, p_min=spec.draft_p_min, p_split=spec.draft_p_split if trees else None,
                    branches=spec.draft_branches, vocab=vocab, prompt_tail=spec.draft_prompt_tail)
 

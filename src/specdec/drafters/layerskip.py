@@ -175,7 +175,7 @@ class SkipSearch:
 def layer_share(target: ModelRunner) -> float:
     """One decoder layer's share of the weights a pass reads (from the shapes: its q/k/v/o and MLP
     matrices against the layers' and the LM head's); 1 / num_layers when the shapes are unknown."""
-    c = getattr(target, "config", None)
+    c = target.config
     if c is None:
         return 1.0 / target.num_layers
     attn = c.hidden_size * (2 * c.num_heads + 2 * c.num_kv_heads) * c.head_dim

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 from specdec.config import SpecConfig, SpecType
 from specdec.datastore import Datastore, tokenizer_identity
@@ -14,6 +13,7 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_self import DraftSelfDrafter
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.frequent_vocab import DraftVocab, restrict_draft_vocab, special_ids, store_counts, vocab_counts
+from specdec.drafters.heads import load_eagle_head, load_mtp_head
 from specdec.drafters.layerskip import LayerSkipDrafter, SkipSearch
 from specdec.drafters.mtp import MtpDrafter
 from specdec.drafters.ngram import NgramDrafter
@@ -26,9 +26,6 @@ from specdec.drafters.suffix import SuffixCache, SuffixDrafter
 from specdec.drafters.vocab_map import VocabMap
 from specdec.errors import ModelLoadError
 from specdec.log import get_logger
-from specdec.model.eagle_checkpoint import check_parallel, check_target, load_head
-from specdec.model.eagle_head import EagleHead
-from specdec.model.mtp_checkpoint import load_mtp_head
 from specdec.runners.base import ModelRunner
 from specdec.runners.load import load_runner
 from specdec.text import load_tokenizer
@@ -150,7 +147,7 @@ class DraftResources:
                                                      vocab=self.draft_vocab)
             case SpecType.RETRIEVAL:
                 return RetrievalDrafter.from_config(spec, store=self.datastore,
-                                                    tree=getattr(self.target, "supports_trees", False))
+                                                    tree=self.target is not None and self.target.supports_trees)
             case SpecType.EAGLE3:
                 return EagleDrafter.from_config(spec, head=self.eagle_head, target=self.target)
             case SpecType.DRAFT_LAYERSKIP:
@@ -246,16 +243,3 @@ def load_datastore(path: str, target: ModelRunner, tokenizer) -> Datastore:
     logger.warning("specdec: retrieval datastore %s: %s tokens from %s", path, f"{store.num_tokens:,}",
                    store.sources or "token ids")
     return store
-
-
-def load_eagle_head(folder: str, target: ModelRunner, tokenizer, parallel: bool = False) -> EagleHead:
-    """The head in ``folder``, checked against the target (and, with ``parallel``, that it was trained
-    for parallel drafting). None ships (``SpecConfig`` asks for the folder): a head ships only where it
-    beats plain decoding, and none a 2-core CPU could train does (docs/eagle3.md)."""
-    path = Path(folder).expanduser()
-    head = load_head(path, target.device)
-    check_target(head, getattr(target, "config", None), target.vocab_size, tokenizer, where=str(path))
-    check_parallel(head, parallel, where=str(path))
-    if head.d2t.device.type == "cpu":
-        head.quantize_for_cpu()
-    return head

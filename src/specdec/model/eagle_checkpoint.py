@@ -34,6 +34,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from specdec.config import ModelConfig
 from specdec.errors import ModelLoadError
 from specdec.model.eagle_head import EagleHead, EagleHeadConfig
 
@@ -205,12 +206,14 @@ def _fill(head: EagleHead, tensors: dict[str, torch.Tensor], folder: Path) -> No
         head.set_vocab(torch.arange(head.config.target_vocab_size))
 
 
-def check_target(head: EagleHead, target_config, target_vocab_size: int, tokenizer=None, where: str = "") -> None:
-    """Refuse a head trained for another target: one line naming what differs."""
+def check_target(head: EagleHead, target_config: ModelConfig | None, target_vocab_size: int, tokenizer=None,
+                 where: str = "") -> None:
+    """Refuse a head trained for another target: one line naming what differs (its shapes only where
+    the target's config is known)."""
     c = head.config
     prefix = f"EAGLE head {where}: " if where else "EAGLE head: "
-    hidden = getattr(target_config, "hidden_size", None)
-    layers = getattr(target_config, "num_layers", None)
+    hidden = None if target_config is None else target_config.hidden_size
+    layers = None if target_config is None else target_config.num_layers
     if hidden is not None and c.target_hidden_size != hidden:
         raise ModelLoadError(f"{prefix}made for a target with hidden size {c.target_hidden_size}, "
                              f"this one has {hidden}")

@@ -20,6 +20,8 @@ checkpoint without a module; a missing or misshapen tensor is named.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,10 +29,9 @@ from safetensors import safe_open
 
 from specdec.config import ModelConfig
 from specdec.errors import ModelLoadError
-from specdec.model.mtp_head import MtpHead, MtpHeadConfig, weight_names
+from specdec.model.mtp_head import MtpHeadConfig, weight_names
 from specdec.model.weight_names import layer_weights
 from specdec.model.weights import model_path, read_model_config, resolve_model
-from specdec.runners.base import ModelRunner
 
 # a block part's Hugging Face name -> our MtpHead parameter
 BLOCK_PARTS = {
@@ -53,26 +54,33 @@ EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_inte
 _PERMUTED_ARCHS = ("llama",)  # llama.cpp interleaves q/k rows for these (see gguf_weights)
 
 
-def load_mtp_head(model: str | None, target: ModelRunner) -> MtpHead:
-    """The MTP module inside ``model``'s checkpoint (the target ``target`` runs, or a folder that
-    `specdec train mtp` wrote for it: the target's config.json and the module in the DeepSeek layout),
-    float32 on its device."""
+@dataclass(frozen=True)
+class MtpModule:
+    """An MTP module as read from a checkpoint, before it is built on a device (``drafters.heads``)."""
+
+    config: MtpHeadConfig
+    weights: dict[str, torch.Tensor]  # our MtpHead names, shapes checked
+    shares_lm_head: bool  # the checkpoint stores no head of its own: ``lm_head`` is the target's rows
+
+
+def read_mtp_module(model: str | None, target: ModelConfig | None,
+                    target_rows: Callable[[torch.Tensor], torch.Tensor]) -> MtpModule:
+    """The MTP module inside ``model``'s checkpoint (the target's own, or a folder that `specdec train
+    mtp` wrote for it: the target's config.json and the module in the DeepSeek layout), checked against
+    ``target``'s shapes. ``target_rows`` ([n] ids -> [n, H] rows of the target's LM head) fills the head
+    of a module that shares the target's."""
     path = model_path(model)
     folder = resolve_model(model, weights=False)
     config, raw = read_model_config(folder)
     config = check_supported(config, raw)
-    check_made_for(config, getattr(target, "config", None), folder.name)
+    check_made_for(config, target, folder.name)
     weights, layout = read_mtp_weights(path if path.suffix == ".gguf" else folder, config)
     shared = "lm_head" not in weights  # the target's LM head is the module's
     if shared:
-        weights["lm_head"] = target.output_rows(torch.arange(config.vocab_size))
+        weights["lm_head"] = target_rows(torch.arange(config.vocab_size))
     check_shapes(weights, config, path.name)
-    head = MtpHead(MtpHeadConfig(block=config, layout=layout, mask_first_embed=layout != "qwen3-next"), weights)
-    head = head.to(target.device).eval()
-    if head.eh_proj.device.type == "cpu":  # int8 drafting; a shared head on the target's own quantized rows
-        quantized = getattr(getattr(target, "model", None), "quantized", None) or {}
-        head.quantize_for_cpu(quantized.get("lm_head") if shared else None)
-    return head
+    head_config = MtpHeadConfig(block=config, layout=layout, mask_first_embed=layout != "qwen3-next")
+    return MtpModule(head_config, weights, shared)
 
 
 def check_made_for(config: ModelConfig, target: ModelConfig | None, where: str) -> None:

@@ -13,6 +13,8 @@ number. Afterwards the caller keeps what the verifier accepted:
 
 The runner alone owns the slots' lengths (``lengths[slot]``).
 
+Shapes: ``config`` is the target's ``ModelConfig`` (None where transformers runs the model).
+
 Hidden states: ``run(seqs, hidden_layers=(i, ...))`` also returns, per sequence,
 the hidden state after each decoder layer ``i`` for every new token ([T, H];
 ``-1`` is the final normed state). Trained drafters (EAGLE-style heads) read
@@ -36,6 +38,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.config import ModelConfig
+from specdec.model.quant import QuantMatrix
 from specdec.pass_cost import PassCost
 
 
@@ -71,6 +75,9 @@ class ModelRunner(ABC):
     supports_trees: bool = False
     supports_layer_skip: bool = False  # ``run(..., layers=)`` runs a subset of the layers
     num_layers: int = 0  # decoder layers (0 when unknown)
+    # The architecture, where specdec's own decoder runs it (native runners); None for a model run as
+    # transformers builds it (generic runners): heads, layer-skip costs and training read its shapes
+    config: ModelConfig | None = None
     backend: str = "torch"  # how the linear layers and attention run (see runners.load)
     weights_label: str = "float"  # the weights' format, for reports ("gguf Q4_1+Q8_0 (avx2+vnni)")
     # Whether a pass gives every sequence the widest one's rows (a [B, T] batch) rather than
@@ -118,6 +125,16 @@ class ModelRunner(ABC):
     def output_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         """[n] token ids -> [n, H] float32 rows of the target's LM head."""
         raise NotImplementedError(f"{type(self).__name__} does not expose its LM head")
+
+    def final_norm(self) -> torch.Tensor | None:
+        """[H] the weight of the final norm in front of the LM head (None where unknown): a head trained
+        on the target's output space starts from it."""
+        return None
+
+    def quantized_lm_head(self) -> QuantMatrix | None:
+        """The LM head as the CPU kernels hold it (quantized blocks), None where it is float: a draft head
+        sharing the target's LM head drafts on the same blocks instead of a float copy."""
+        return None
 
     def truncate(self, slot: int, length: int) -> None:
         """Roll ``slot`` back to its first ``length`` tokens."""

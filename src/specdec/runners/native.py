@@ -18,7 +18,7 @@ from specdec.cache import KVCache
 from specdec.config import ModelConfig
 from specdec.model.fused import FusedDecoder, Rows
 from specdec.model.kernels import RowLayout
-from specdec.model.quant import int8_rows
+from specdec.model.quant import QuantMatrix, int8_rows
 from specdec.model.transformer import Batch, Transformer
 from specdec.runners.base import ModelRunner, PassOutput, SeqInput
 from specdec.tree import DraftTree
@@ -114,6 +114,12 @@ class NativeRunner(ModelRunner):
 
     def output_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.model.head_rows(token_ids.cpu().long()).float().to(self.device)
+
+    def final_norm(self) -> torch.Tensor:
+        return self.model.norm
+
+    def quantized_lm_head(self) -> QuantMatrix | None:
+        return self.model.quantized.get("lm_head")
 
     def restrict_head(self, token_ids: torch.Tensor) -> None:
         """Keep only the LM head's rows ``token_ids`` ([N] ascending ids): every pass then returns logits

@@ -53,8 +53,8 @@ def new_mtp_head(runner, seed: int = 0) -> MtpHead:
     weights |= {name: torch.ones(H) for name in ("enorm", "hnorm", "input_layernorm", "post_attention_layernorm")}
     weights |= dict(q_bias=torch.zeros(Q), k_bias=torch.zeros(KV), v_bias=torch.zeros(KV))
     weights |= {name: torch.ones(config.head_dim) for name in ("q_norm", "k_norm")}
-    norm = getattr(getattr(runner, "model", None), "norm", None)
-    weights["shared_head_norm"] = norm.float().cpu() if isinstance(norm, torch.Tensor) and norm.shape == (H,) \
+    norm = runner.final_norm()
+    weights["shared_head_norm"] = norm.float().cpu() if norm is not None and norm.shape == (H,) \
         else torch.ones(H)
     weights["lm_head"] = runner.output_rows(torch.arange(config.vocab_size)).float().cpu()
     head = MtpHead(MtpHeadConfig(block=config, layout="deepseek", mask_first_embed=True), weights)

@@ -188,7 +188,7 @@ def init_from_target(head: EagleHead, runner) -> None:
             if p.dim() == 2:
                 torch.nn.init.normal_(p, std=0.02)
         head.lm_head.weight.copy_(runner.output_rows(head.draft_to_target(torch.arange(head.config.draft_vocab_size))))
-        norm = getattr(getattr(runner, "model", None), "norm", None)
-        if isinstance(norm, torch.Tensor) and norm.shape == head.norm.shape:
+        norm = runner.final_norm()
+        if norm is not None and norm.shape == head.norm.shape:
             head.norm.copy_(norm.float())
 

@@ -35,7 +35,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     return_freed_memory()
     runner, folder = load_runner(args.target, device=str(device), max_seq_len=1024, num_slots=args.batch_size)
-    target = getattr(runner, "config", None)
+    target = runner.config
     if target is None:
         raise UsageError("training a head needs a target the native runner supports (Llama, Qwen, Mistral, Gemma3)")
     tokenizer = load_tokenizer(folder)
