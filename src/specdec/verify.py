@@ -25,21 +25,16 @@ token, so that c's token, given it is verified, is still a draw from the q it ca
 Worked counter-example (issue 22): a grammar cuts a sampled chain after an invalid x1,
 and n-min 2 then drops the one-token draft. With q = (.5, .25, .25), p = (.2, .8, 0):
 x1 = c (.25) is cut to [c] and dropped, and plain sampling gives a with .2; x1 = a (.5)
-is accepted with .2 / .5. P(a) = .25 * .2 + .5 * .4 = .25, not .2. What holds the rule today:
+is accepted with .2 / .5. P(a) = .25 * .2 + .5 * .4 = .25, not .2. What holds the rule outside the drafters:
 - engine (``Engine._draft``): n-min drops deterministic drafts only, and skips drafting
   when the room is below it; the padded-batch cut and the room come from cache lengths.
 - grammar cuts (``grammar.GrammarMatcher.cut``): a draft with q keeps its first invalid
   token (rejected with probability 1 here) and drops only its descendants.
-- draft model: p-min stops after token i on q_{i+1}, a function of tokens 1..i.
-- draft-model trees (``draft_model``, --spec-draft-p-split): a split is decided from the sorted
-  probabilities of q before drawing; siblings are drawn without replacement, in draw order; a
-  branch's length follows the main chain (its earlier sibling's subtree) and its own p-min.
-- EAGLE trees (``dynamic_tree``): a slot is scored by rank, not by its token; children
-  are taken in draw order; the first n nodes (any truncation) are a token-blind prefix.
-- adaptive: a sampled member is priced and cut by ``planned_length`` (alpha, budget,
-  pass costs), never by its drawn shape; it is never merged.
 - runners without trees (``DraftProposal.first_path``): the first child at each node.
 - monitors and the cost model read past steps only.
+Each drafter that samples a draft says in its own docstring how it keeps the rule: the draft
+model's p-min and trees (``drafters.draft_model``), EAGLE's trees (``drafters.dynamic_tree``),
+adaptive's sampled members (``drafters.adaptive``).
 Deterministic drafts (q one-hot, ``draft_probs`` None) are free of the rule: their
 tokens are fixed by the context, and this routine is exact given any fixed tree with
 distinct siblings, so any cut by their tokens (reach, length) is safe.

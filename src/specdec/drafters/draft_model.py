@@ -21,7 +21,8 @@ Under sampling the siblings are drawn without replacement from q (Gumbel top-k, 
 carrying q without children 0..i-1: ``dynamic_tree.sampled_children``), which the verifier's
 recursive rejection makes exact. The shape stays token-blind (verify.py's rule): a split is
 decided from the sorted probabilities of q before anything is drawn, and a branch's length
-follows the main chain (its earlier sibling's subtree), never its own tokens but through p-min.
+follows the main chain (its earlier sibling's subtree), never its own tokens but through p-min;
+and p-min stops a chain after token i on q_{i+1}, a function of tokens 1..i only.
 
 The draft runs one token per pass, branch after branch: the main chain first, then each
 branch from its split point (the cache truncated back to it); the next step's catch-up keeps

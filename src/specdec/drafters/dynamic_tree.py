@@ -27,7 +27,8 @@ exact (SpecInfer / recursive speculative decoding). For that, whether a slot
 becomes a node must not depend on its own token: a sampled slot is scored with
 the i-th largest probability of q (not the drawn token's), so the shape of the
 tree depends only on tokens drawn before (ancestors, earlier siblings and their
-subtrees), and children of one node are always taken in draw order.
+subtrees), and children of one node are always taken in draw order. So the first n
+nodes, for any n (a budget's truncation), are a token-blind prefix as well.
 """
 
 from __future__ import annotations
