@@ -30,18 +30,10 @@ from safetensors import safe_open
 from specdec.config import ModelConfig
 from specdec.errors import ModelLoadError
 from specdec.model.mtp_head import MtpHeadConfig, weight_names
-from specdec.model.weight_names import layer_weights
+from specdec.model.weight_names import MTP_BLOCK_PARTS, layer_weights
 from specdec.model.weights import model_path, read_model_config, resolve_model
 
-# a block part's Hugging Face name -> our MtpHead parameter
-BLOCK_PARTS = {
-    "self_attn.q_proj.weight": "q_proj", "self_attn.k_proj.weight": "k_proj", "self_attn.v_proj.weight": "v_proj",
-    "self_attn.q_proj.bias": "q_bias", "self_attn.k_proj.bias": "k_bias", "self_attn.v_proj.bias": "v_bias",
-    "self_attn.o_proj.weight": "o_proj", "mlp.gate_proj.weight": "gate_proj", "mlp.up_proj.weight": "up_proj",
-    "mlp.down_proj.weight": "down_proj", "input_layernorm.weight": "input_layernorm",
-    "post_attention_layernorm.weight": "post_attention_layernorm", "self_attn.q_norm.weight": "q_norm",
-    "self_attn.k_norm.weight": "k_norm",
-}
+BLOCK_PARTS = MTP_BLOCK_PARTS  # a block part's Hugging Face name -> our MtpHead parameter (the weight table's)
 # the module's own weights per layout: ours -> the name after the module's prefix
 DEEPSEEK = {"enorm": "enorm.weight", "hnorm": "hnorm.weight", "eh_proj": "eh_proj.weight",
             "shared_head_norm": "shared_head.norm.weight", "lm_head": "shared_head.head.weight"}

@@ -30,6 +30,7 @@ from specdec.errors import ModelLoadError
 from specdec.model import kernels, quant
 from specdec.model.backend import Backend, Linear
 from specdec.model.quant import QuantMatrix
+from specdec.model.weight_names import layer_weights
 
 
 @dataclass
@@ -191,10 +192,7 @@ class Transformer(nn.Module):
     def _check_names(self, weights: dict[str, torch.Tensor]) -> None:
         c = self.config
         want = {"embed", "norm"} | ({"lm_head"} if not c.tie_word_embeddings else set())
-        per_layer = {"wqkv", "wo", "w_gate_up", "w_down", "attn_norm", "mlp_norm"}
-        per_layer |= {"bqkv"} if c.attention_bias else set()
-        per_layer |= {"q_norm", "k_norm"} if c.qk_norm else set()
-        per_layer |= {"post_attn_norm", "post_mlp_norm"} if c.sandwich_norm else set()
+        per_layer = {w.name for w in layer_weights(c)}  # the loaders' own table: one list of a layer's weights
         want |= {f"layers.{i}.{n}" for i in range(c.num_layers) for n in per_layer}
         missing, unexpected = sorted(want - weights.keys()), sorted(weights.keys() - want)
         if missing or unexpected:

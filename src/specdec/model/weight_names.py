@@ -28,6 +28,9 @@ class LayerWeight:
     vector: bool = False  # a bias or norm: 1-D
     norm: bool = False  # a norm's scale (Gemma's +1 offset on Hugging Face weights)
     when: Callable[[ModelConfig], bool] = lambda c: True  # the config has this weight
+    # per part, its own name unfused: an MTP block's parameters (``model.mtp_head``, which keeps q, k, v
+    # apart); () where no MTP block has the weight (Gemma's sandwich norms)
+    parts: tuple[str, ...] = ()
 
     def rope_of(self, part: int) -> Rope:
         return self.rope[part] if self.rope else None
@@ -35,14 +38,17 @@ class LayerWeight:
 
 LAYER_WEIGHTS: tuple[LayerWeight, ...] = (
     LayerWeight("wqkv", ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-                ("attn_q.weight", "attn_k.weight", "attn_v.weight"), rope=("q", "k", None)),
+                ("attn_q.weight", "attn_k.weight", "attn_v.weight"), rope=("q", "k", None),
+                parts=("q_proj", "k_proj", "v_proj")),
     LayerWeight("bqkv", ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
                 ("attn_q.bias", "attn_k.bias", "attn_v.bias"), rope=("q", "k", None), vector=True,
-                when=lambda c: c.attention_bias),
-    LayerWeight("wo", ("self_attn.o_proj.weight",), ("attn_output.weight",)),
-    LayerWeight("w_gate_up", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), ("ffn_gate.weight", "ffn_up.weight")),
-    LayerWeight("w_down", ("mlp.down_proj.weight",), ("ffn_down.weight",)),
-    LayerWeight("attn_norm", ("input_layernorm.weight",), ("attn_norm.weight",), vector=True, norm=True),
+                when=lambda c: c.attention_bias, parts=("q_bias", "k_bias", "v_bias")),
+    LayerWeight("wo", ("self_attn.o_proj.weight",), ("attn_output.weight",), parts=("o_proj",)),
+    LayerWeight("w_gate_up", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), ("ffn_gate.weight", "ffn_up.weight"),
+                parts=("gate_proj", "up_proj")),
+    LayerWeight("w_down", ("mlp.down_proj.weight",), ("ffn_down.weight",), parts=("down_proj",)),
+    LayerWeight("attn_norm", ("input_layernorm.weight",), ("attn_norm.weight",), vector=True, norm=True,
+                parts=("input_layernorm",)),
     # Gemma's sandwich: a norm after attention and after the MLP too
     LayerWeight("post_attn_norm", ("post_attention_layernorm.weight",), ("post_attention_norm.weight",),
                 vector=True, norm=True, when=lambda c: c.sandwich_norm),
@@ -52,12 +58,16 @@ LAYER_WEIGHTS: tuple[LayerWeight, ...] = (
                 vector=True, norm=True, when=lambda c: c.sandwich_norm),
     # elsewhere the MLP's norm is what Hugging Face calls post_attention_layernorm
     LayerWeight("mlp_norm", ("post_attention_layernorm.weight",), ("ffn_norm.weight",), vector=True, norm=True,
-                when=lambda c: not c.sandwich_norm),
+                when=lambda c: not c.sandwich_norm, parts=("post_attention_layernorm",)),
     LayerWeight("q_norm", ("self_attn.q_norm.weight",), ("attn_q_norm.weight",), rope=("head",), vector=True,
-                norm=True, when=lambda c: c.qk_norm),
+                norm=True, when=lambda c: c.qk_norm, parts=("q_norm",)),
     LayerWeight("k_norm", ("self_attn.k_norm.weight",), ("attn_k_norm.weight",), rope=("head",), vector=True,
-                norm=True, when=lambda c: c.qk_norm),
+                norm=True, when=lambda c: c.qk_norm, parts=("k_norm",)),
 )
+
+
+# an MTP block part's Hugging Face name -> its MtpHead parameter, from the table (model.mtp_checkpoint)
+MTP_BLOCK_PARTS: dict[str, str] = {hf: part for w in LAYER_WEIGHTS for hf, part in zip(w.hf, w.parts, strict=False)}
 
 
 def layer_weights(config: ModelConfig) -> list[LayerWeight]:
