@@ -102,17 +102,14 @@ def test_rejection_sampling_keeps_target_distribution(tokens, parents, probs):
 # -- deliberately broken verifiers: the chi-square test above is evidence only if it fails these ------
 
 
-def test_statistical_test_catches_broken_verifier_accept_always(monkeypatch):
-    def accept_always(tree, target_probs, draft_probs, generator):
-        return verify_mod.VerifyResult([tree.tokens[1], 0], [0, 1])
-
-    monkeypatch.setattr(verify_mod, "verify_sampling", accept_always)
-    counts = torch.zeros(V)
-    for _ in range(2000):
-        r = verify_mod.verify(DraftTree.chain(0, [4]), torch.log(P + 1e-9).expand(2, V), SamplingParams(
-            temperature=1.0), None, torch.Generator().manual_seed(0))
-        counts[r.token_ids[0]] += 1
-    assert pvalue_or_zero(counts) < 1e-3
+@pytest.mark.parametrize("broken", [lambda p_x, q_x: 1.0, lambda p_x, q_x: p_x],
+                         ids=["accept-always", "ignores-q"])
+def test_statistical_test_catches_broken_verifier_acceptance(monkeypatch, broken):
+    """The real verifier with its acceptance rule broken (always keep the draft; keep it with p(x) as if
+    q were one-hot): the same chi-square test that passes the real rule must fail these."""
+    assert pvalue(first_token_counts([0, 0], [-1, 0], Q_BAD.unsqueeze(0))) > 1e-3  # the real rule passes
+    monkeypatch.setattr(verify_mod, "_acceptance", broken)
+    assert pvalue_or_zero(first_token_counts([0, 0], [-1, 0], Q_BAD.unsqueeze(0))) < 1e-3
 
 
 def test_statistical_test_catches_broken_verifier_resampling_from_p(monkeypatch):

@@ -113,7 +113,7 @@ def verify_sampling(
             q_x = 1.0 if q is None else float(q[x])
             p_x = float(p[x])
             u = float(torch.rand(1, generator=generator, device=device))
-            if q_x > 0 and u < min(1.0, p_x / q_x):
+            if q_x > 0 and u < _acceptance(p_x, q_x):
                 node, moved = c, True
                 path.append(c)
                 break
@@ -121,6 +121,11 @@ def verify_sampling(
         if not moved:
             token = int(sample(p.unsqueeze(0), generator)[0])
             return VerifyResult([tree.tokens[n] for n in path[1:]] + [token], path)
+
+
+def _acceptance(p_x: float, q_x: float) -> float:
+    """The chance to keep a drafted token x: min(1, p(x) / q(x)), p the target's and q the draft's."""
+    return min(1.0, p_x / q_x)
 
 
 def _residual(p: torch.Tensor, q: torch.Tensor | None, x: int) -> torch.Tensor:
