@@ -28,6 +28,20 @@
 enum { FMT_Q4KX8 = 7, FMT_Q6KX8 = 8 };
 enum { X8 = 8, Q4KX8_BYTES = 8 * 148, Q6KX8_BYTES = 8 * 210 };
 
+/* value e (0..255) of row i of a super-block of a group, unsigned (Q6_K: before its -32) */
+INLINE int q4x8_value(const uint8_t *blk, int i, int e) {
+    const int j = e / 32, l = e % 32;
+    const uint8_t byte = blk[160 + 256 * (j / 2) + 32 * (l / 4) + 4 * i + l % 4];
+    return (j & 1) ? byte >> 4 : byte & 15;
+}
+
+INLINE int q6x8_value(const uint8_t *blk, int i, int e) {
+    const int c = e / 32, l = e % 32, cc = c % 4;
+    const uint8_t *base = blk + 144 + 768 * (c / 4) + 96 * (l / 4) + 4 * i + l % 4;
+    const int low = (cc & 1) ? base[cc >= 2 ? 32 : 0] >> 4 : base[cc >= 2 ? 32 : 0] & 15;
+    return low | (((base[64] >> (2 * cc)) & 3) << 4);
+}
+
 #if defined(SD_AVX2)
 /* activation rows per tile: their accumulators must stay in registers (16 ymm, or 32 with AVX-512 VL) */
 #if defined(__AVX512VL__)
@@ -155,19 +169,6 @@ INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
 }
 #else  /* portable C: the same integers and the same fused float steps (fmaf), row by row */
 #define XROWS 4
-INLINE int q4x8_value(const uint8_t *blk, int i, int e) {
-    const int j = e / 32, l = e % 32;
-    const uint8_t byte = blk[160 + 256 * (j / 2) + 32 * (l / 4) + 4 * i + l % 4];
-    return (j & 1) ? byte >> 4 : byte & 15;
-}
-
-INLINE int q6x8_value(const uint8_t *blk, int i, int e) {
-    const int c = e / 32, l = e % 32, cc = c % 4;
-    const uint8_t *base = blk + 144 + 768 * (c / 4) + 96 * (l / 4) + 4 * i + l % 4;
-    const int low = (cc & 1) ? base[cc >= 2 ? 32 : 0] >> 4 : base[cc >= 2 ? 32 : 0] & 15;
-    return low | (((base[64] >> (2 * cc)) & 3) << 4);
-}
-
 INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
                    float *out, int64_t os) {
     const int64_t nsb = k / QK;
@@ -257,21 +258,13 @@ static void x8_dequantize(int fmt, const uint8_t *grp, int i, int64_t k, float *
             const float d = f16_to_f32(blk + 2 * i), dmin = f16_to_f32(blk + 16 + 2 * i);
             for (int e = 0; e < QK; e++) {
                 const int j = e / 32;
-                const int l = e % 32;
-                const uint8_t byte = blk[160 + 256 * (j / 2) + 32 * (l / 4) + 4 * i + l % 4];
-                const int w = (j & 1) ? byte >> 4 : byte & 15;
-                o[QK * b + e] = (d * (float)blk[32 + 8 * j + i]) * (float)w - dmin * (float)blk[96 + 8 * j + i];
+                o[QK * b + e] = (d * (float)blk[32 + 8 * j + i]) * (float)q4x8_value(blk, i, e) - dmin * (float)blk[96 + 8 * j + i];
             }
         } else {
             const uint8_t *blk = grp + Q6KX8_BYTES * b;
             const float d = f16_to_f32(blk + 2 * i);
-            for (int e = 0; e < QK; e++) {
-                const int c = e / 32, l = e % 32, cc = c % 4;
-                const uint8_t *base = blk + 144 + 768 * (c / 4) + 96 * (l / 4) + 4 * i + l % 4;
-                const int low = (cc & 1) ? base[cc >= 2 ? 32 : 0] >> 4 : base[cc >= 2 ? 32 : 0] & 15;
-                const int w = low | (((base[64] >> (2 * cc)) & 3) << 4);
-                o[QK * b + e] = (d * (float)(int8_t)blk[16 + 8 * (e / 16) + i]) * (float)(w - 32);
-            }
+            for (int e = 0; e < QK; e++)
+                o[QK * b + e] = (d * (float)(int8_t)blk[16 + 8 * (e / 16) + i]) * (float)(q6x8_value(blk, i, e) - 32);
         }
     }
 }
