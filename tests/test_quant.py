@@ -97,7 +97,7 @@ def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype):
     rng = np.random.default_rng(300 + int(qtype))
     data = _random_blocks(qtype, 45, 512, rng)
     qm = QuantMatrix.from_blocks(data, qtype, 512).interleaved()
-    assert np.count_nonzero(np.isin(qm.fmt, (quant.Q4KX8, quant.Q6KX8))) == 40  # 5 whole groups
+    assert np.count_nonzero(np.isin(qm.fmt, quant.X8_LAYOUTS)) == 40  # 5 whole groups
     dense = quants.dequantize(data, qtype).reshape(45, 512)
     assert np.array_equal(qm.dense(), dense)
     x = rng.standard_normal((13, 512)).astype(np.float32)

@@ -643,7 +643,7 @@ void sd_qmatmul(const uint8_t *q, const float *s, const float *m, const int8_t *
                 float *out, int64_t out_stride, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *qn = q + n * q_stride;
-        if (fmt[n] == FMT_Q4KX8 || fmt[n] == FMT_Q6KX8) {  /* rows n .. n + 7, interleaved (n % 8 == 0) */
+        if (x8_layout(fmt[n])) {  /* rows n .. n + 7, interleaved (n % 8 == 0) */
             x8_group(fmt[n], qn, k, xk, dk, bk, rows, out + n, out_stride);
             n += X8 - 1;
             continue;
@@ -680,7 +680,7 @@ void sd_dequantize_rows(const uint8_t *q, const float *s, const float *m, const 
         const uint8_t *qn = q + n * q_stride;
         const float *sn = s + n * s_stride, *mn = m + n * s_stride;
         float *o = out + i * k;
-        if (fmt[n] == FMT_Q4KX8 || fmt[n] == FMT_Q6KX8) {
+        if (x8_layout(fmt[n])) {
             x8_dequantize(fmt[n], q + (n & ~(int64_t)(X8 - 1)) * q_stride, (int)(n & (X8 - 1)), k, o);
             continue;
         }

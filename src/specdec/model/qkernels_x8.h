@@ -28,6 +28,8 @@
 enum { FMT_Q4KX8 = 7, FMT_Q6KX8 = 8 };
 enum { X8 = 8, Q4KX8_BYTES = 8 * 148, Q6KX8_BYTES = 8 * 210 };
 
+INLINE int x8_layout(int fmt) { return fmt == FMT_Q4KX8 || fmt == FMT_Q6KX8; }
+
 /* value e (0..255) of row i of a super-block of a group, unsigned (Q6_K: before its -32) */
 INLINE int q4x8_value(const uint8_t *blk, int i, int e) {
     const int j = e / 32, l = e % 32;

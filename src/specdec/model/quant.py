@@ -26,6 +26,7 @@ from gguf import quants
 U4M, U8M, I8, Q4K, Q5K, Q6K, Q4KX8, Q6KX8 = 0, 1, 2, 4, 5, 6, 7, 8
 SUPER_BLOCK = {Q4K: 144, Q5K: 176, Q6K: 210, Q4KX8: 148, Q6KX8: 210}  # bytes per 256 values and row
 X8 = 8  # weight rows per interleaved group
+X8_LAYOUTS = (Q4KX8, Q6KX8)
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)  # super-blocks of 256 values
 SUPPORTED = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, *K_QUANTS)
 # types a float checkpoint can be quantized to at load (gguf's own quantizers; it has none for K-quants)
@@ -66,7 +67,7 @@ class QuantMatrix:
         return out
 
     def permute_rows(self, order: np.ndarray) -> QuantMatrix:
-        if np.isin(self.fmt, (Q4KX8, Q6KX8)).any():
+        if np.isin(self.fmt, X8_LAYOUTS).any():
             raise ValueError("interleaved rows move in groups of 8: permute before ``interleaved``")
         return QuantMatrix(self.q[order], self.s[order], self.m[order], self.fmt[order], self.k, self.types)
 

@@ -144,11 +144,9 @@ class Transformer(nn.Module):
             if isinstance(v, torch.Tensor):
                 weights[k] = v.to(device)
         self._check_names(weights)
-        for k, v in weights.items():  # what passes multiply by, interleaved once (a separate embedding
-            if isinstance(v, QuantMatrix) and k != "embed":  # is only looked up: it keeps GGUF's rows)
+        for k, v in weights.items():  # what passes multiply by, interleaved once (an untied embedding is
+            if isinstance(v, QuantMatrix) and (k != "embed" or c.tie_word_embeddings):  # only looked up)
                 weights[k] = v.interleaved()
-        if c.tie_word_embeddings and isinstance(weights["embed"], QuantMatrix):
-            weights["embed"] = weights["embed"].interleaved()
         embed = weights.pop("embed")
         head = embed if c.tie_word_embeddings else weights.pop("lm_head")
         self.quantized: dict[str, QuantMatrix] = {  # the token embedding and LM head kept as blocks
