@@ -238,3 +238,22 @@ def test_a_greedy_requests_lookup_member_drafts_from_the_first_step():
     assert drafter.members[0].monitor.mode is Mode.ON
     proposal = drafter.propose(truth[:1], 4)
     assert len(proposal) and proposal.token_ids == truth[1 : 1 + len(proposal)]
+
+
+def test_a_member_whose_drafting_costs_more_than_it_saves_is_not_asked():
+    """Each member is priced by its own measured seconds per propose (a running mean): a right member
+    at alpha ~0.6 saves ~0.4 s a token over 1 s plain passes, so 5 s of drafting a step never pays."""
+    truth = list(range(100, 300))
+    drafter = AdaptiveDrafter([Script("cheap", truth, right=True), Script("dear", truth, right=True)],
+                              cost_model(per_token=0.1))
+    drafter.begin(truth[:1], SamplingParams(max_new_tokens=100))
+    cheap, dear = drafter.members
+    dear.draft_seconds = 5.0
+    proposal = drafter.propose(truth[:1], 4)
+    assert cheap.asked and not dear.asked and proposal.drafter == "cheap"
+
+
+def test_a_datastore_makes_retrieval_a_member():
+    assert SpecType.RETRIEVAL not in adaptive_members(SpecConfig())
+    members = adaptive_members(SpecConfig(datastore="store.npz", draft_model="m"))
+    assert members[-2:] == (SpecType.RETRIEVAL, SpecType.DRAFT_MODEL)

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from specdec.cli import main
-from specdec.config import SpecConfig, SpecType
+from specdec.config import SamplingParams, SpecConfig, SpecType
 from specdec.datastore import Datastore, DatastoreError, TokenizerIdentity, tokenizer_identity
 from specdec.drafters.registry import DraftResources
 from specdec.drafters.retrieval import Match, RetrievalDrafter, continuation_trie, longest_match
-from specdec.engine import Engine
+from specdec.engine import Engine, SequenceState
 from specdec.llm import LLM
 from tests.test_lossless import REAL_PROMPTS, greedy, run
-from tests.test_lossless_sampling import VOCAB, assert_lossless, lookup, micro, sample  # noqa: F401
+from tests.test_lossless_sampling import N_SAMPLES, PARAMS, PROMPT, VOCAB, assert_lossless, lookup, micro, sample  # noqa: F401
 
 A, B, C, D, E, F, X = 1, 2, 3, 4, 5, 6, 7
 IDENTITY = TokenizerIdentity(100, "test")
@@ -110,6 +110,25 @@ def test_greedy_identity_on_a_tiny_model(tiny, tmp_path):
         assert seq.stats.drafted > 0 and seq.stats.accepted > 0, seq.stats
 
 
+def test_adaptive_with_a_store_drafts_from_it_losslessly(tiny, tmp_path):
+    """--spec-datastore makes retrieval an adaptive member (the default type): on prompts the look-up
+    members find nothing in, its tokens are drafted and accepted, and the output is plain decoding's."""
+    engine = Engine(tiny.runner, draft_n_max=6, plan_drafts=False)
+    prompts = [list(range(200, 230)), list(range(300, 320))]
+    plain = [run(engine, p, greedy(32), None).output_ids for p in prompts]
+    docs = [[*p[-4:], *out] for p, out in zip(prompts, plain, strict=True)]
+    path = store_file(tmp_path, docs, tokenizer_identity(tiny.tokenizer))
+    resources = DraftResources(SpecConfig(draft_n_max=6, datastore=path), tiny.runner, tiny.tokenizer)
+    for prompt, ref in zip(prompts, plain, strict=True):
+        drafter = resources.new_drafter()
+        drafter.cost = None  # verify what the members propose, whatever this machine's timings
+        member = next(m for m in drafter.members if m.drafter.name == "retrieval")
+        seq = run(engine, prompt, greedy(32), drafter)
+        assert seq.output_ids == ref
+        assert seq.stats.accepted_by.get("retrieval", 0) > 0, seq.stats.accepted_by
+        assert member.lookup and member.draft_seconds > 0  # priced by its measured drafting time
+
+
 @pytest.fixture(scope="module")
 def smol() -> LLM:
     return LLM(None, max_model_len=1024)
@@ -152,3 +171,26 @@ def test_retrieval_keeps_the_distribution(micro, lookup, tmp_path):  # noqa: F81
                                micro.target, None)
     s = sample(micro, resources.new_drafter, lookup)
     assert_lossless(s, micro.dist(lookup), deep=False)
+
+
+def test_adaptive_with_a_retrieval_member_keeps_the_distribution(micro, tmp_path):  # noqa: F811
+    """Adaptive's default members plus retrieval (--spec-datastore), never switched off: on the plain
+    prompt, where the look-up members find nothing at first, retrieval's trie is what is verified."""
+    probe = SequenceState(list(PROMPT), SamplingParams(max_new_tokens=6, ignore_eos=True))
+    Engine(micro.target).run_batch([probe])
+    chain = probe.output_ids  # the target's greedy chain after the prompt
+    wrong = [chain[0], (chain[1] + 1) % VOCAB, *chain[2:]]
+    docs = [[*PROMPT[-2:], *chain], [*PROMPT[-2:], *wrong], [*PROMPT[-2:], *reversed(chain)]]
+    path = store_file(tmp_path, docs, TokenizerIdentity(VOCAB, "micro"))
+    resources = DraftResources(SpecConfig(draft_n_max=4, datastore=path, min_acceptance=0.0), micro.target, None)
+
+    def make():
+        drafter = resources.new_drafter()
+        drafter.cost = None  # verify what the members propose, whatever the timings
+        return drafter
+
+    first = make()
+    first.begin(list(PROMPT), PARAMS)
+    assert first.propose(list(PROMPT), 4).drafter == "retrieval"
+    s = sample(micro, make)
+    assert_lossless(s, micro.dist(), deep=False, min_drafted=N_SAMPLES // 2)

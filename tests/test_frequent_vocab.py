@@ -117,6 +117,28 @@ def test_a_datastore_ranks_the_draft_vocabulary(tiny, tiny_llama, tmp_path):
     assert seq.output_ids == plain and seq.stats.accepted > 0
 
 
+def test_adaptive_asks_the_reduced_draft_and_retrieval_losslessly(tiny, tiny_llama, tmp_path):
+    """`--spec-type adaptive --draft-model M --spec-draft-vocab-size N --spec-datastore S`: the store holds the
+    answer's first 16 tokens (retrieval drafts them) and the rest's tokens out of order, ranking the cut head's
+    64 tokens; the draft model, drafting for itself from those, drafts the rest. Both members' tokens are accepted; the output is plain decoding's."""
+    engine = Engine(tiny.runner, draft_n_max=5, plan_drafts=False)
+    prompt = list(range(200, 230))
+    plain = run(engine, prompt, greedy(40), None).output_ids
+    docs = [[*prompt[-4:], *plain[:16]], sorted(plain[16:])]  # the rest's tokens, ranked but out of order
+    Datastore.build(docs, tokenizer_identity(tiny.tokenizer)).save(tmp_path / "s.npz")
+    spec = SpecConfig(draft_n_max=5, draft_model=str(tiny_llama), draft_vocab_size=64,
+                      datastore=str(tmp_path / "s.npz"))
+    resources = DraftResources(spec, tiny.runner, tiny.tokenizer)
+    drafter = resources.new_drafter()
+    drafter.cost = None  # verify what the members propose, whatever this machine's timings
+    assert [m.drafter.name for m in drafter.members][-2:] == ["retrieval", "draft-model"]
+    assert drafter.members[-1].drafter.vocab is resources.draft_vocab
+    seq = run(engine, prompt, greedy(40), drafter)
+    assert seq.output_ids == plain
+    assert seq.stats.accepted_by.get("retrieval", 0) > 0 and seq.stats.accepted_by.get("draft-model", 0) > 0, \
+        seq.stats.accepted_by
+
+
 def test_prompt_tail_bounds_what_the_draft_reads(tiny, tiny_llama):
     draft, _ = load_runner(str(tiny_llama), max_seq_len=512)
     engine = Engine(tiny.runner, draft_n_max=4, plan_drafts=False)

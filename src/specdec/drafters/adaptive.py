@@ -53,7 +53,7 @@ import torch
 
 from specdec.budget import expected_tokens
 from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import EMPTY, Drafter, DraftProposal, IndexingDrafter
+from specdec.drafters.base import EMPTY, Drafter, DraftProposal
 from specdec.monitor import Mode, SpecMonitor, WindowSums
 from specdec.pass_cost import PassCost
 from specdec.runners.base import ModelRunner
@@ -236,9 +236,10 @@ class Member:
 
     @property
     def lookup(self) -> bool:
-        """A look-up member (an ``IndexingDrafter``): its q is one-hot, so its probes are dry runs, and
-        it catches up on the context at its next propose, so a step it sat out needs no ``accept``."""
-        return isinstance(self.drafter, IndexingDrafter)
+        """A look-up member (``Drafter.lookup``: an ``IndexingDrafter``, retrieval): its q is one-hot, so its
+        probes are dry runs, and it catches up on the context at its next propose, so a step it sat out
+        needs no ``accept``."""
+        return self.drafter.lookup
 
     @property
     def dry_probe(self) -> bool:

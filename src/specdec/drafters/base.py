@@ -119,6 +119,10 @@ class Drafter(ABC):
     # Target layers whose hidden states the drafter reads (``ModelRunner.run`` indexing); the
     # engine then asks the runner for them and calls ``observe``. Empty: the drafter reads tokens only.
     hidden_layers: tuple[int, ...] = ()
+    # A look-up drafter: its drafts are a function of the context (q one-hot) and it catches up on the
+    # context at its next propose, so a step it sat out needs no ``accept`` (the n-gram family, suffix,
+    # draft-self, retrieval). The adaptive drafter dry-runs such a member's probes instead of verifying them.
+    lookup: bool = False
 
     @classmethod
     def from_config(cls, spec: SpecConfig) -> Drafter:
@@ -288,6 +292,8 @@ class IndexingDrafter(Drafter):
     - ``_reset_index()``: drop the index of the previous sequence (``seen`` already holds the
       new one's first tokens, which ``_index`` gets next).
     """
+
+    lookup = True
 
     def __init__(self) -> None:
         self.seen = TokenBuffer()

@@ -56,12 +56,14 @@ ADAPTIVE_MEMBERS: tuple[SpecType, ...] = (SpecType.NGRAM, SpecType.NGRAM_MAP_K, 
 
 
 def adaptive_members(spec: SpecConfig) -> tuple[SpecType, ...]:
-    """The members of an adaptive drafter: ``ADAPTIVE_MEMBERS``, plus draft-model with
-    --draft-model, eagle3 with --spec-model and draft-layerskip with --spec-layerskip-layers or
-    --spec-layerskip-exit (opt-in: a layer-skipping draft costs a large share of a pass)."""
+    """The members of an adaptive drafter: ``ADAPTIVE_MEMBERS``, plus retrieval with --spec-datastore,
+    draft-model with --draft-model (FR-Spec's cut head with --spec-draft-vocab-size), eagle3 with
+    --spec-model and draft-layerskip with --spec-layerskip-layers or --spec-layerskip-exit (opt-in: a
+    layer-skipping draft costs a large share of a pass). Each is priced by its measured drafting time."""
+    lookup = (SpecType.RETRIEVAL,) if spec.datastore else ()
     neural = ((SpecType.DRAFT_MODEL,) if spec.draft_model else ()) + ((SpecType.EAGLE3,) if spec.spec_model else ())
     neural += (SpecType.DRAFT_LAYERSKIP,) if spec.adaptive_layerskip else ()
-    return ADAPTIVE_MEMBERS + neural
+    return ADAPTIVE_MEMBERS + lookup + neural
 
 
 def drafting_types(spec: SpecConfig) -> tuple[SpecType, ...]:

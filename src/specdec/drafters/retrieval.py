@@ -108,6 +108,7 @@ class RetrievalDrafter(Drafter):
     """
 
     name = "retrieval"
+    lookup = True  # stateless between steps: the store is fixed and the match is found from the context
 
     def __init__(self, store: Datastore, max_tokens: int = 16, min_match: int = 2, max_match: int = 16,
                  min_prob: float = 0.05, tree: bool = True) -> None:
