@@ -125,25 +125,29 @@ clib.load_qkernels()
 rng, out = np.random.default_rng(9), []
 for qtype in (T.Q4_K, T.Q6_K):
     qm = QuantMatrix.from_blocks(_random_blocks(qtype, 64, 1024, rng), qtype, 1024).interleaved()
-    x = rng.standard_normal((7, 1024)).astype(np.float32)
-    y = np.empty((7, 64), dtype=np.float32)
-    kernels.qmatmul(*qm.arrays(), x, y)
-    out.append(y)
-np.save(sys.argv[1], np.stack(out))
+    x = rng.standard_normal((11, 1024)).astype(np.float32)
+    for rows in (1, 11):  # a 1-row pass, and tiles of 8 + 3 (AVX-512) or 4 + 4 + 3 rows
+        y = np.empty((rows, 64), dtype=np.float32)
+        kernels.qmatmul(*qm.arrays(), x[:rows], y)
+        out.append(y)
+np.save(sys.argv[1], np.concatenate(out))
 print(clib.isa())
 """
 
 
 def test_interleaved_products_have_the_same_bits_on_every_isa(tmp_path):
     """The interleaved kernels' integers are exact and their float steps the same fused operations in
-    the same order on every path, so the portable C build gives the bits of this CPU's build (an
-    AVX-512 machine checks its AVX-512 VL tiles this way too)."""
+    the same order on every path, so every build this CPU runs (its own; AVX2 with and without VNNI;
+    portable C) gives the same bits: an AVX-512 VNNI machine checks its zmm tiles this way, an AVX-VNNI
+    one its vpdpbusd tiles."""
     import os
     import subprocess
     import sys
 
     results = {}
-    for name, flags in (("native", ""), ("scalar", "-mno-avx2 -mno-avx512f")):
+    builds = (("native", ""), ("avx2", "-mno-avx512f"), ("avx2-novnni", "-mno-avx512f -mno-avxvnni"),
+              ("scalar", "-mno-avx2 -mno-avx512f"))
+    for name, flags in builds:
         env = {**os.environ, "SPECDEC_QKERNELS_CFLAGS": flags}
         done = subprocess.run([sys.executable, "-c", _X8_PRODUCTS, str(tmp_path / f"{name}.npy")], env=env,
                               capture_output=True, text=True, timeout=600,
@@ -152,7 +156,8 @@ def test_interleaved_products_have_the_same_bits_on_every_isa(tmp_path):
         results[name] = (done.stdout.strip(), np.load(tmp_path / f"{name}.npy"))
     assert results["scalar"][0] == "scalar"
     assert np.isfinite(results["native"][1]).all() and np.abs(results["native"][1]).max() > 0
-    assert np.array_equal(results["native"][1], results["scalar"][1])
+    for name, (isa, products) in results.items():  # e.g. avx512-vnni, avx2-vnni, avx2, scalar on a VNNI CPU
+        assert np.array_equal(products, results["scalar"][1]), f"{name} ({isa}) differs from the portable C bits"
 
 
 def test_mixed_layouts_in_one_matrix():

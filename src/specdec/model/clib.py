@@ -32,14 +32,23 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec")) / "kernels"
 
 
-def _cpu_flags() -> str:
+def _cpu_lines() -> dict[str, str]:
+    """/proc/cpuinfo's first vendor_id and flags lines (what -march=native reads, and the vendor,
+    which decides the weights' prefetch: qkernels_x8.h's PF_HINT)."""
+    lines: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
+            key = line.split(":")[0].strip()
+            if key in ("vendor_id", "flags", "Features"):
+                lines.setdefault("flags" if key == "Features" else key, line)
     except OSError:
         pass
-    return platform.processor()
+    return lines
+
+
+def _build_flags(cpu: dict[str, str]) -> list[str]:
+    vendor = ["-DSD_INTEL"] if "GenuineIntel" in cpu.get("vendor_id", "") else []
+    return FLAGS + vendor + os.environ.get(EXTRA_FLAGS, "").split()
 
 
 @functools.cache
@@ -49,8 +58,10 @@ def load_qkernels() -> ctypes.CDLL:
     if cc is None:
         raise ModelLoadError("no C compiler (cc) to build the quantized kernels")
     source = SOURCE.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
-    flags = FLAGS + os.environ.get(EXTRA_FLAGS, "").split()
-    key = hashlib.sha256(source + cc.encode() + " ".join(flags).encode() + _cpu_flags().encode()).hexdigest()[:16]
+    cpu = _cpu_lines()
+    flags = _build_flags(cpu)
+    cpu_id = cpu.get("flags", platform.processor())
+    key = hashlib.sha256(source + cc.encode() + " ".join(flags).encode() + cpu_id.encode()).hexdigest()[:16]
     lib = _cache_dir() / f"qkernels-{key}.so"
     if not lib.is_file():
         lib.parent.mkdir(parents=True, exist_ok=True)
