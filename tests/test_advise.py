@@ -93,6 +93,24 @@ def test_candidates_are_data():
     assert names[-2:] == [advise.DRAFT_MODEL_METHOD, advise.HEAD_METHOD]
 
 
+def test_retrieval_and_the_reduced_draft_are_candidates_and_their_settings_are_served():
+    cfg = advise.AdviseConfig(Workload("mt_bench", ()), 0.0, draft_model="d", draft_vocab_size=8192,
+                              datastore="own.npz")
+    names = advise.candidate_names(cfg)
+    assert names[-2:] == [advise.RETRIEVAL_METHOD, advise.DRAFT_MODEL_METHOD]
+    c = costs({1: 1.0, 9: 1.5})
+    plain = measure("none", 1.0, 1.0, tau=1.0)
+    rest = [measure(n, 1.1, 1.1) for n in names if n not in ("retrieval", "draft-model", "adaptive")]
+    picks = {"retrieval": "--spec-type retrieval --spec-datastore own.npz",
+             "draft-model": "--spec-type draft-model --draft-model d --spec-draft-vocab-size 8192 "
+                            "--spec-datastore own.npz",  # the store ranks the cut head's tokens
+             "adaptive": "--spec-type adaptive --draft-model d --spec-draft-vocab-size 8192 --spec-datastore own.npz"}
+    for name, flags in picks.items():
+        advice = advise.decide(cfg, c, [plain, *rest, measure(name, 1.6, 1.5)], [])
+        assert advice.recommended == name and advice.command == f"specdec serve {flags}"
+    assert "FR-Spec" in advice.reasons[4] and "retrieval measured" in advice.reasons[4]
+
+
 # -- a real run on a tiny model --------------------------------------------------------------------
 
 
@@ -129,6 +147,24 @@ def test_advise_json_on_a_tiny_model(tiny_llama, workload_file, capsys):
     assert advice["reasons"][-1].startswith(("decision:", "note:"))
 
 
+def test_advise_measures_retrieval_from_a_datastore(tiny_llama, workload_file, capsys, tmp_path):
+    """With --spec-datastore, retrieval is a candidate (greedy outputs checked against plain decoding) and
+    adaptive is measured with it as a member."""
+    from specdec.datastore import Datastore, tokenizer_identity
+    from specdec.text import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_llama)
+    docs = [tokenizer("a b c a b c a b c a b c a b c", add_special_tokens=False)["input_ids"]]
+    Datastore.build(docs, tokenizer_identity(tokenizer)).save(tmp_path / "s.npz")
+    rc, out, err = run(capsys, "--model", str(tiny_llama), "--workload", str(workload_file), "--prompts", "1",
+                       "--max-new-tokens", "8", "--max-model-len", "256", "--spec-datastore", str(tmp_path / "s.npz"),
+                       "--json")
+    assert rc == 0, err
+    advice = json.loads(out)
+    assert [m["name"] for m in advice["methods"]] == ["none", *advise.CANDIDATES, advise.RETRIEVAL_METHOD]
+    assert "retrieval measured" in advice["reasons"][4]
+
+
 def test_advise_text_sampled_at_a_batch(tiny_llama, workload_file, capsys):
     rc, out, err = run(capsys, "--model", str(tiny_llama), "--workload", str(workload_file), "--prompts", "2",
                        "--max-new-tokens", "6", "--max-model-len", "256", "--batch-size", "2",
@@ -150,6 +186,8 @@ def test_advise_text_sampled_at_a_batch(tiny_llama, workload_file, capsys):
         (["--batch-size", "0"], "--batch-size must be in [1, 64], got 0"),
         (["--batch-size", "1000"], "--batch-size must be in [1, 64], got 1000"),
         (["--prompts", "0"], "must be >= 1"),
+        (["--spec-draft-vocab-size", "64"], "--spec-draft-vocab-size cuts the draft model's LM head: it needs "
+                                            "--draft-model"),
     ],
 )
 def test_bad_input_is_one_line(capsys, args, message):

@@ -12,7 +12,11 @@ measurement on this machine, with this target, on these prompts:
 4. batch size: the runs use static batches of that size, and the pass cost is
    read at that many rows (a batched pass pads every row to the widest draft);
 5. a draft model or an EAGLE head: measured as candidates when one is given or
-   ships for the target.
+   ships for the target; the draft model with its LM head cut to the N most frequent
+   tokens (FR-Spec) when ``--spec-draft-vocab-size N`` is given;
+6. a retrieval datastore (``--spec-datastore``, say of the target's own answers:
+   ``specdec datastore answers``): retrieval is measured alone, and ``adaptive`` asks it
+   as a member, as it asks the draft model.
 
 The advice is the candidate with the best measured speedup over plain decoding
 among those whose measured speedup and whose speedup expected from τ, the draft
@@ -48,7 +52,8 @@ CANDIDATES: tuple[str, ...] = (
     "draft-layerskip",
     "adaptive",
 )
-DRAFT_MODEL_METHOD = "draft-model"  # measured when --draft-model is given
+DRAFT_MODEL_METHOD = "draft-model"  # measured when --draft-model is given (FR-Spec's cut head with a vocab size)
+RETRIEVAL_METHOD = "retrieval"  # measured when --spec-datastore is given
 HEAD_METHOD = "eagle3"  # measured when an EAGLE-3 head fits the target
 MIN_SPEEDUP = 1.05  # a smaller measured gain is within run-to-run noise: plain decoding is advised
 PASS_ROUNDS = 5
@@ -69,6 +74,8 @@ class AdviseConfig:
     max_model_len: int = 4096
     draft_model: str | None = None
     spec_model: str | None = None  # an EAGLE-3 head: eagle3 is measured (none ships)
+    draft_vocab_size: int | None = None  # FR-Spec: the draft model drafts from its N most frequent tokens
+    datastore: str | None = None  # a retrieval datastore: retrieval is measured, adaptive asks it
     seed: int = 0
 
 
@@ -122,7 +129,26 @@ def workload_kind(name: str) -> str:
 
 
 def candidate_names(cfg: AdviseConfig) -> list[str]:
-    return [*CANDIDATES, *([DRAFT_MODEL_METHOD] if cfg.draft_model else []), *([HEAD_METHOD] if cfg.spec_model else [])]
+    return [*CANDIDATES, *([RETRIEVAL_METHOD] if cfg.datastore else []),
+            *([DRAFT_MODEL_METHOD] if cfg.draft_model else []), *([HEAD_METHOD] if cfg.spec_model else [])]
+
+
+def method_settings(cfg: AdviseConfig, name: str) -> dict[str, object]:
+    """What serving method ``name`` as measured needs besides its type: the draft model (and its cut
+    head, ranked by the datastore when one is given), the head, the datastore. ``adaptive`` was
+    measured with every one of them as a member, so it needs them all."""
+    types = set(name.split("+"))
+    adaptive = "adaptive" in types
+    settings: dict[str, object] = {}
+    if cfg.draft_model and (adaptive or DRAFT_MODEL_METHOD in types):
+        settings["draft_model"] = cfg.draft_model
+        if cfg.draft_vocab_size is not None:
+            settings["draft_vocab_size"] = cfg.draft_vocab_size
+    if cfg.spec_model and (adaptive or HEAD_METHOD in types):
+        settings["spec_model"] = cfg.spec_model
+    if cfg.datastore and (adaptive or RETRIEVAL_METHOD in types or "draft_vocab_size" in settings):
+        settings["datastore"] = cfg.datastore
+    return settings
 
 
 def pass_widths(batch_size: int, draft_n_max: int) -> list[int]:
@@ -263,10 +289,8 @@ def decide(cfg: AdviseConfig, costs: PassCost, measures: list[MethodMeasure], no
     if chosen is not plain and cfg.batch_size > 1:
         # The server's batch budget K(b) = tokens // b: give this batch the draft length that pays.
         settings["spec_batch_draft_tokens"] = cfg.batch_size * max(chosen.best_draft_len, 1)
-    if chosen.name == DRAFT_MODEL_METHOD:
-        settings["draft_model"] = cfg.draft_model
-    if chosen.name == HEAD_METHOD and cfg.spec_model:
-        settings["spec_model"] = cfg.spec_model
+    if chosen is not plain:
+        settings.update(method_settings(cfg, chosen.name))
     reasons = explain(cfg, costs, plain, drafting, best, chosen) + notes
     return Advice(
         model=cfg.model or "", device=cfg.device or "", workload=cfg.workload.name,
@@ -295,9 +319,13 @@ def explain(cfg: AdviseConfig, costs: PassCost, plain: MethodMeasure, drafting: 
         f"batch size {b}: " + (f"each step drafts for {b} sequences in one padded pass; plain decoding ran "
                                f"{plain.tokens_per_s:.1f} tok/s over the batch" if b > 1 else
                                f"one sequence at a time; plain decoding ran {plain.tokens_per_s:.1f} tok/s"),
-        "draft model / head: " + ", ".join(
-            [f"{DRAFT_MODEL_METHOD} measured" if cfg.draft_model else "no --draft-model given",
-             f"{HEAD_METHOD} measured" if cfg.spec_model else "no EAGLE-3 head for this target (--spec-model)"]),
+        "draft model / head / datastore: " + ", ".join(
+            [(f"{DRAFT_MODEL_METHOD} measured" + (f" from its {cfg.draft_vocab_size:,} most frequent tokens (FR-Spec)"
+                                                  if cfg.draft_vocab_size else "")) if cfg.draft_model
+             else "no --draft-model given",
+             f"{HEAD_METHOD} measured" if cfg.spec_model else "no EAGLE-3 head for this target (--spec-model)",
+             f"{RETRIEVAL_METHOD} measured" if cfg.datastore else "no --spec-datastore given"]
+            + (["adaptive asks each as a member"] if cfg.draft_model or cfg.spec_model or cfg.datastore else [])),
     ]
     if chosen is plain:
         lines.append(f"decision: plain decoding; no drafter both measured and was expected to reach "
@@ -324,7 +352,8 @@ def serve_command(cfg: AdviseConfig, settings: dict[str, object]) -> str:
     if settings["spec_type"] != "none":
         parts.append(f"--spec-type {settings['spec_type']}")
     flags = {"spec_batch_draft_tokens": "--spec-batch-draft-tokens", "draft_model": "--draft-model",
-             "spec_model": "--spec-model"}
+             "draft_vocab_size": "--spec-draft-vocab-size", "spec_model": "--spec-model",
+             "datastore": "--spec-datastore"}
     parts += [f"{flag} {settings[key]}" for key, flag in flags.items() if key in settings]
     if cfg.batch_size > 1:
         parts.append(f"--max-batch-size {cfg.batch_size}")

@@ -35,6 +35,10 @@ def add_advise_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None, help="also measure this draft model (same tokenizer as the target)")
     p.add_argument("--spec-model", default=None,
                    help="also measure this EAGLE-3 head (default: the one shipped for the default model, if any)")
+    p.add_argument("--spec-draft-vocab-size", type=positive_int, default=None, metavar="N",
+                   help="the draft model drafts from its N most frequent tokens (FR-Spec), in draft-model and adaptive")
+    p.add_argument("--spec-datastore", default=None, metavar="PATH",
+                   help="also measure retrieval from this datastore (`specdec datastore build`); adaptive asks it too")
     p.add_argument("--prompts", type=positive_int, default=4, help="requests to measure (default 4)")
     p.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens per request (default 64)")
     p.add_argument("--spec-draft-n-max", type=positive_int, default=SpecConfig.draft_n_max,
@@ -60,6 +64,8 @@ def config_from_args(args: argparse.Namespace) -> advise.AdviseConfig:
         raise UsageError(f"--temperature must be in [0, {MAX_TEMPERATURE:g}], got {args.temperature:g}")
     if not 1 <= args.batch_size <= MAX_BATCH_SIZE:
         raise UsageError(f"--batch-size must be in [1, {MAX_BATCH_SIZE}], got {args.batch_size}")
+    if args.spec_draft_vocab_size is not None and not args.draft_model:
+        raise UsageError("--spec-draft-vocab-size cuts the draft model's LM head: it needs --draft-model")
     workload = read_workload(args.workload)
     from specdec.bench import advise  # after the input checks: they answer without loading torch
 
@@ -69,7 +75,8 @@ def config_from_args(args: argparse.Namespace) -> advise.AdviseConfig:
         workload=workload, temperature=temperature, batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens, draft_n_max=args.spec_draft_n_max, model=args.model, dtype=args.dtype,
         device=args.device, backend=args.backend, quantization=args.quantization, max_model_len=args.max_model_len,
-        draft_model=args.draft_model, spec_model=args.spec_model, seed=args.seed,
+        draft_model=args.draft_model, spec_model=args.spec_model, draft_vocab_size=args.spec_draft_vocab_size,
+        datastore=args.spec_datastore, seed=args.seed,
     )
 
 
@@ -78,7 +85,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
     from specdec.bench import advise
     from specdec.bench.harness import GreedyMismatchError
 
-    base = SpecConfig(draft_n_max=cfg.draft_n_max, draft_model=cfg.draft_model, spec_model=cfg.spec_model)
+    base = SpecConfig(draft_n_max=cfg.draft_n_max, draft_model=cfg.draft_model, spec_model=cfg.spec_model,
+                      draft_vocab_size=cfg.draft_vocab_size, datastore=cfg.datastore)
     try:
         methods = parse_methods(",".join(advise.candidate_names(cfg)), base)
     except ValueError as exc:
