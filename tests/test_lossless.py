@@ -114,7 +114,25 @@ def test_greedy_identity_every_token_drafter(tiny, prompt, k, kind):
     engine = Engine(tiny.runner, draft_n_max=k, plan_drafts=False)
     plain = run(engine, prompt, greedy(24), None).output_ids
     spec = run(engine, prompt, greedy(24), drafter_for(tiny, kind, k))
-    assert spec.output_ids == plain
+    assert spec.output_ids == plain  # random prompts: drafts may all be rejected (the next test drafts)
+
+
+# A 4-cycle of the bigram model's greedy map (seed 2): from 3272 its output repeats these four tokens,
+# found by applying the map to every token (2 fixed points, cycles of 4, 10 and 41).
+CYCLE = [3272, 32613, 45863, 13875]
+
+
+@pytest.mark.parametrize("kind", TOKEN_DRAFTERS, ids=lambda k: k.value)
+def test_greedy_identity_every_token_drafter_drafts_and_accepts(bigram, kind):
+    """Each drafter's own case, with drafts proposed and accepted: the look-up drafters copy the
+    prompt's cycle, draft-self (never the prompt) the output's own repeats once they come."""
+    engine = Engine(bigram.runner, draft_n_max=6, plan_drafts=False)
+    prompt = [*CYCLE, *CYCLE, CYCLE[0]]
+    plain = run(engine, prompt, greedy(20), None).output_ids
+    assert plain == (CYCLE[1:] + CYCLE[:1]) * 5, "the bigram model's cycle moved: pick another"
+    seq = run(engine, prompt, greedy(20), drafter_for(bigram, kind, 6))
+    assert seq.output_ids == plain
+    assert seq.stats.drafted >= 8 and seq.stats.accepted >= 8, seq.stats
 
 
 @pytest.mark.parametrize("types", ["ngram-cache,suffix", "suffix,ngram-mod", "ngram-mod,ngram-cache"])

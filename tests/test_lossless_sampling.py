@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import specdec.drafters.adaptive as adaptive_mod
 import specdec.verify as verify_mod
 from specdec.config import SamplingParams, SpecConfig, SpecType
 from specdec.drafters.adaptive import AdaptiveDrafter
@@ -30,6 +31,7 @@ from specdec.drafters.draft_self import DraftSelfDrafter
 from specdec.drafters.dynamic_tree import sampled_children
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.mtp import MtpDrafter
+from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.registry import DraftResources
 from specdec.engine import Engine, SequenceState
 from specdec.model.eagle_head import EagleHead, EagleHeadConfig
@@ -260,6 +262,101 @@ def test_adaptive_with_an_eagle_member_keeps_the_distribution(micro):
     """An EAGLE tree's shape follows its own draws, so it is cut by its planned length, like a chain."""
     s = sample(micro, adaptive(micro, lambda: [eagle(micro)]))
     assert_lossless(s, micro.dist(), trees=True, deep=False)
+
+
+@dataclass
+class AdaptiveCounts:
+    """What the adaptive drafters of one run did: dry runs, verified drafts by kind, monitor events."""
+
+    drafters: list[AdaptiveDrafter]
+    dry_runs: int = 0
+    sampled: int = 0  # verified drafts carrying q (the draft-model member's)
+    lookup: int = 0  # verified deterministic drafts (the n-gram member's)
+
+    def switch_offs(self) -> int:
+        return sum(m.monitor.num_switch_offs for d in self.drafters for m in d.members)
+
+
+def lookup_and_model(micro: Micro, monkeypatch, min_acceptance: float, min_samples: int = 3):
+    """Adaptive over n-gram look-up and the draft model (p-min 0.6, a fixed cost table), with counters."""
+    counts = AdaptiveCounts([])
+    dry_run, propose = AdaptiveDrafter._dry_run, AdaptiveDrafter.propose
+
+    def counted_dry_run(self, m, context):
+        counts.dry_runs += 1
+        return dry_run(self, m, context)
+
+    def counted_propose(self, context, max_tokens):
+        proposal = propose(self, context, max_tokens)
+        if len(proposal):
+            counts.sampled += proposal.probs is not None
+            counts.lookup += proposal.probs is None
+        return proposal
+
+    monkeypatch.setattr(AdaptiveDrafter, "_dry_run", counted_dry_run)
+    monkeypatch.setattr(AdaptiveDrafter, "propose", counted_propose)
+
+    def make() -> Drafter:
+        drafter = AdaptiveDrafter([NgramDrafter.from_config(SpecConfig()), DraftModelDrafter(micro.draft, 0.6)],
+                                  cost=fixed_cost(), min_acceptance=min_acceptance)
+        for m in drafter.members:
+            m.monitor.min_samples = min_samples
+        counts.drafters.append(drafter)
+        return drafter
+
+    return make, counts
+
+
+def test_adaptive_probes_switch_offs_and_a_sampled_member_keep_the_distribution(micro, lookup, monkeypatch):
+    """At the default min-acceptance (0.4) under sampling: the n-gram member starts as dry-run probes,
+    members whose drafts keep nothing are switched off, the draft model's sampled chains are verified,
+    and a probe that kept tokens switches its member on (min_samples 1: the monitors judge every draft,
+    so a 5-token output sees every transition)."""
+    make, counts = lookup_and_model(micro, monkeypatch, min_acceptance=0.4, min_samples=1)
+    s = sample(micro, make, lookup)
+    assert_lossless(s, micro.dist(lookup), deep=False)
+    assert counts.dry_runs >= N_SAMPLES and counts.switch_offs() >= N_SAMPLES // 2
+    assert counts.sampled >= N_SAMPLES and counts.lookup >= 100  # both kinds of draft verified
+
+
+# -- the adaptive drafter's two biases, re-introduced: the same harness must catch each --------------
+# verify.py's rule: whether a node is verified never depends on its own token. adaptive.choose keeps it
+# by pricing a sampled offer from its member's alpha and the costs alone, and by never merging it.
+
+
+def test_harness_catches_adaptive_pricing_a_sampled_draft_by_its_drawn_length(micro, monkeypatch):
+    """The bias d32b040 fixed (p = 8e-87): a sampled chain priced on its own length, so a chain that
+    p-min stopped after x1 was dropped (one drafted token never pays under fixed_cost) where a longer
+    one was kept."""
+    choose = adaptive_mod.choose
+
+    def by_drawn_length(offers, max_tokens, cost, greedy):
+        drawn = [len(o.proposal) for o in offers if o.proposal.probs is not None]
+        return choose(offers, min([max_tokens, *drawn]), cost, greedy)
+
+    monkeypatch.setattr(adaptive_mod, "choose", by_drawn_length)
+    s = sample(micro, adaptive(micro, lambda: [DraftModelDrafter(micro.draft, 0.6)]), n=1000)
+    assert s.drafted > 500 and s.accepted > 250, (s.drafted, s.accepted)  # 1062 and 561 here: p = 2e-14
+    assert chi2_pvalue(s.counts, micro.dist()) < ALPHA
+
+
+def test_harness_catches_adaptive_merging_a_sampled_draft_with_a_look_up(micro, lookup, monkeypatch):
+    """A sampled offer merged into the look-up members' trie: its first node is kept more often when a
+    look-up member proposes the same token, so it wins where its x1 agrees (verified with its q) and
+    the look-up's draft where it does not."""
+    choose = adaptive_mod.choose
+
+    def merged(offers, max_tokens, cost, greedy):
+        lookups = [o for o in offers if o.proposal.probs is None]
+        firsts = {o.proposal.token_ids[0] for o in lookups}
+        backed = [o for o in offers if o.proposal.probs is not None and o.proposal.token_ids[0] in firsts]
+        return choose(backed or lookups or offers, max_tokens, cost, greedy)
+
+    monkeypatch.setattr(adaptive_mod, "choose", merged)
+    make, counts = lookup_and_model(micro, monkeypatch, min_acceptance=0.0)
+    s = sample(micro, make, lookup, n=1000)
+    assert counts.sampled > 300 and counts.lookup > 300, (counts.sampled, counts.lookup)  # 808, 1145: p = 6e-15
+    assert chi2_pvalue(s.counts, micro.dist(lookup)) < ALPHA
 
 
 # -- a tree: an EAGLE-3 head's sampled tree ------------------------------------------------------------
