@@ -52,15 +52,16 @@ def message_cases(depth: int, huge_digits: int) -> list[str]:
     return out
 
 
-def hostile_cases(depth: int = 3000, huge_digits: int = 5000, huge_string: int = 1 << 20) \
+def hostile_cases(depth: int = 3000, huge_digits: int = 5000, huge_string: int = 1 << 20, spread: bool = False) \
         -> Iterator[tuple[str, bytes]]:
     """Every (endpoint, field, hostile value), each in an otherwise valid body; then whole bodies
-    nested ``depth`` deep."""
+    nested ``depth`` deep. ``spread``: each field with one value, the values in turn (every field and
+    every value of both endpoints, ~80 bodies instead of ~1100), and ``messages`` with each of its own."""
     values = hostile_values(depth, huge_digits, huge_string)
     for path, (base, fields) in BASES.items():
-        for field in fields:
+        for i, field in enumerate(fields):
             extra = message_cases(depth, huge_digits) if field == "messages" else []
-            for value in values + extra:
+            for value in (values[i % len(values) : i % len(values) + 1] if spread else values) + extra:
                 rest = {k: v for k, v in base.items() if k != field}
                 head = json.dumps(rest)[:-1]
                 yield path, f'{head}, "{field}": {value}}}'.encode()

@@ -1,4 +1,5 @@
-"""The `specdec generate` contract, run as a real subprocess, and its bad-input errors."""
+"""The `specdec generate` contract, run as a real subprocess (the default model's JSON record, the bad-input
+errors), and its flags on the tiny model through ``main`` in this process."""
 
 from __future__ import annotations
 
@@ -8,11 +9,22 @@ import sys
 
 import pytest
 
+from specdec.cli import main
+
 SPECDEC = [sys.executable, "-m", "specdec.cli"]
 
 
 def specdec(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([*SPECDEC, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def in_process(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``specdec ARGS`` through ``main`` in this process: the flag tests on the tiny model (a subprocess
+    spends ~10 s importing torch and the kernels before its first token; these tests ran 8 of them)."""
+    capsys.readouterr()
+    code = main(list(args))
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)
 
 
 # Cheap on purpose: one subprocess that loads the default model and decodes 12 tokens (~10 s on 2 cores).
@@ -37,11 +49,11 @@ def test_json_contract_on_default_model():
     assert {"spec_off_steps", "spec_switch_offs", "spec_probes"} <= set(stats)
 
 
-def test_prompts_file_and_n_samples(tiny_llama, tmp_path):
+def test_prompts_file_and_n_samples(tiny_llama, tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "one two three"}\n\n{"prompt": "four five"}\n')
-    out = specdec("generate", "--prompts-file", str(prompts), "--model", str(tiny_llama), "--json",
-                  "--max-new-tokens", "5", "--n", "3", "--temperature", "0.8", "--seed", "1")
+    out = in_process(capsys, "generate", "--prompts-file", str(prompts), "--model", str(tiny_llama), "--json",
+                     "--max-new-tokens", "5", "--n", "3", "--temperature", "0.8", "--seed", "1")
     assert out.returncode == 0, out.stderr
     records = [json.loads(line) for line in out.stdout.strip().splitlines()]
     assert len(records) == 2
@@ -51,47 +63,48 @@ def test_prompts_file_and_n_samples(tiny_llama, tmp_path):
     assert len({tuple(c["token_ids"]) for c in records[0]["choices"]}) > 1  # independent samples
 
 
-def test_text_mode_streams_and_prints_stats(tiny_llama):
-    out = specdec("generate", "hello", "--model", str(tiny_llama), "--max-new-tokens", "4", "--chat",
-                  "--system", "be brief", "--spec-type", "suffix,ngram")
+def test_text_mode_streams_and_prints_stats(tiny_llama, capsys):
+    out = in_process(capsys, "generate", "hello", "--model", str(tiny_llama), "--max-new-tokens", "4", "--chat",
+                     "--system", "be brief", "--spec-type", "suffix,ngram")
     assert out.returncode == 0, out.stderr
     assert "[specdec] " in out.stderr and "tok/s" in out.stderr
     assert "suffix,ngram: drafted" in out.stderr
 
 
-def test_greedy_speculative_cli_equals_plain(tiny_llama):
+def test_greedy_speculative_cli_equals_plain(tiny_llama, capsys):
     base = ["generate", "a b c a b c a b", "--model", str(tiny_llama), "--max-new-tokens", "16", "--json"]
-    plain = json.loads(specdec(*base).stdout)
-    fast = json.loads(specdec(*base, "--spec-type", "ngram-map-k4v").stdout)
+    plain = json.loads(in_process(capsys, *base).stdout)
+    fast = json.loads(in_process(capsys, *base, "--spec-type", "ngram-map-k4v").stdout)
     assert fast["token_ids"] == plain["token_ids"]
 
 
-def test_logprobs_penalties_and_grammar_flags(tiny_llama, tmp_path):
+def test_logprobs_penalties_and_grammar_flags(tiny_llama, tmp_path, capsys):
     schema = tmp_path / "schema.json"
     schema.write_text('{"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},'
                       ' "required": ["a"], "additionalProperties": false}')
     base = ["generate", "a b c a b c a b", "--model", str(tiny_llama), "--max-new-tokens", "16", "--json",
             "--logprobs", "2", "--frequency-penalty", "0.5", "--logit-bias", "300=2.5", "--json-schema", str(schema)]
-    plain = json.loads(specdec(*base).stdout)
-    fast = json.loads(specdec(*base, "--spec-type", "ngram").stdout)
+    plain = json.loads(in_process(capsys, *base).stdout)
+    fast = json.loads(in_process(capsys, *base, "--spec-type", "ngram").stdout)
     assert fast["token_ids"] == plain["token_ids"] and fast["logprobs"] == plain["logprobs"]
     assert json.loads(plain["text"])["a"] in range(10)
     assert len(plain["logprobs"]) == len(plain["token_ids"])
     assert all(len(t["top_logprobs"]) == 2 and t["token_id"] == i
                for t, i in zip(plain["logprobs"], plain["token_ids"], strict=True))
-    out = specdec("generate", "x", "--model", str(tiny_llama), "--regex", "a((")
+    out = in_process(capsys, "generate", "x", "--model", str(tiny_llama), "--regex", "a((")
     assert out.returncode == 2 and "invalid regex" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_processed_logprobs_mode_and_scoring_a_prompt(tiny_llama):
+def test_processed_logprobs_mode_and_scoring_a_prompt(tiny_llama, capsys):
     base = ["generate", "a b c a b c a b", "--model", str(tiny_llama), "--max-new-tokens", "12", "--json",
             "--logprobs", "1", "--presence-penalty", "1.5", "--logprobs-mode", "processed_logprobs"]
-    plain = json.loads(specdec(*base).stdout)
-    fast = json.loads(specdec(*base, "--spec-type", "ngram").stdout)
+    plain = json.loads(in_process(capsys, *base).stdout)
+    fast = json.loads(in_process(capsys, *base, "--spec-type", "ngram").stdout)
     assert fast["token_ids"] == plain["token_ids"] and fast["logprobs"] == plain["logprobs"]
     assert all(t["rank"] == 1 for t in plain["logprobs"])  # greedy takes the processed argmax
-    scored = json.loads(specdec("generate", "a b c a b", "--model", str(tiny_llama), "--max-new-tokens", "0",
-                                "--prompt-logprobs", "2", "--json", "--spec-type", "ngram").stdout)
+    scored = json.loads(in_process(capsys, "generate", "a b c a b", "--model", str(tiny_llama),
+                                   "--max-new-tokens", "0", "--prompt-logprobs", "2", "--json",
+                                   "--spec-type", "ngram").stdout)
     assert scored["text"] == "" and scored["token_ids"] == [] and scored["finish_reason"] == "length"
     first, *rest = scored["prompt_logprobs"]
     assert first is None and rest and all(t["logprob"] <= 0 and len(t["top_logprobs"]) == 2 for t in rest)
@@ -177,8 +190,8 @@ def test_malformed_prompts_file(tmp_path):
     assert out.returncode == 2 and "bad.jsonl:2: invalid JSON" in out.stderr
 
 
-def test_prompt_longer_than_context(tiny_llama):
-    out = specdec("generate", "word " * 600, "--model", str(tiny_llama), "--max-model-len", "256")
+def test_prompt_longer_than_context(tiny_llama, capsys):
+    out = in_process(capsys, "generate", "word " * 600, "--model", str(tiny_llama), "--max-model-len", "256")
     assert out.returncode == 2
     assert "context holds 256" in out.stderr and "Traceback" not in out.stderr
 
