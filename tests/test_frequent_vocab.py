@@ -120,7 +120,8 @@ def test_a_datastore_ranks_the_draft_vocabulary(tiny, tiny_llama, tmp_path):
 def test_adaptive_asks_the_reduced_draft_and_retrieval_losslessly(tiny, tiny_llama, tmp_path):
     """`--spec-type adaptive --draft-model M --spec-draft-vocab-size N --spec-datastore S`: the store holds the
     answer's first 16 tokens (retrieval drafts them) and the rest's tokens out of order, ranking the cut head's
-    64 tokens; the draft model, drafting for itself from those, drafts the rest. Both members' tokens are accepted; the output is plain decoding's."""
+    64 tokens; the draft model, drafting for itself from those, drafts the rest. Both members' tokens are
+    accepted; the output is plain decoding's."""
     engine = Engine(tiny.runner, draft_n_max=5, plan_drafts=False)
     prompt = list(range(200, 230))
     plain = run(engine, prompt, greedy(40), None).output_ids
