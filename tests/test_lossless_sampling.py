@@ -383,7 +383,9 @@ def eagle(micro: Micro, topk: int = 2, steps: int = 4, n: int = 4) -> EagleDraft
     return EagleDrafter(tiny_head(micro), micro.target, topk=topk, num_steps=steps, num_draft_tokens=n)
 
 
-@pytest.mark.parametrize("topk", [1, 2], ids=["chain", "tree"])
+# The chain (topk 1: 27 s on 2 busy cores) is slow-marked: the tree draws through the same build_tree,
+# and the adaptive EAGLE member's test verifies its trees cut to their first planned nodes.
+@pytest.mark.parametrize("topk", [pytest.param(1, marks=pytest.mark.slow), 2], ids=["chain", "tree"])
 def test_eagle_keeps_the_distribution(micro, topk):
     s = sample(micro, lambda: eagle(micro, topk=topk))
     assert_lossless(s, micro.dist(), trees=topk > 1, deep=False)
