@@ -225,10 +225,82 @@ INLINE __m256i q6x8_weights(__m256i l, __m256i h, int cc) {
     return _mm256_or_si256(low, _mm256_and_si256(high, m30));
 }
 
-/* R activation rows against one Q6KX8 group. A quad of chunks c0 .. c0 + 3 and half of its steps meet
- * one scale group per chunk; vpmaddubsw's int16 pairs (2 x 63 x 128 < 2^15) meet it in vpmaddwd. (A
- * vpdpbusd variant, each chunk's 4 steps summed in int32 and scaled by one vpmulld, measured 3-7%
- * slower at 1 and 8 rows on Sapphire Rapids: the 6-bit unpacking, not the products, bounds it.) */
+/* the Q6KX8 offset and float epilogue of a super-block: values are q - 32, so take 32 x sum_g scale_g x
+ * bk_g back; then the same fused float steps on every path */
+INLINE __m256 q6x8_epilogue(const uint8_t *blk, __m256i sumi, const int16_t *bk, float dx, __m256 acc) {
+    for (int gp = 0; gp < 8; gp++) {
+        const __m128i pair = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(blk + 16 + 16 * gp)),
+                                               _mm_loadl_epi64((const __m128i *)(blk + 24 + 16 * gp)));
+        const __m256i sc2 = _mm256_cvtepi8_epi16(pair);  /* row i: (scale 2gp, scale 2gp + 1) */
+        const __m256i off = _mm256_madd_epi16(sc2, x4_bcast((const int8_t *)(bk + 2 * gp)));
+        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
+    }
+    const __m256 vd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+    return _mm256_fmadd_ps(_mm256_set1_ps(dx), _mm256_mul_ps(vd, _mm256_cvtepi32_ps(sumi)), acc);
+}
+
+#if defined(SD_AVX512) && defined(__AVX512VL__)
+/* R activation rows against one Q6KX8 group, AVX-512 VNNI: one zmm load holds L0 and L1 of a step, so
+ * its low nibbles are chunks c0 and c0 + 2 side by side (halves of the zmm) and its high nibbles
+ * chunks c0 + 1 and c0 + 3; H, broadcast to both halves, is shifted per half (vpsllvw). Each pair of
+ * chunks sums its 4 steps in int32 (vpdpbusd against the two chunks' activations, picked by vpermt2d)
+ * and meets its two scale groups in one vpmulld; exact integers, so the AVX2 and portable bits */
+INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                   float *out, int64_t os) {
+    const int64_t nsb = k / QK;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shift_a = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_setzero_si256(), 1);  /* 4 | 0 */
+    const __m512i two = _mm512_set1_epi16(2);
+    const __m512i halves = _mm512_set_epi32(16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m256 acc[XROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t *blk = grp + Q6KX8_BYTES * b;
+        prefetch_ahead(blk, Q6KX8_BYTES);
+        __m512i sumi[XROWS];
+        for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
+        for (int hq = 0; hq < 4; hq++) {  /* quad hq / 2 (chunks 4 (hq / 2) ..), steps 4 (hq % 2) .. + 3 */
+            const int c0 = 4 * (hq / 2), half = hq % 2;
+            const uint8_t *quad = blk + 144 + 768 * (hq / 2);
+            __m512i a02[XROWS], a13[XROWS];
+            for (int r = 0; r < R; r++) a02[r] = a13[r] = _mm512_setzero_si512();
+            for (int t = 4 * half; t < 4 * half + 4; t++) {
+                const __m512i l = _mm512_loadu_si512((const void *)(quad + 96 * t));  /* L0 | L1 */
+                const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(quad + 96 * t + 64)));
+                /* high bits to 4..5: chunk c0 H << 4, c0 + 2 H; chunk c0 + 1 H << 2, c0 + 3 H >> 2 */
+                const __m512i h13 = _mm512_mask_srli_epi16(_mm512_sllv_epi16(h, two), 0xFFFF0000u, h, 2);
+                const __m512i w02 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shift_a), m30));
+                const __m512i w13 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), _mm512_and_si512(h13, m30));
+                const __m512i i02 = _mm512_add_epi32(halves, _mm512_set1_epi32(t));  /* dword t of chunk c0 | c0 + 2 */
+                const __m512i i13 = _mm512_add_epi32(i02, _mm512_set1_epi32(8));
+                for (int r = 0; r < R; r++) {
+                    const int8_t *x = xk + r * k + QK * b + 32 * c0;
+                    const __m512i x01 = _mm512_loadu_si512((const void *)x), x23 = _mm512_loadu_si512((const void *)(x + 64));
+                    a02[r] = _mm512_dpbusd_epi32(a02[r], w02, _mm512_permutex2var_epi32(x01, i02, x23));
+                    a13[r] = _mm512_dpbusd_epi32(a13[r], w13, _mm512_permutex2var_epi32(x01, i13, x23));
+                }
+            }
+            const uint8_t *sg = blk + 16 + 8 * (2 * c0 + half);  /* scale group of chunk c0 + cc: sg + 16 cc */
+            int64_t s0, s1, s2, s3;
+            memcpy(&s0, sg, 8), memcpy(&s1, sg + 16, 8), memcpy(&s2, sg + 32, 8), memcpy(&s3, sg + 48, 8);
+            const __m512i sc02 = _mm512_cvtepi8_epi32(_mm_set_epi64x(s2, s0));
+            const __m512i sc13 = _mm512_cvtepi8_epi32(_mm_set_epi64x(s3, s1));
+            for (int r = 0; r < R; r++)
+                sumi[r] = _mm512_add_epi32(sumi[r], _mm512_add_epi32(_mm512_mullo_epi32(a02[r], sc02),
+                                                                     _mm512_mullo_epi32(a13[r], sc13)));
+        }
+        for (int r = 0; r < R; r++) {
+            const __m256i s = _mm256_add_epi32(_mm512_castsi512_si256(sumi[r]), _mm512_extracti64x4_epi64(sumi[r], 1));
+            acc[r] = q6x8_epilogue(blk, s, bk + r * (k / 16) + 16 * b, dk[r * nsb + b], acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, acc[r]);
+}
+#else
+/* R activation rows against one Q6KX8 group, AVX2. A quad of chunks c0 .. c0 + 3 and half of its steps
+ * meet one scale group per chunk; vpmaddubsw's int16 pairs (2 x 63 x 128 < 2^15) meet it in vpmaddwd.
+ * (A ymm vpdpbusd variant, each chunk's 4 steps summed in int32 and scaled by one vpmulld, measured
+ * 3-7% slower at 1 and 8 rows on Sapphire Rapids: the 6-bit unpacking, not the products, bounds it.) */
 INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
                    float *out, int64_t os) {
     const int64_t nsb = k / QK;
@@ -237,7 +309,6 @@ INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = grp + Q6KX8_BYTES * b;
         prefetch_ahead(blk, Q6KX8_BYTES);
-        const __m256 vd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
         __m256i sumi[XROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int hq = 0; hq < 4; hq++) {  /* quad hq / 2 (chunks 4 (hq / 2) ..), steps 4 (hq % 2) .. + 3 */
@@ -259,20 +330,11 @@ INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
                 }
             }
         }
-        for (int gp = 0; gp < 8; gp++) {  /* values are q - 32: take 32 x sum_g scale_g x bk_g back */
-            const __m128i pair = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(blk + 16 + 16 * gp)),
-                                                   _mm_loadl_epi64((const __m128i *)(blk + 24 + 16 * gp)));
-            const __m256i sc2 = _mm256_cvtepi8_epi16(pair);  /* row i: (scale 2gp, scale 2gp + 1) */
-            for (int r = 0; r < R; r++) {
-                const __m256i off = _mm256_madd_epi16(sc2, x4_bcast((const int8_t *)(bk + r * (k / 16) + 16 * b + 2 * gp)));
-                sumi[r] = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(off, 5));
-            }
-        }
-        for (int r = 0; r < R; r++)
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dk[r * nsb + b]), _mm256_mul_ps(vd, _mm256_cvtepi32_ps(sumi[r])), acc[r]);
+        for (int r = 0; r < R; r++) acc[r] = q6x8_epilogue(blk, sumi[r], bk + r * (k / 16) + 16 * b, dk[r * nsb + b], acc[r]);
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, acc[r]);
 }
+#endif
 #else  /* portable C: the same integers and the same fused float steps (fmaf), row by row */
 #define XROWS 4
 INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
