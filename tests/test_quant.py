@@ -105,7 +105,8 @@ def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype):
     kernels.qmatmul(*qm.arrays(), x, out)
     assert np.abs(out - x @ dense.T).max() < 0.02 * np.abs(x @ dense.T).max()
     alone = np.empty((1, 45), dtype=np.float32)
-    for m in (1, 3, 4, 5, 9, 13):
+    x = np.concatenate([x, rng.standard_normal((27, 512)).astype(np.float32)])
+    for m in (1, 3, 4, 5, 9, 13, 16, 17, 40):  # 16 rows on: AMX tiles, where the CPU has them
         wide = np.empty((m, 45), dtype=np.float32)
         kernels.qmatmul(*qm.arrays(), x[:m], wide)
         for r in range(m):
@@ -125,8 +126,8 @@ clib.load_qkernels()
 rng, out = np.random.default_rng(9), []
 for qtype in (T.Q4_K, T.Q6_K):
     qm = QuantMatrix.from_blocks(_random_blocks(qtype, 64, 1024, rng), qtype, 1024).interleaved()
-    x = rng.standard_normal((11, 1024)).astype(np.float32)
-    for rows in (1, 11):  # a 1-row pass, and tiles of 8 + 3 (AVX-512) or 4 + 4 + 3 rows
+    x = rng.standard_normal((17, 1024)).astype(np.float32)
+    for rows in (1, 11, 17):  # 1 row; tiles of 8 + 3 (AVX-512) or 4 + 4 + 3; AMX tiles of 16 + 1 (Q4_K)
         y = np.empty((rows, 64), dtype=np.float32)
         kernels.qmatmul(*qm.arrays(), x[:rows], y)
         out.append(y)
@@ -137,16 +138,16 @@ print(clib.isa())
 
 def test_interleaved_products_have_the_same_bits_on_every_isa(tmp_path):
     """The interleaved kernels' integers are exact and their float steps the same fused operations in
-    the same order on every path, so every build this CPU runs (its own; AVX2 with and without VNNI;
-    portable C) gives the same bits: an AVX-512 VNNI machine checks its zmm tiles this way, an AVX-VNNI
-    one its vpdpbusd tiles."""
+    the same order on every path, so every build this CPU runs (its own; AVX-512 without AMX; AVX2 with
+    and without VNNI; portable C) gives the same bits: an AMX machine checks its tiles this way, an
+    AVX-512 VNNI one its zmm tiles, an AVX-VNNI one its vpdpbusd tiles."""
     import os
     import subprocess
     import sys
 
     results = {}
-    builds = (("native", ""), ("avx2", "-mno-avx512f"), ("avx2-novnni", "-mno-avx512f -mno-avxvnni"),
-              ("scalar", "-mno-avx2 -mno-avx512f"))
+    builds = (("native", ""), ("no-amx", "-mno-amx-tile -mno-amx-int8"), ("avx2", "-mno-avx512f"),
+              ("avx2-novnni", "-mno-avx512f -mno-avxvnni"), ("scalar", "-mno-avx2 -mno-avx512f"))
     for name, flags in builds:
         env = {**os.environ, "SPECDEC_QKERNELS_CFLAGS": flags}
         done = subprocess.run([sys.executable, "-c", _X8_PRODUCTS, str(tmp_path / f"{name}.npy")], env=env,

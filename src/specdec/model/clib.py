@@ -23,7 +23,7 @@ import llvmlite.binding as llvm
 from specdec.errors import ModelLoadError
 
 SOURCE = Path(__file__).with_name("qkernels.c")
-HEADERS = (Path(__file__).with_name("qkernels_x8.h"),)  # included by SOURCE: part of the build's key
+HEADERS = (Path(__file__).with_name("qkernels_x8.h"), Path(__file__).with_name("qkernels_amx.h"))  # included by SOURCE: part of the build's key
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
 EXTRA_FLAGS = "SPECDEC_QKERNELS_CFLAGS"  # e.g. "-mno-avx512f" to measure the AVX2 path on an AVX-512 CPU
 
@@ -44,6 +44,11 @@ def _cpu_lines() -> dict[str, str]:
     except OSError:
         pass
     return lines
+
+
+def cpu_has_amx() -> bool:
+    """Whether the CPU says it has AMX int8 tiles (the kernels still ask Linux for them at run time)."""
+    return " amx_int8" in _cpu_lines().get("flags", "")
 
 
 def _build_flags(cpu: dict[str, str]) -> list[str]:
@@ -77,5 +82,5 @@ def load_qkernels() -> ctypes.CDLL:
 
 
 def isa() -> str:
-    """Which instruction set the kernels were built for here: avx2+vnni, avx2 or scalar."""
+    """Which instruction set the kernels run here: avx512-vnni(+amx), avx2-vnni, avx2 or scalar."""
     return load_qkernels().sd_isa().decode()

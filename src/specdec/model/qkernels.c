@@ -56,18 +56,6 @@ enum { QK = 256 };  /* values per K-quant super-block */
 
 #define INLINE static inline __attribute__((always_inline))
 
-const char *sd_isa(void) {
-#if defined(SD_AVX512)
-    return "avx512-vnni";
-#elif defined(SD_VNNI)
-    return "avx2-vnni";
-#elif defined(SD_AVX2)
-    return "avx2";
-#else
-    return "scalar";
-#endif
-}
-
 /* -- activations: x [rows, k] -> xq int8 [rows, k]; dx8 [rows, k/4] (each block's scale d =
  * max|x| / 127, 8 times: one per lane of its products); bs32 [rows, k/32] (d x the block's sum of
  * xq: the min term then sees the same x as the integer term, so an offset such as Q4_0's -8 s
@@ -598,6 +586,23 @@ INLINE void ktile6_512(const int R, const uint8_t *q, int64_t k, const int8_t *x
 #endif
 
 #include "qkernels_x8.h"
+#include "qkernels_amx.h"
+
+/* the kernels' instruction set; "+amx" where the tiles are built and this process may use them */
+const char *sd_isa(void) {
+#if defined(SD_AMX)
+    if (amx_enabled()) return "avx512-vnni+amx";
+#endif
+#if defined(SD_AVX512)
+    return "avx512-vnni";
+#elif defined(SD_VNNI)
+    return "avx2-vnni";
+#elif defined(SD_AVX2)
+    return "avx2";
+#else
+    return "scalar";
+#endif
+}
 
 #define KTILES(NAME, CALL)                                                                                  \
     static void NAME(int R, const uint8_t *q, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk, \
@@ -643,6 +648,13 @@ void sd_qmatmul(const uint8_t *q, const float *s, const float *m, const int8_t *
                 float *out, int64_t out_stride, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *qn = q + n * q_stride;
+#if defined(SD_AMX)
+        if (fmt[n] == FMT_Q4KX8 && n + 2 * X8 <= n1 && fmt[n + X8] == FMT_Q4KX8 && rows >= AMX_MIN_ROWS && amx_enabled()) {
+            amx_q4x8_pair(qn, qn + X8 * q_stride, k, xk, dk, bk, rows, out + n, out_stride);  /* rows n .. n + 15 */
+            n += 2 * X8 - 1;
+            continue;
+        }
+#endif
         if (x8_layout(fmt[n])) {  /* rows n .. n + 7, interleaved (n % 8 == 0) */
             x8_group(fmt[n], qn, k, xk, dk, bk, rows, out + n, out_stride);
             n += X8 - 1;
