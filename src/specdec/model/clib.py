@@ -23,7 +23,8 @@ import llvmlite.binding as llvm
 from specdec.errors import ModelLoadError
 
 SOURCE = Path(__file__).with_name("qkernels.c")
-HEADERS = (Path(__file__).with_name("qkernels_x8.h"), Path(__file__).with_name("qkernels_amx.h"))  # included by SOURCE: part of the build's key
+# included by SOURCE: part of the build's key
+HEADERS = (Path(__file__).with_name("qkernels_x8.h"), Path(__file__).with_name("qkernels_amx.h"))
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
 EXTRA_FLAGS = "SPECDEC_QKERNELS_CFLAGS"  # e.g. "-mno-avx512f" to measure the AVX2 path on an AVX-512 CPU
 
