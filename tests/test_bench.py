@@ -276,8 +276,10 @@ def metrics_stats():
 def test_bench_passes_on_tiny_model(tiny_llama, capsys):
     """`specdec bench passes --json`: every width timed, the floor measured, ratios consistent."""
     assert main(["bench", "passes", "--model", str(tiny_llama), "--context", "40", "--widths", "1,4,9",
-                 "--rounds", "3", "--json"]) == 0
+                 "--rounds", "3", "--prefill", "64", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
+    assert out["prefill"]["tokens"] == 64 and out["prefill"]["ms"] > 0
+    assert out["prefill"]["tokens_per_s"] == pytest.approx(64 / (out["prefill"]["ms"] / 1e3))
     assert set(out["pass_ms"]) == {"1", "4", "9"} and all(v > 0 for v in out["pass_ms"].values())
     assert out["backend"] == "cpu-kernels" and out["read_floor_ms"] > 0 and out["weight_bytes"] > 0
     assert out["vs_one_token"]["1"] == 1.0

@@ -69,6 +69,9 @@ def add_passes_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=positive_int, default=15, help="rounds over all widths (median kept)")
     p.add_argument("--parts", action="store_true",
                    help="also time each part of a pass alone (products by matrix kind, attention, LM head, the rest)")
+    p.add_argument("--prefill", type=positive_int, default=None, metavar="N",
+                   help="also time a prompt of N tokens into an empty cache, logits for its last token only "
+                        "(what llama-bench's ppN measures)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
 

@@ -96,6 +96,24 @@ def measure(
         runner.free(slot)
 
 
+def measure_prefill(runner: ModelRunner, tokens: int, rounds: int) -> float:
+    """Median seconds of a ``tokens``-token prompt into an empty cache, logits for its last token only
+    (after one warm-up run)."""
+    prompt = synthetic_context(runner, tokens)
+    seconds = []
+    for _ in range(rounds + 1):
+        slot = runner.allocate()
+        try:
+            t0 = time.perf_counter()
+            runner.run([SeqInput(slot, prompt, all_logits=False)])
+            if runner.device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - t0)
+        finally:
+            runner.free(slot)
+    return statistics.median(seconds[1:])
+
+
 def cmd_passes(args: argparse.Namespace) -> int:
     try:
         widths = sorted({int(w) for w in args.widths.split(",") if w.strip()})
@@ -103,8 +121,9 @@ def cmd_passes(args: argparse.Namespace) -> int:
         widths = []
     if not widths or widths[0] < 1:
         raise UsageError(f"--widths must be positive integers, got {args.widths!r}")
+    longest = max(args.context + max(widths), args.prefill or 0)
     llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend, quantization=args.quantization,
-              max_model_len=args.context + max(widths) + 8, spec="none")
+              max_model_len=longest + 8, spec="none")
     runner = llm.runner
     nbytes = runner.weight_bytes()
     context = synthetic_context(runner, args.context)
@@ -112,6 +131,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
     # before the floor's own buffer exists
     model_peak, parts = _peak_and_parts(runner, context, max(widths), part_widths, args.rounds)
     times = measure(runner, context, widths, args.rounds, floor_reader(nbytes, runner.device))
+    prefill = measure_prefill(runner, args.prefill, args.rounds) if args.prefill else None
     floor_times = times.pop(0)
     floor = statistics.median(floor_times)
     costs = {w: statistics.median(ts) for w, ts in times.items()}
@@ -127,6 +147,8 @@ def cmd_passes(args: argparse.Namespace) -> int:
         "one_token_vs_floor": one / floor, "peak_rss_bytes": model_peak, "rss_bytes": rss_bytes(),
         "kv_bytes": runner.kv_bytes(), "weights": runner.weights_label, "model_file_bytes": _file_bytes(args.model),
         "parts_ms": {w: {k: v * 1e3 for k, v in p.items()} for w, p in parts.items()},
+        "prefill": None if prefill is None else {"tokens": args.prefill, "ms": prefill * 1e3,
+                                                 "tokens_per_s": args.prefill / prefill},
         "torch_threads": torch.get_num_threads(), "machine": machine_info(),
     }
     if args.json:
@@ -146,6 +168,9 @@ def cmd_passes(args: argparse.Namespace) -> int:
     print("|---:|---:|---:|---:|")
     for w in widths:
         print(f"| {w} | {costs[w] * 1e3:.1f} | {costs[w] / one:.2f} | {costs[w] / floor:.2f} |")
+    if prefill is not None:
+        print(f"\nprefill of {args.prefill} tokens into an empty cache: {prefill * 1e3:.1f} ms "
+              f"({args.prefill / prefill:.1f} tokens/s; llama-bench's pp{args.prefill})")
     for w, p in parts.items():
         print(f"\n{w}-token pass by part (each timed alone; rest = the pass minus the parts):")
         print("| part | ms | share of the pass |")
