@@ -1,0 +1,87 @@
+"""How fast the interleaved K-quant products stream their weights, out of cache, by activation rows.
+
+Each format gets COPIES separate matrices the size of Qwen2.5-Coder-1.5B's (Q4_K: ffn_gate 8960 x 1536;
+Q6_K: ffn_down 1536 x 8960), random valid blocks packed as at load; one product of R activation rows
+against each in turn is timed (best of 5) and compared with reading a buffer of the same size on every
+core (the read floor of `specdec bench passes`). Build variants through the kernels' extra flags:
+
+    python scripts/kernel_stream.py --rows 1,8 --copies 64
+    SPECDEC_QKERNELS_CFLAGS="-mno-avx512f" python scripts/kernel_stream.py        # the AVX2 (+VNNI) path
+    SPECDEC_QKERNELS_CFLAGS="-DPF_AHEAD=1024" python scripts/kernel_stream.py     # another prefetch distance
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+
+from specdec.bench.passes import floor_reader
+from specdec.model import clib, kernels
+from specdec.model.quant import QuantMatrix
+
+SHAPES = {T.Q4_K: (8960, 1536), T.Q6_K: (1536, 8960)}
+
+
+def random_k_blocks(qtype: T, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Rows of valid K-quant blocks: random bits with small float16 scales (any bits are a valid block)."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    data = rng.integers(0, 256, size=(rows, k // block, size), dtype=np.uint8)
+
+    def scales() -> np.ndarray:
+        return rng.uniform(1e-3, 1e-2, size=(rows, k // block)).astype(np.float16).view(np.uint8).reshape(rows, -1, 2)
+
+    if qtype == T.Q6_K:
+        data[:, :, 208:210] = scales()  # d
+    else:
+        data[:, :, 0:2], data[:, :, 2:4] = scales(), scales()  # d, dmin
+    return data.reshape(rows, -1)
+
+
+def best_seconds(fn, repeats: int = 5) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="1,8", help="activation rows per product (default 1,8)")
+    ap.add_argument("--copies", type=int, default=64, help="matrices per format (default 64: 509 / 723 MB)")
+    args = ap.parse_args()
+    clib.load_qkernels()
+    rng = np.random.default_rng(0)
+    print(f"kernels: {clib.isa()}")
+    largest = 0
+    for qtype, (n, k) in SHAPES.items():
+        base = QuantMatrix.from_blocks(random_k_blocks(qtype, n, k, rng), qtype, k).interleaved()
+        mats = [tuple(a.copy() for a in base.arrays()) for _ in range(args.copies)]
+        nbytes = sum(m[0].nbytes for m in mats)
+        largest = max(largest, nbytes)
+        for rows in (int(r) for r in args.rows.split(",")):
+            x = rng.standard_normal((rows, k)).astype(np.float32)
+            out = np.empty((rows, n), dtype=np.float32)
+
+            def products(mats=mats, x=x, out=out) -> None:
+                for m in mats:
+                    kernels.qmatmul(*m, x, out)
+
+            sec = best_seconds(products)
+            rate, macs = nbytes / sec / 1e9, rows * n * k * args.copies / sec / 1e9
+            print(f"{qtype.name} {rows} row(s): {sec * 1e3:.1f} ms for {nbytes / 1e6:.0f} MB = {rate:.1f} GB/s, "
+                  f"{macs:.0f} GMAC/s")
+
+    floor = best_seconds(floor_reader(largest, torch.device("cpu")))
+    print(f"read floor: {largest / floor / 1e9:.1f} GB/s ({largest / 1e6:.0f} MB on every core)")
+
+
+if __name__ == "__main__":
+    main()
