@@ -114,7 +114,9 @@ def test_target_continuation_cuts_the_unstable_last_token(tokenizers):
 
 @pytest.fixture(scope="module")
 def llm(folders) -> LLM:
-    return LLM(str(folders[0]), max_model_len=64, spec="none")
+    # plan_drafts=False: every step drafts its budget, whatever the measured pass costs say on a busy
+    # machine (the adaptive test accepted nothing under a loaded suite: a timing-dependent check)
+    return LLM(str(folders[0]), max_model_len=64, spec="none", plan_drafts=False)
 
 
 @pytest.mark.parametrize("method", ["tli", "slem", "auto"])
