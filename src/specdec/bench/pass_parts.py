@@ -23,11 +23,11 @@ KINDS = ("wqkv", "wo", "w_gate_up", "w_down")
 
 def _layer_matrix(stack, layer: int):
     """One layer's matrix of a fused stack: float [rows, k], or the (q, s, m, fmt) of ``quant.stack``."""
-    return quant.stack_layer(stack, layer) if isinstance(stack, tuple) else stack[layer]
+    return quant.stack_layer(stack, layer) if isinstance(stack, quant.QuantStack) else stack[layer]
 
 
 def _product(w, x: np.ndarray, out: np.ndarray) -> None:
-    if isinstance(w, tuple):
+    if isinstance(w, quant.QuantArrays):
         kernels.qmatmul(*w, x, out)
     else:
         kernels.matmul(w, x, out)
@@ -35,7 +35,7 @@ def _product(w, x: np.ndarray, out: np.ndarray) -> None:
 
 def _rows(stack) -> int:
     """Output rows of a fused stack's matrices."""
-    return stack[3].shape[1] if isinstance(stack, tuple) else stack.shape[1]
+    return stack.fmt.shape[1] if isinstance(stack, quant.QuantStack) else stack.shape[1]
 
 
 def part_costs(runner: NativeRunner, slot: int, width: int, rounds: int) -> dict[str, float]:

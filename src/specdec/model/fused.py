@@ -19,6 +19,7 @@ from specdec.cache import KVCache
 from specdec.config import ModelConfig
 from specdec.model import kernels
 from specdec.model.kernels import Arch, LayerWeights, RopeTables, RowLayout
+from specdec.model.quant import QuantArrays, QuantStack
 from specdec.model.transformer import Transformer
 
 
@@ -60,7 +61,7 @@ class FusedDecoder:
                           for layer in layers])
         q_out = layers[0].q_size + 2 * layers[0].kv_size
         bias = torch.stack([layer.bqkv if layer.bqkv is not None else torch.zeros(q_out) for layer in layers])
-        stacked = {name: w if isinstance(w, tuple) else kernels.as_numpy(w) for name, w in model.stacked.items()}
+        stacked = {name: w if isinstance(w, QuantStack) else kernels.as_numpy(w) for name, w in model.stacked.items()}
         rope_local = model.rope_local if model.rope_local is not None else model.rope
         head = model.quantized.get("lm_head")
         return cls(
@@ -111,7 +112,7 @@ class FusedDecoder:
         if logits_rows is not None:
             normed = np.ascontiguousarray(normed[logits_rows])
         logits = np.empty((normed.shape[0], c.vocab_size), dtype=np.float32)
-        if isinstance(self.head, tuple):
+        if isinstance(self.head, QuantArrays):
             kernels.qmatmul(*self.head, normed, logits)
         else:
             kernels.matmul(self.head, normed, logits)

@@ -17,6 +17,7 @@ model does once at load for the matrices its passes multiply by.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -32,6 +33,26 @@ SUPPORTED = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, *K_QUANTS)
 # types a float checkpoint can be quantized to at load (gguf's own quantizers; it has none for K-quants)
 AT_LOAD = {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0, "q5_1": T.Q5_1}
 _MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
+
+
+class QuantArrays(NamedTuple):
+    """One quantized matrix as the kernels take it (``QuantMatrix.arrays``; ``kernels.qmatmul(*arrays, x, out)``)."""
+
+    q: np.ndarray
+    s: np.ndarray
+    m: np.ndarray
+    fmt: np.ndarray
+
+
+class QuantStack(NamedTuple):
+    """Every layer's quantized matrix of one kind, as the fused kernel walks them (``stack``)."""
+
+    q: np.ndarray  # every layer's bytes back to back: layer l at at[l], rows width[l] bytes wide
+    s: np.ndarray  # [layers, rows, *] float32, padded to the widest
+    m: np.ndarray
+    fmt: np.ndarray  # [layers, rows] int8
+    at: np.ndarray  # [layers + 1] int64
+    width: np.ndarray  # [layers] int64
 
 
 @dataclass
@@ -55,8 +76,8 @@ class QuantMatrix:
         """Bytes a product reads: each row's own bytes (not the padding of a mixed stack)."""
         return int(row_bytes(self.fmt, self.k).sum())
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        return self.q, self.s, self.m, self.fmt
+    def arrays(self) -> QuantArrays:
+        return QuantArrays(self.q, self.s, self.m, self.fmt)
 
     def dense(self) -> np.ndarray:
         """The float32 [rows, k] matrix these blocks stand for."""
@@ -147,7 +168,7 @@ def row_bytes(fmt: np.ndarray, k: int) -> np.ndarray:
     return np.vectorize(per_32.__getitem__)(fmt) * (k // 32)
 
 
-def stack(mats: list[QuantMatrix]) -> tuple[np.ndarray, ...]:
+def stack(mats: list[QuantMatrix]) -> QuantStack:
     """Layers' matrices of one kind for the fused kernel: (q, s, m, fmt, q_at, q_width); empties ``mats``.
 
     q holds every layer's [rows, width] bytes back to back (layer l at q_at[l], rows q_width[l]
@@ -166,13 +187,13 @@ def stack(mats: list[QuantMatrix]) -> tuple[np.ndarray, ...]:
         s[i, :, : x.s.shape[1]] = x.s
         m[i, :, : x.m.shape[1]] = x.m
         q[at[i] : at[i + 1]] = x.q.reshape(-1)
-    return q, s, m, fmt, at, width
+    return QuantStack(q, s, m, fmt, at, width)
 
 
-def stack_layer(stacked: tuple[np.ndarray, ...], layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One layer's (q, s, m, fmt) of a ``stack`` (what ``kernels.layer_weight`` does in compiled code)."""
+def stack_layer(stacked: QuantStack, layer: int) -> QuantArrays:
+    """One layer's matrix of a ``stack`` (what ``kernels.layer_weight`` does in compiled code)."""
     q, s, m, fmt, at, width = stacked
-    return q[at[layer] : at[layer + 1]].reshape(fmt.shape[1], width[layer]), s[layer], m[layer], fmt[layer]
+    return QuantArrays(q[at[layer] : at[layer + 1]].reshape(fmt.shape[1], width[layer]), s[layer], m[layer], fmt[layer])
 
 
 # -- repacking, one function per GGUF type: (q, s, m, layout) ------------------------------------

@@ -29,7 +29,7 @@ from specdec.config import ModelConfig
 from specdec.errors import ModelLoadError
 from specdec.model import kernels, quant
 from specdec.model.backend import Backend, Linear
-from specdec.model.quant import QuantMatrix
+from specdec.model.quant import QuantMatrix, QuantStack
 from specdec.model.weight_names import layer_weights
 
 
@@ -56,15 +56,15 @@ class Batch:
     contiguous: bool
 
 
-def _stack(mats: list[torch.Tensor | QuantMatrix]) -> torch.Tensor | tuple[np.ndarray, ...]:
+def _stack(mats: list[torch.Tensor | QuantMatrix]) -> torch.Tensor | QuantStack:
     """Layers' matrices of one kind, stacked: quantized arrays if every layer is, else float."""
     if all(isinstance(m, QuantMatrix) for m in mats):
         return quant.stack(mats)  # type: ignore[arg-type]
     return torch.stack([m if isinstance(m, torch.Tensor) else torch.from_numpy(m.dense()) for m in mats])
 
 
-def _layer(stacked: torch.Tensor | tuple[np.ndarray, ...], i: int) -> torch.Tensor | None:
-    return None if isinstance(stacked, tuple) else stacked[i]  # quantized stacks: read by the fused kernel only
+def _layer(stacked: torch.Tensor | QuantStack, i: int) -> torch.Tensor | None:
+    return None if isinstance(stacked, QuantStack) else stacked[i]  # quantized stacks: read by the fused kernel only
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -164,10 +164,10 @@ class Transformer(nn.Module):
             w.nbytes for w in weights.values() if isinstance(w, QuantMatrix))
         # One tensor per kind of matrix, layers stacked: the fused kernel walks them in one call;
         # quantized ones as ``quant.stack``'s arrays (float where a layer is not).
-        self.stacked: dict[str, torch.Tensor | tuple[np.ndarray, ...]] = {
+        self.stacked: dict[str, torch.Tensor | QuantStack] = {
             name: _stack([weights.pop(f"layers.{i}.{name}") for i in range(c.num_layers)]) for name in _STACKED
         }
-        if (self.quantized or any(isinstance(v, tuple) for v in self.stacked.values())) and not backend.fused:
+        if self.is_quantized and not backend.fused:
             raise ModelLoadError("quantized (GGUF block) weights run on the cpu-kernels backend only")
         per_layer = [
             {name: _layer(self.stacked[name], i) for name in _STACKED}
@@ -198,7 +198,7 @@ class Transformer(nn.Module):
 
     @property
     def is_quantized(self) -> bool:
-        return bool(self.quantized) or any(isinstance(v, tuple) for v in self.stacked.values())
+        return bool(self.quantized) or any(isinstance(v, QuantStack) for v in self.stacked.values())
 
     def weights_label(self, dtype: torch.dtype) -> str:
         if not self.is_quantized:
