@@ -228,6 +228,7 @@ class Member:
     drafter: Drafter
     monitor: SpecMonitor
     draft_seconds: float = 0.0  # recent seconds per propose (a running mean)
+    drafted_share: float | None = None  # recent share of its asks that drafted anything (None: not asked yet)
     offered: DraftProposal | None = None  # this step's proposal (None: not asked, or nothing)
     asked: bool = False
     sampled: bool = False  # its last proposal carried q (a model drafting for a sampled request)
@@ -314,6 +315,8 @@ class AdaptiveDrafter(Drafter):
             proposal = m.drafter.propose(context, k)
             spent = max(0.0, time.perf_counter() - t0 - catch_up)  # a prompt's catch-up is priced apart
             m.draft_seconds += 0.3 * (spent - m.draft_seconds)
+            drafted, was = float(len(proposal) > 0), m.drafted_share
+            m.drafted_share = drafted if was is None else was + 0.3 * (drafted - was)
             m.sampled = proposal.probs is not None and not self.greedy
             if len(proposal):
                 m.offered = proposal
@@ -341,7 +344,12 @@ class AdaptiveDrafter(Drafter):
             return True
         cost, alpha = self.cost, m.monitor.alpha
         plain = cost.estimate(1)
-        best = max(expected_tokens(alpha, n) / (cost.estimate(n + 1) + m.draft_seconds) for n in range(1, k + 1))
+        # an ask that drafts nothing still pays its drafting (a draft model stopping on low confidence pays
+        # its pass: Qwen2.5-Coder 0.5B on translation drafted 12 tokens over ~56 asks), so a model
+        # member's expected tokens and verify width are weighed by the share of its asks that drafted
+        share = 1.0 if m.lookup or m.drafted_share is None else m.drafted_share
+        best = max((1.0 + share * (expected_tokens(alpha, n) - 1.0))
+                   / (share * cost.estimate(n + 1) + (1.0 - share) * plain + m.draft_seconds) for n in range(1, k + 1))
         # at best every remaining token comes at the best rate: the most a catch-up could buy back
         if catch_up > 0.0 and catch_up >= max(0, self._ends_at - len(context)) * (plain - 1.0 / best):
             return False
