@@ -300,7 +300,9 @@ def test_redeploy_with_fewer_replicas_drains_without_failing_a_request(endpoint,
         for t in threads:
             t.join(120)
     assert not failures, failures[:3]
-    assert set(old) <= set(served) and set(served) - set(old)  # both generations served the load
+    # both generations served the load (which old replica Ray's router picked for the first requests is
+    # its choice: requiring every old one failed when all three clients landed on the same replica)
+    assert set(served) & set(old) and set(served) - set(old)
 
 
 # -- the `serve run` / `serve deploy` application builder -------------------------------------------
