@@ -73,7 +73,8 @@ def main() -> None:
         for name, spec in configs.items():
             resources[name] = llm.set_spec(spec, resources.get(name))
             if name.endswith("float products"):
-                resources[name].mtp_head.fast = {}  # the module's float32 torch products, not its int8 copies
+                # the module's float32 torch products, not its int8 copies
+                resources[name].state(SpecType.DRAFT_MTP).fast = {}
             for out in llm.generate(prompts, params):
                 s = out.stats
                 totals[name][0] += s.draft_seconds

@@ -137,7 +137,7 @@ def test_greedy_identity_across_tokenizers(llm, folders, method, capsys):
         drafted, accepted = drafted + seq.stats.drafted, accepted + seq.stats.accepted
     assert drafted > 20 and accepted > 10, (drafted, accepted)
     if method == "auto":
-        assert min(resources.cross_vocab.scores.steps.values()) >= 4  # both measured
+        assert min(resources.state(SpecType.DRAFT_MODEL).cross.scores.steps.values()) >= 4  # both measured
 
 
 def test_adaptive_with_a_cross_tokenizer_member_is_greedy_identical(llm, folders):

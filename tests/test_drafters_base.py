@@ -192,7 +192,7 @@ def test_new_drafter_chains_and_shares_the_suffix_cache():
     res = DraftResources(spec, target=None, tokenizer=None)  # no draft model: no target needed
     one, two = res.new_drafter(), res.new_drafter()
     assert isinstance(one, ChainedDrafter) and one.name == "suffix,ngram,draft-self"
-    assert one.drafters[0].cache is res.suffix_cache is two.drafters[0].cache
+    assert one.drafters[0].cache is res.state(SpecType.SUFFIX) is two.drafters[0].cache
     assert one.drafters[0].max_tokens == 5
     assert DraftResources(SpecConfig(types=(SpecType.NONE,)), target=None, tokenizer=None).new_drafter() is None
 
@@ -200,9 +200,9 @@ def test_new_drafter_chains_and_shares_the_suffix_cache():
 def test_adaptive_resources_load_its_members_and_requests_may_name_one():
     res = DraftResources(SpecConfig(), target=None, tokenizer=None)  # the default: adaptive
     drafter = res.new_drafter()
-    assert isinstance(drafter, AdaptiveDrafter) and res.suffix_cache is not None
+    assert isinstance(drafter, AdaptiveDrafter) and res.state(SpecType.SUFFIX) is not None
     assert [m.drafter.name for m in drafter.members] == ["ngram", "ngram-map-k", "suffix"]
-    assert drafter.members[2].drafter.cache is res.suffix_cache
+    assert drafter.members[2].drafter.cache is res.state(SpecType.SUFFIX)
     assert res.new_drafter([SpecType.SUFFIX]).name == "suffix"  # a member alone, for one request
     with pytest.raises(ValueError, match="not loaded"):
         res.new_drafter([SpecType.DRAFT_SELF])
@@ -213,10 +213,10 @@ def test_forget_empties_the_suffix_cache_in_place():
     drafter = res.new_drafter()
     drafter.begin([1, 2, 3], SAMPLING)
     drafter.end([1, 2, 3, 4, 5])
-    cache = res.suffix_cache
+    cache = res.state(SpecType.SUFFIX)
     assert len(cache) == 1 and cache.trie.count([4, 5]) == 1 and cache.nbytes() > 0
     res.forget()
-    assert res.suffix_cache is cache and len(cache) == 0 and cache.num_tokens == 0
+    assert res.state(SpecType.SUFFIX) is cache and len(cache) == 0 and cache.num_tokens == 0
     assert cache.trie.count([4, 5]) == 0
 
 
@@ -227,16 +227,25 @@ def test_ngram_pool_and_counts_are_shared_forgotten_and_saved(tmp_path):
     res = DraftResources(spec, target=None, tokenizer=None)
     one, two = res.new_drafter(), res.new_drafter()
     assert one.name == "ngram-cache,ngram-mod"
-    assert one.drafters[0].store is res.ngram_cache is two.drafters[0].store
-    assert one.drafters[1].pool is res.ngram_mod_pool is two.drafters[1].pool
+    assert one.drafters[0].store is res.state(SpecType.NGRAM_CACHE) is two.drafters[0].store
+    assert one.drafters[1].pool is res.state(SpecType.NGRAM_MOD) is two.drafters[1].pool
     one.begin([1, 2, 3], SAMPLING)
     one.end([1, 2, 3, 4, 5])
-    assert res.ngram_mod_pool.get([4, 5]) == -1 and res.ngram_mod_pool.get([3, 4]) == 5
-    assert res.ngram_cache.dynamic.get((3, 4)) == {5: 1}
+    assert res.state(SpecType.NGRAM_MOD).get([4, 5]) == -1 and res.state(SpecType.NGRAM_MOD).get([3, 4]) == 5
+    assert res.state(SpecType.NGRAM_CACHE).dynamic.get((3, 4)) == {5: 1}
     res.close()
     assert load_counts(path).get((3, 4)) == {5: 1}
     res.forget()
-    assert res.ngram_mod_pool.num_used == 0 and len(res.ngram_cache.dynamic) == 0
+    assert res.state(SpecType.NGRAM_MOD).num_used == 0 and len(res.state(SpecType.NGRAM_CACHE).dynamic) == 0
+
+
+def test_shared_state_is_what_each_class_declares():
+    """DraftResources builds only the declared state of the kinds it may draft with, and sizes it."""
+    assert DraftResources(SpecConfig(types=(SpecType.NGRAM,)), target=None, tokenizer=None).nbytes() is None
+    res = DraftResources(SpecConfig(types=(SpecType.SUFFIX, SpecType.NGRAM_MOD)), target=None, tokenizer=None)
+    assert set(res.shared) == {SpecType.SUFFIX, SpecType.NGRAM_MOD}
+    assert res.state(SpecType.NGRAM) is None
+    assert res.nbytes() == res.state(SpecType.SUFFIX).nbytes() + res.state(SpecType.NGRAM_MOD).nbytes()
 
 
 def test_from_config_needs_what_a_drafter_cannot_make():

@@ -12,7 +12,7 @@ import torch
 
 from specdec.config import SpecConfig, SpecType
 from specdec.datastore import Datastore, tokenizer_identity
-from specdec.drafters import registry
+from specdec.drafters import cross_vocab
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.frequent_vocab import DraftVocab, frequent_tokens, restrict_draft_vocab, special_ids, store_counts
 from specdec.drafters.registry import DraftResources
@@ -112,7 +112,7 @@ def test_a_datastore_ranks_the_draft_vocabulary(tiny, tiny_llama, tmp_path):
     spec = SpecConfig(types=(SpecType.DRAFT_MODEL,), draft_n_max=5, draft_model=str(tiny_llama), draft_vocab_size=64,
                       datastore=str(tmp_path / "answers.npz"))
     resources = DraftResources(spec, tiny.runner, tiny.tokenizer)
-    assert set(plain) <= set(resources.draft_vocab.ids.tolist())
+    assert set(plain) <= set(resources.state(SpecType.DRAFT_MODEL).vocab.ids.tolist())
     seq = run(engine, prompt, greedy(32), resources.new_drafter())
     assert seq.output_ids == plain and seq.stats.accepted > 0
 
@@ -133,7 +133,7 @@ def test_adaptive_asks_the_reduced_draft_and_retrieval_losslessly(tiny, tiny_lla
     drafter = resources.new_drafter()
     drafter.cost = None  # verify what the members propose, whatever this machine's timings
     assert [m.drafter.name for m in drafter.members][-2:] == ["retrieval", "draft-model"]
-    assert drafter.members[-1].drafter.vocab is resources.draft_vocab
+    assert drafter.members[-1].drafter.vocab is resources.state(SpecType.DRAFT_MODEL).vocab
     seq = run(engine, prompt, greedy(40), drafter)
     assert seq.output_ids == plain
     assert seq.stats.accepted_by.get("retrieval", 0) > 0 and seq.stats.accepted_by.get("draft-model", 0) > 0, \
@@ -169,12 +169,13 @@ def test_greedy_identity_default_model_with_a_reduced_draft_head(smol, monkeypat
         docs = corpus_documents(tokenizer, ("pydoc",), 300_000)
         return np.bincount(np.concatenate(docs), minlength=vocab_size)[:vocab_size]
 
-    monkeypatch.setattr(registry, "vocab_counts", pydoc_counts)
+    monkeypatch.setattr(cross_vocab, "vocab_counts", pydoc_counts)
     spec = SpecConfig(types=(SpecType.DRAFT_MODEL,), draft_n_max=6, draft_model=str(default_model_path()),
                       draft_vocab_size=8192, draft_prompt_tail=64)
     resources = DraftResources(spec, smol.runner, smol.tokenizer)
-    assert resources.draft_runner.vocab_size == 8192 and resources.draft_vocab.size == smol.runner.vocab_size
-    assert special_ids(smol.tokenizer, smol.runner.eos_token_ids) <= set(resources.draft_vocab.ids.tolist())
+    draft = resources.state(SpecType.DRAFT_MODEL)
+    assert draft.runner.vocab_size == 8192 and draft.vocab.size == smol.runner.vocab_size
+    assert special_ids(smol.tokenizer, smol.runner.eos_token_ids) <= set(draft.vocab.ids.tolist())
     engine = Engine(smol.runner, draft_n_max=4, plan_drafts=False)
     prompt = smol.chat_prompt([{"role": "user", "content": REAL_PROMPTS["open"]}])
     plain = run(engine, prompt, greedy(16), None).output_ids
@@ -182,7 +183,7 @@ def test_greedy_identity_default_model_with_a_reduced_draft_head(smol, monkeypat
     assert seq.output_ids == plain
     assert seq.stats.drafted > 0 and seq.stats.accepted > seq.stats.drafted // 3, seq.stats
     with pytest.raises(ModelLoadError, match="target's tokenizer"):
-        registry.draft_vocab_for(spec, resources.draft_runner, None, smol.runner, None)
+        cross_vocab.draft_vocab_for(spec, draft.runner, None, smol.runner, None)
 
 
 # -- sampling: the exact distribution, q renormalized over the subset ---------------------------------

@@ -187,7 +187,7 @@ def test_greedy_identity_through_resources_and_adaptive(skippable):
     seq = generate(runner, drafter)
     assert seq.output_ids == plain
     assert seq.stats.drafted_by.get("draft-layerskip", 0) > 0 and seq.stats.accepted_by.get("draft-layerskip", 0) > 0
-    assert resources.layerskip.trials[(3,)].steps > 0
+    assert resources.state(SpecType.DRAFT_LAYERSKIP).trials[(3,)].steps > 0
 
 
 # -- the sampled distribution: 4000 samples, 5-token outputs, a broken verifier caught ------------------------

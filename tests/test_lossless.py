@@ -292,9 +292,10 @@ def test_draft_model_with_another_vocabulary_drafts_across_tokenizers(tiny, tmp_
     plain = run(engine, prompt, greedy(24), None).output_ids
     spec = SpecConfig(types=(SpecType.DRAFT_MODEL,), draft_n_max=4, draft_model=str(folder))
     resources = DraftResources(spec, tiny.runner, tiny.tokenizer)
-    assert resources.cross_vocab is not None and resources.cross_vocab.vocab.num_mapped == 49151
+    cross = resources.state(SpecType.DRAFT_MODEL).cross
+    assert cross is not None and cross.vocab.num_mapped == 49151
     for method in ("tli", "slem"):
-        resources.cross_vocab.method = method
+        cross.method = method
         seq = run(engine, prompt, greedy(24), resources.new_drafter())
         assert seq.output_ids == plain and seq.stats.drafted > 0
     with pytest.raises(ModelLoadError, match="--spec-draft-p-split drafts trees with a draft model that shares"):

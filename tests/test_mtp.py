@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdec.config import SamplingParams
+from specdec.config import SamplingParams, SpecType
 from specdec.drafters.heads import load_mtp_head
 from specdec.errors import ModelLoadError
 from specdec.llm import LLM
@@ -200,7 +200,7 @@ def test_greedy_output_is_identical_and_drafts_are_accepted(models):
         got = llm.generate(prompts, params)
         assert [o.token_ids for o in got] == [o.token_ids for o in want]
         counts[products] = sum(o.stats.drafted for o in got), sum(o.stats.accepted for o in got)
-        llm.drafts.mtp_head.fast = {}
+        llm.drafts.state(SpecType.DRAFT_MTP).fast = {}
     print(counts)
     drafted, accepted = counts["float"]
     assert drafted > 40 and drafted // 3 < accepted < drafted  # accepted and rejected both
@@ -283,7 +283,6 @@ def test_unsupported_architectures_are_refused(raw, message):
 
 
 def test_vllms_mtp_method_selects_draft_mtp():
-    from specdec.config import SpecType
     from specdec.server.cli import spec_from_vllm_config
 
     spec, _ = spec_from_vllm_config('{"method": "mtp", "num_speculative_tokens": 2}')

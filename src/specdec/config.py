@@ -5,7 +5,9 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -230,54 +232,126 @@ DRAFT_VOCAB_METHODS = ("auto", "tli", "slem")
 
 
 @dataclass(frozen=True)
+class Flag:
+    """The command-line flag of a ``SpecConfig`` field. ``cli.args`` adds one per flagged field to
+    generate, serve and bench and reads it back, so a drafter's setting is declared once, here."""
+
+    name: str  # "--spec-ngram-size-n"; the namespace attribute is argparse's ("spec_ngram_size_n")
+    help: str | None = None
+    type: Callable[[str], Any] | None = None  # argparse's type (None: the text as given)
+    positive: bool = False  # an int >= 1: argparse refuses anything else in one line
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    const: Any = None  # the value of the flag given alone (its value then optional)
+    switch: bool = False  # given: True (a store_true flag)
+    parse: Callable[[str], Any] | None = None  # the given text -> the field's value
+    # None when not given, as the field's default is derived from other flags (``cli.args.spec_from_args``)
+    derived: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+
+def flag(name: str, help: str | None = None, **options: Any) -> dict[str, Flag]:
+    """A field's metadata naming its flag: ``field(default=12, metadata=flag("--spec-ngram-size-n"))``."""
+    return {"flag": Flag(name, help, **options)}
+
+
+@dataclass(frozen=True)
 class SpecConfig:
-    """Speculation settings (llama-server flag names in comments)."""
+    """Speculation settings (llama-server flag names; each field's flag in its metadata, ``Flag``)."""
 
     types: tuple[SpecType, ...] = DEFAULT_SPEC_TYPES  # --spec-type, comma list = chain; (NONE,) = plain
-    draft_n_max: int = 8  # --spec-draft-n-max: most tokens drafted per step
-    draft_n_min: int = 0  # --spec-draft-n-min: drop drafts shorter than this
-    draft_p_min: float = 0.0  # --spec-draft-p-min: draft model stops below this top prob
-    # --spec-draft-p-split: the draft model drafts a tree, branching where a candidate after the first has
-    # q above this (llama.cpp's --draft-p-split; 0.1 is its default); None: chains (drafters/draft_model.py)
-    draft_p_split: float | None = None
-    draft_branches: int = 2  # --spec-draft-branches: most branches of that tree (llama-speculative's -np)
-    ngram_size_n: int = 12  # --spec-ngram-size-n: longest n-gram matched
-    ngram_size_m: int = 48  # --spec-ngram-size-m: most tokens proposed by n-gram lookup
-    ngram_min_hits: int = 1  # --spec-ngram-min-hits
+    draft_n_max: int = field(default=8, metadata=flag(  # raised to num_draft_tokens for eagle3 unless given
+        "--spec-draft-n-max", "most drafted tokens per step", positive=True, derived=True))
+    draft_n_min: int = field(default=0, metadata=flag("--spec-draft-n-min", "drop drafts shorter than this", type=int))
+    draft_p_min: float = field(default=0.0, metadata=flag(
+        "--spec-draft-p-min", "draft-model and draft-layerskip stop drafting below this top probability", type=float))
+    # the draft model drafts a tree, branching where a candidate after the first has q above this
+    # (llama.cpp's --draft-p-split; 0.1 is its default); None: chains (drafters/draft_model.py)
+    draft_p_split: float | None = field(default=None, metadata=flag(
+        "--spec-draft-p-split", "draft model drafts a tree: branch where a candidate after the first has probability "
+        "above P (alone: 0.1, llama.cpp's default); off unless given", type=float, const=0.1, metavar="P"))
+    draft_branches: int = field(default=2, metadata=flag(
+        "--spec-draft-branches", "most branches of a --spec-draft-p-split tree, the main chain counted "
+        "(llama-speculative's -np)", positive=True))
+    ngram_size_n: int = field(default=12, metadata=flag("--spec-ngram-size-n", "longest n-gram matched", positive=True))
+    ngram_size_m: int = field(default=48, metadata=flag(
+        "--spec-ngram-size-m", "most tokens an n-gram proposes", positive=True))
+    ngram_min_hits: int = field(default=1, metadata=flag("--spec-ngram-min-hits", positive=True))
     # ngram-mod: llama.cpp's defaults, sized for long drafts; the per-step budget caps them (drafters/ngram_mod.py)
-    ngram_mod_n_match: int = 24  # --spec-ngram-mod-n-match: tokens hashed per n-gram
-    ngram_mod_n_min: int = 48  # --spec-ngram-mod-n-min: drop drafts shorter than this
-    ngram_mod_n_max: int = 64  # --spec-ngram-mod-n-max: most tokens drafted
-    ngram_cache_file: str | None = None  # --spec-ngram-cache-file: the learned counts, loaded and saved
-    ngram_cache_static: str | None = None  # --spec-ngram-cache-static: read-only counts (llama.cpp's -lcs)
-    draft_model: str | None = None  # --draft-model
-    # --spec-draft-vocab: how a draft model with another tokenizer drafts (drafters/cross_vocab.py):
-    # tli (token-level intersection), slem (string-level exact match), auto (by measured acceptance)
-    draft_vocab: str = "auto"
+    ngram_mod_n_match: int = field(default=24, metadata=flag(
+        "--spec-ngram-mod-n-match", "ngram-mod: tokens hashed per n-gram of the shared pool", positive=True))
+    ngram_mod_n_min: int = field(default=48, metadata=flag(
+        "--spec-ngram-mod-n-min", "ngram-mod: drop drafts shorter than this (scaled down with the per-step budget)",
+        positive=True))
+    ngram_mod_n_max: int = field(default=64, metadata=flag(
+        "--spec-ngram-mod-n-max", "ngram-mod: most tokens drafted (--spec-draft-n-max still caps a step)",
+        positive=True))
+    ngram_cache_file: str | None = field(default=None, metadata=flag(  # the learned counts, loaded and saved
+        "--spec-ngram-cache-file", "ngram-cache: the n-gram counts learned from earlier requests, read at start "
+        "when the file exists and written at exit (llama.cpp's lookup cache format)", metavar="PATH"))
+    ngram_cache_static: str | None = field(default=None, metadata=flag(  # read-only counts (llama.cpp's -lcs)
+        "--spec-ngram-cache-static", "ngram-cache: read-only n-gram counts, e.g. of a corpus (llama.cpp's "
+        "--lookup-cache-static)", metavar="PATH"))
+    draft_model: str | None = field(default=None, metadata=flag(
+        "--draft-model", "draft model for --spec-type draft-model (bench: adds method draft-model and the "
+        "transformers assistant_model peer)"))
+    # how a draft model with another tokenizer drafts (drafters/cross_vocab.py): tli (token-level
+    # intersection), slem (string-level exact match), auto (by measured acceptance)
+    draft_vocab: str = field(default="auto", metadata=flag(
+        "--spec-draft-vocab", "a --draft-model with another tokenizer drafts by tli (token-level intersection: "
+        "only its tokens with an exact twin in the target's vocabulary), slem (string-level exact match: its text "
+        "re-encoded by the target's tokenizer) or auto (the one measured to be accepted more); both lossless",
+        choices=DRAFT_VOCAB_METHODS))
     # FR-Spec: the draft model's LM head only over the N most frequent tokens (drafters/frequent_vocab.py);
-    # None: the whole vocabulary. --spec-draft-prompt-tail M: the draft reads only the last M prompt tokens
-    draft_vocab_size: int | None = None  # --spec-draft-vocab-size N
-    draft_prompt_tail: int | None = None  # --spec-draft-prompt-tail M
-    datastore: str | None = None  # --spec-datastore: retrieval's store (`specdec datastore build`)
+    # None: the whole vocabulary
+    draft_vocab_size: int | None = field(default=None, metadata=flag(
+        "--spec-draft-vocab-size", "draft-model drafts from the N tokens most frequent in an offline corpus only "
+        "(FR-Spec: its LM head cut to those rows; the target still verifies over every token, so lossless)",
+        positive=True, metavar="N"))
+    draft_prompt_tail: int | None = field(default=None, metadata=flag(  # the draft reads the last M prompt tokens
+        "--spec-draft-prompt-tail", "draft-model reads only the last M prompt tokens (bounds its prefill on long "
+        "prompts)", positive=True, metavar="M"))
+    datastore: str | None = field(default=None, metadata=flag(  # `specdec datastore build` makes one
+        "--spec-datastore", "retrieval: the datastore to draft from (`specdec datastore build --out PATH`)",
+        metavar="PATH"))
     # eagle3 (SGLang's names): the head, and the dynamic tree it drafts
-    spec_model: str | None = None  # --spec-model: an EAGLE-3 head folder (eagle3 needs one) or an MTP module
-    eagle_topk: int = 4  # --spec-eagle-topk: children expanded per node (1 = a chain)
-    num_steps: int = 4  # --spec-num-steps: tree depth (head passes per draft)
-    # --spec-num-draft-tokens: nodes sent to the verifier (capped by draft_n_max); 7 + the root is one
-    # 8-row verify pass, the width where the CPU kernels' 4-row blocks end (docs/performance.md)
-    num_draft_tokens: int = 7
-    # --spec-parallel-drafting (vLLM's "parallel_drafting"): a P-EAGLE head drafts all its K positions in
-    # one pass (``specdec train eagle3 --parallel K``); the tree is at most min(K, num_steps) deep. Other
-    # drafters ignore it; a config without a head-drafting type refuses it (``with_types`` drops it)
-    parallel_drafting: bool = False
+    spec_model: str | None = field(default=None, metadata=flag(  # an EAGLE-3 head folder or an MTP module
+        "--spec-model", "EAGLE-3 head folder for --spec-type eagle3 (none ships: `specdec train eagle3` makes one); "
+        "for draft-mtp, a module trained by `specdec train mtp` (default: the target's own)"))
+    eagle_topk: int = field(default=4, metadata=flag(
+        "--spec-eagle-topk", "eagle3: children expanded per tree node (1 = a chain)", positive=True))
+    num_steps: int = field(default=4, metadata=flag(
+        "--spec-num-steps", "eagle3: draft tree depth (head passes per draft)", positive=True))
+    # nodes sent to the verifier (capped by draft_n_max); 7 + the root is one 8-row verify pass, the
+    # width where the CPU kernels' 4-row blocks end (docs/performance.md)
+    num_draft_tokens: int = field(default=7, metadata=flag(
+        "--spec-num-draft-tokens", "eagle3: tree nodes verified per step (default 7; raises --spec-draft-n-max to "
+        "match unless that is given)", positive=True, derived=True))
+    # vLLM's "parallel_drafting": a P-EAGLE head drafts all its K positions in one pass (``specdec train
+    # eagle3 --parallel K``); the tree is at most min(K, num_steps) deep. Other drafters ignore it; a
+    # config without a head-drafting type refuses it (``with_types`` drops it)
+    parallel_drafting: bool = field(default=False, metadata=flag(
+        "--spec-parallel-drafting", "eagle3: a P-EAGLE head (specdec train eagle3 --parallel K) drafts its K tokens "
+        "in one pass instead of K", switch=True))
     # draft-layerskip: the layers the draft skips (None = searched on the fly, ``layerskip.SkipSearch``)
     # or, with layerskip_exit = E, the first E layers only (early exit: LayerSkip checkpoints)
-    layerskip_layers: tuple[int, ...] | None = None  # --spec-layerskip-layers auto|LIST
-    layerskip_exit: int | None = None  # --spec-layerskip-exit E
+    layerskip_layers: tuple[int, ...] | None = field(default=None, metadata=flag(
+        "--spec-layerskip-layers", "draft-layerskip: the layers the draft skips, a comma list of indices, or auto "
+        "(the default: searched during generation by acceptance and cost); given, adaptive asks draft-layerskip "
+        "too", metavar="auto|LIST", parse=parse_layer_list))
+    layerskip_exit: int | None = field(default=None, metadata=flag(
+        "--spec-layerskip-exit", "draft-layerskip: draft with the first E layers, then the final norm and LM head "
+        "(early exit, for checkpoints trained for it such as facebook/layerskip-*); given, adaptive asks "
+        "draft-layerskip too", positive=True, metavar="E"))
     adaptive_layerskip: bool = False  # adaptive asks draft-layerskip too (set by either flag above)
-    # --spec-min-acceptance: speculation pauses (and is re-probed with growing back-off) while the
-    # recent per-token acceptance is below this; also when it measures slower than plain decoding
-    min_acceptance: float = 0.4
+    # speculation pauses (and is re-probed with growing back-off) while the recent per-token acceptance
+    # is below this; also when it measures slower than plain decoding
+    min_acceptance: float = field(default=0.4, metadata=flag(
+        "--spec-min-acceptance", "pause speculation while a sequence's recent per-token acceptance is below this "
+        "(re-probed with growing back-off)", type=float))
 
     def __post_init__(self) -> None:
         if self.draft_n_max < 1:

@@ -18,16 +18,7 @@ MIB = 1 << 20
 
 def drafter_bytes(res: DraftResources) -> int | None:
     """Memory of the state drafters share across requests, where we know it (None: per-request only)."""
-    total, known = 0, False
-    for shared in (res.suffix_cache, res.ngram_mod_pool, res.ngram_cache):
-        if shared is not None:
-            total += shared.nbytes()
-            known = True
-    runner = res.draft_runner
-    if runner is not None:
-        total += runner.weight_bytes() + runner.kv_bytes()
-        known = True
-    return total if known else None
+    return res.nbytes()
 
 
 def acceptance_by_pos(accepted: list[int], drafted: list[int]) -> list[float]:

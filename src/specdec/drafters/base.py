@@ -26,14 +26,16 @@ new ones to index.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
 
 from specdec.config import SamplingParams, SpecConfig
 from specdec.monitor import WindowSums
+from specdec.runners.base import ModelRunner
 from specdec.tree import DraftTree, is_chain
 
 
@@ -112,6 +114,36 @@ class DraftProposal:
 EMPTY = DraftProposal(token_ids=[])
 
 
+@dataclass(frozen=True)
+class DraftSetup:
+    """What an engine's shared drafter state is built from (``Drafter.shared_state``); the arguments
+    of ``registry.DraftResources``."""
+
+    spec: SpecConfig
+    target: ModelRunner | None  # None only in tests of drafters that read the context alone
+    tokenizer: Any  # the target's (None when the engine runs on token ids)
+    max_num_seqs: int = 1
+    dtype: str = "float32"
+    device: str | None = None
+    target_model: str | None = None
+
+
+def _nothing() -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class SharedState:
+    """Engine-wide state one kind of drafter reads (a cache learned across requests, a loaded model):
+    built once per engine by the kind's ``Drafter.shared_state`` and handed to each new drafter of the
+    kind (``Drafter.from_shared``). The hooks say what the engine does with it besides."""
+
+    value: Any
+    forget: Callable[[], None] = _nothing  # empty what earlier requests taught it: the next starts cold
+    close: Callable[[], None] = _nothing  # save what must outlive the process
+    nbytes: Callable[[], int] | None = None  # memory held, where known (the bench reports it)
+
+
 class Drafter(ABC):
     """Proposes tokens for one sequence; holds that sequence's drafting state."""
 
@@ -129,10 +161,22 @@ class Drafter(ABC):
         """A drafter for one request, set up from the speculation settings.
 
         A drafter that reads engine-wide state takes it as typed keyword arguments after ``spec``
-        (``SuffixDrafter.from_config(spec, cache=...)``); ``registry.DraftResources`` owns that
-        state and hands each drafter what it names.
+        (``SuffixDrafter.from_config(spec, cache=...)``); its class declares that state
+        (``shared_state``), which ``registry.DraftResources`` builds once and hands over (``from_shared``).
         """
         raise TypeError(f"{cls.__name__} cannot be built from a SpecConfig")
+
+    @classmethod
+    def shared_state(cls, setup: DraftSetup) -> SharedState | None:
+        """The state every drafter of this kind shares across an engine's requests, built once per
+        engine by ``registry.DraftResources``; None (the default): each reads its context alone."""
+        return None
+
+    @classmethod
+    def from_shared(cls, spec: SpecConfig, shared: Any, target: ModelRunner | None) -> Drafter:
+        """A drafter for one request, handed ``shared_state``'s value (None without one) and the
+        engine's target; a kind with shared state overrides it to pass that on to ``from_config``."""
+        return cls.from_config(spec)
 
     def bind_slot(self, slot: int) -> None:
         """The target's KV cache slot of this request, given by the engine before ``begin``. Only a

@@ -25,6 +25,11 @@ for the prompt, a chat template's markers and the output) and drafts by one of t
 - **auto**: each engine measures both: the first steps alternate between them, then the
   method with the higher mean of accepted tokens per step is used, the other re-tried every
   ``PROBE_EVERY`` steps. The choice reads past steps only, never the tokens being verified.
+
+Which of the two drafters a draft model runs is decided here, once per engine, when it is loaded
+(``DraftModelState.load``): ``CrossVocabDrafter`` is therefore the class the registry names for
+--spec-type draft-model (draft_model.py cannot import its own subclass), and it hands a draft model
+with the target's tokenizer to ``DraftModelDrafter``.
 """
 
 from __future__ import annotations
@@ -36,11 +41,19 @@ import torch
 
 from specdec.config import DRAFT_VOCAB_METHODS as METHODS
 from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import EMPTY, DraftProposal
+from specdec.drafters.base import EMPTY, DraftProposal, DraftSetup, SharedState
 from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.frequent_vocab import DraftVocab, restrict_draft_vocab, special_ids, store_counts, vocab_counts
 from specdec.drafters.retokenize import DraftContext, TokenizerPair
+from specdec.drafters.retrieval import load_datastore
 from specdec.drafters.vocab_map import VocabMap
+from specdec.errors import ModelLoadError
+from specdec.log import get_logger
 from specdec.runners.base import ModelRunner
+from specdec.runners.load import load_runner
+from specdec.text import load_tokenizer
+
+logger = get_logger(__name__)
 
 TRIAL_STEPS = 4  # steps each method is tried before auto compares them
 PROBE_EVERY = 32  # auto re-tries the method it is not using every this many steps
@@ -81,6 +94,74 @@ class CrossVocab:
     scores: MethodScores = field(default_factory=MethodScores)
 
 
+@dataclass(frozen=True)
+class DraftModelState:
+    """The draft model an engine's draft-model drafters share: its runner (one KV slot per running
+    sequence), the cut vocabulary it drafts from (--spec-draft-vocab-size) or, when its tokenizer is
+    not the target's, the tokenizer pair and vocabulary map it drafts through."""
+
+    runner: ModelRunner
+    vocab: DraftVocab | None = None
+    cross: CrossVocab | None = None
+
+    @classmethod
+    def load(cls, setup: DraftSetup) -> DraftModelState:
+        spec, target = setup.spec, setup.target
+        runner, folder = load_runner(spec.draft_model, dtype=setup.dtype, device=setup.device,
+                                     max_seq_len=target.max_seq_len, num_slots=setup.max_num_seqs)
+        cross = cross_vocab_for(spec, target, runner, setup.tokenizer, folder)
+        return cls(runner, draft_vocab_for(spec, runner, setup.tokenizer, target, cross), cross)
+
+    def nbytes(self) -> int:
+        return self.runner.weight_bytes() + self.runner.kv_bytes()
+
+
+MIN_OVERLAP = 0.2  # below this share of the draft's tokens mapped, TLI rarely drafts what the target writes
+
+
+def cross_vocab_for(spec: SpecConfig, target: ModelRunner, draft: ModelRunner, tokenizer,
+                    draft_folder) -> CrossVocab | None:
+    """None when the draft model shares the target's tokenizer (its ids mean the same text); else
+    the tokenizer pair and vocabulary map it drafts through, reported in one line. ModelLoadError
+    when no token maps (nothing in common to draft)."""
+    draft_tok = load_tokenizer(draft_folder)
+    if target.vocab_size == draft.vocab_size and tokenizer.get_vocab() == draft_tok.get_vocab():
+        return None
+    if spec.draft_p_split is not None:
+        raise ModelLoadError("--spec-draft-p-split drafts trees with a draft model that shares the target's "
+                             "tokenizer; this one has another (tli/slem draft chains): drop --spec-draft-p-split")
+    if not (getattr(tokenizer, "is_fast", False) and getattr(draft_tok, "is_fast", False)):
+        raise ModelLoadError("a draft model with another tokenizer needs fast (tokenizer.json) tokenizers on both "
+                             "sides")
+    if len(draft_tok) > draft.vocab_size:  # its ids would index past the draft model's embedding
+        raise ModelLoadError(f"the draft model's tokenizer has {len(draft_tok):,} tokens but its vocabulary has "
+                             f"{draft.vocab_size:,} rows: the tokenizer in {draft_folder} does not belong to it")
+    vocab = VocabMap.build(tokenizer, draft_tok, target.vocab_size, draft.vocab_size)
+    if vocab.num_mapped == 0:
+        raise ModelLoadError(f"the draft model's vocabulary ({draft.vocab_size} tokens) shares no token with the "
+                             f"target's ({target.vocab_size}): it cannot draft for it")
+    logger.warning("specdec: %s (another tokenizer: drafting by %s)", vocab.summary(), spec.draft_vocab)
+    if vocab.fraction < MIN_OVERLAP:
+        logger.warning("specdec: warning: only %.0f%% of the draft model's tokens map to the target's: "
+                       "it will be accepted rarely", 100 * vocab.fraction)
+    return CrossVocab(TokenizerPair(tokenizer, draft_tok), vocab, spec.draft_vocab)
+
+
+def draft_vocab_for(spec: SpecConfig, draft: ModelRunner, tokenizer, target: ModelRunner,
+                    cross_vocab: CrossVocab | None) -> DraftVocab | None:
+    """--spec-draft-vocab-size N: the draft's LM head cut to the N tokens most frequent in the offline
+    corpus (or in --spec-datastore's), special tokens kept (``frequent_vocab``); None without the flag."""
+    if spec.draft_vocab_size is None:
+        return None
+    if cross_vocab is not None or tokenizer is None:
+        raise ModelLoadError("--spec-draft-vocab-size ranks the target's tokens: it needs a draft model with the "
+                             "target's tokenizer (and the tokenizer loaded)")
+    # a --spec-datastore (say of the model's own answers) ranks the tokens when given; else the offline corpus
+    counts = store_counts(load_datastore(spec.datastore, target, tokenizer), draft.vocab_size) if spec.datastore \
+        else vocab_counts(tokenizer, draft.vocab_size)
+    return restrict_draft_vocab(draft, spec.draft_vocab_size, counts, special_ids(tokenizer, target.eos_token_ids))
+
+
 class CrossVocabDrafter(DraftModelDrafter):
     """The draft model drafting across tokenizers by TLI or SLEM (see the module docstring)."""
 
@@ -104,6 +185,19 @@ class CrossVocabDrafter(DraftModelDrafter):
         if runner is None or cross_vocab is None:
             raise ValueError("a cross-tokenizer draft model needs its runner and vocabulary map (see DraftResources)")
         return cls(runner, cross_vocab, p_min=spec.draft_p_min)
+
+    @classmethod
+    def shared_state(cls, setup: DraftSetup) -> SharedState:
+        state = DraftModelState.load(setup)
+        return SharedState(state, nbytes=state.nbytes)
+
+    @classmethod
+    def from_shared(cls, spec: SpecConfig, shared: DraftModelState,
+                    target: ModelRunner | None) -> DraftModelDrafter:
+        """This drafter when the draft model's tokenizer is another; else a ``DraftModelDrafter``."""
+        if shared.cross is None:
+            return DraftModelDrafter.from_config(spec, runner=shared.runner, target=target, vocab=shared.vocab)
+        return cls.from_config(spec, runner=shared.runner, cross_vocab=shared.cross)
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         super().begin(prompt_ids, sampling)

@@ -28,8 +28,9 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import EMPTY, Drafter, DraftProposal
+from specdec.drafters.base import EMPTY, Drafter, DraftProposal, DraftSetup, SharedState
 from specdec.drafters.dynamic_tree import DraftNode, build_tree, greedy_children, sampled_children
+from specdec.drafters.heads import load_eagle_head
 from specdec.model.eagle_checkpoint import check_parallel
 from specdec.model.eagle_head import EagleHead, HeadCache
 from specdec.runners.base import ModelRunner
@@ -62,6 +63,15 @@ class EagleDrafter(Drafter):
         if head is None or target is None:
             raise ValueError("eagle3 needs a loaded head and the target runner (see DraftResources)")
         return cls(head, target, spec.eagle_topk, spec.num_steps, spec.num_draft_tokens, spec.parallel_drafting)
+
+    @classmethod
+    def shared_state(cls, setup: DraftSetup) -> SharedState:
+        spec = setup.spec
+        return SharedState(load_eagle_head(spec.spec_model, setup.target, setup.tokenizer, spec.parallel_drafting))
+
+    @classmethod
+    def from_shared(cls, spec: SpecConfig, shared: EagleHead, target: ModelRunner | None) -> EagleDrafter:
+        return cls.from_config(spec, head=shared, target=target)
 
     def _reset(self) -> None:
         self.num_real = 0  # head cache rows holding real entries: positions 1..num_real

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import EMPTY, Drafter, DraftProposal
+from specdec.drafters.base import EMPTY, Drafter, DraftProposal, DraftSetup, SharedState
 from specdec.monitor import WindowSums
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator, probs_from_logits, sample
@@ -206,6 +206,14 @@ class LayerSkipDrafter(Drafter):
         if target is None:
             raise ValueError("draft-layerskip needs the target runner (see DraftResources)")
         return cls(target, search or SkipSearch.from_spec(spec, target), spec.draft_p_min)
+
+    @classmethod
+    def shared_state(cls, setup: DraftSetup) -> SharedState:
+        return SharedState(SkipSearch.from_spec(setup.spec, setup.target))  # the skip set is found once per model
+
+    @classmethod
+    def from_shared(cls, spec: SpecConfig, shared: SkipSearch, target: ModelRunner | None) -> LayerSkipDrafter:
+        return cls.from_config(spec, target=target, search=shared)
 
     def bind_slot(self, slot: int) -> None:
         self.slot = slot

@@ -14,7 +14,9 @@ sampling settings, handed to the verifier (exact under sampling).
 from __future__ import annotations
 
 from specdec.config import SpecConfig
+from specdec.drafters.base import DraftSetup, SharedState
 from specdec.drafters.eagle import EagleDrafter
+from specdec.drafters.heads import load_mtp_head
 from specdec.model.mtp_head import MtpHead
 from specdec.runners.base import ModelRunner
 
@@ -32,3 +34,12 @@ class MtpDrafter(EagleDrafter):
         if mtp_head is None or target is None:
             raise ValueError("draft-mtp needs the target's MTP module and the target runner (see DraftResources)")
         return cls(mtp_head, target, spec.draft_n_max)
+
+    @classmethod
+    def shared_state(cls, setup: DraftSetup) -> SharedState:
+        # the target checkpoint's module, or one trained for it (`specdec train mtp`, --spec-model)
+        return SharedState(load_mtp_head(setup.spec.spec_model or setup.target_model, setup.target))
+
+    @classmethod
+    def from_shared(cls, spec: SpecConfig, shared: MtpHead, target: ModelRunner | None) -> MtpDrafter:
+        return cls.from_config(spec, mtp_head=shared, target=target)

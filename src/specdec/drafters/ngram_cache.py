@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from specdec.config import SpecConfig
-from specdec.drafters.base import EMPTY, DraftProposal, IndexingDrafter
+from specdec.drafters.base import EMPTY, DraftProposal, DraftSetup, IndexingDrafter, SharedState
+from specdec.runners.base import ModelRunner
 
 NGRAM_MIN, NGRAM_MAX = 1, 4  # n-gram sizes counted (llama.cpp's LLAMA_NGRAM_MIN / MAX)
 NGRAM_STATIC = 2  # the static tier is consulted with the last 2 tokens
@@ -296,6 +297,17 @@ class NgramCacheDrafter(IndexingDrafter):
     def from_config(cls, spec: SpecConfig, store: NgramCacheStore | None = None) -> NgramCacheDrafter:
         """``store``: the engine's shared tiers."""
         return cls(store)
+
+    @classmethod
+    def shared_state(cls, setup: DraftSetup) -> SharedState:
+        spec, target = setup.spec, setup.target
+        store = NgramCacheStore(spec.ngram_cache_file, spec.ngram_cache_static,
+                                target.vocab_size if target is not None else None)
+        return SharedState(store, forget=store.clear, close=store.save, nbytes=store.nbytes)
+
+    @classmethod
+    def from_shared(cls, spec: SpecConfig, shared: NgramCacheStore, target: ModelRunner | None) -> NgramCacheDrafter:
+        return cls.from_config(spec, store=shared)
 
     def _index(self, new_ids: Sequence[int]) -> None:
         # the n-grams that end in a new token start at most NGRAM_MAX tokens before it

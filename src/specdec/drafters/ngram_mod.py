@@ -31,7 +31,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from specdec.config import SpecConfig
-from specdec.drafters.base import EMPTY, DraftProposal, IndexingDrafter
+from specdec.drafters.base import EMPTY, DraftProposal, DraftSetup, IndexingDrafter, SharedState
+from specdec.runners.base import ModelRunner
 
 POOL_SIZE = 4 * 1024 * 1024  # slots: llama.cpp's size, 16 MiB of int32
 LCG_MULTIPLIER = 6364136223846793005  # Knuth's MMIX LCG, as llama.cpp's common_ngram_mod::idx
@@ -155,6 +156,15 @@ class NgramModDrafter(IndexingDrafter):
         """``pool``: the engine's shared pool (a private one if None)."""
         pool = pool if pool is not None else NgramHashPool(spec.ngram_mod_n_match)
         return cls(pool, n_min=spec.ngram_mod_n_min, n_max=spec.ngram_mod_n_max)
+
+    @classmethod
+    def shared_state(cls, setup: DraftSetup) -> SharedState:
+        pool = NgramHashPool(setup.spec.ngram_mod_n_match)
+        return SharedState(pool, forget=pool.reset, nbytes=pool.nbytes)
+
+    @classmethod
+    def from_shared(cls, spec: SpecConfig, shared: NgramHashPool, target: ModelRunner | None) -> NgramModDrafter:
+        return cls.from_config(spec, pool=shared)
 
     def _index(self, new_ids: Sequence[int]) -> None:
         """Put the windows completed since the last add into the pool."""

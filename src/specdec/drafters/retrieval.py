@@ -22,8 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specdec.config import SpecConfig
-from specdec.datastore import Datastore
-from specdec.drafters.base import EMPTY, Drafter, DraftProposal
+from specdec.datastore import Datastore, tokenizer_identity
+from specdec.drafters.base import EMPTY, Drafter, DraftProposal, DraftSetup, SharedState
+from specdec.log import get_logger
+from specdec.runners.base import ModelRunner
+
+logger = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,14 @@ class RetrievalDrafter(Drafter):
             raise ValueError("retrieval needs a loaded datastore (--spec-datastore; see DraftResources)")
         return cls(store, max_tokens=spec.draft_n_max, tree=tree)
 
+    @classmethod
+    def shared_state(cls, setup: DraftSetup) -> SharedState:
+        return SharedState(load_datastore(setup.spec.datastore, setup.target, setup.tokenizer))
+
+    @classmethod
+    def from_shared(cls, spec: SpecConfig, shared: Datastore, target: ModelRunner | None) -> RetrievalDrafter:
+        return cls.from_config(spec, store=shared, tree=target is not None and target.supports_trees)
+
     def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
         budget = min(max_tokens, self.max_tokens)
         if budget <= 0:
@@ -154,3 +166,14 @@ class RetrievalDrafter(Drafter):
             token_ids.append(token)
             lo, hi = a, b
         return token_ids, list(range(len(token_ids)))
+
+
+def load_datastore(path: str, target: ModelRunner, tokenizer) -> Datastore:
+    """--spec-datastore, checked against the target's tokenizer (its vocabulary size alone when no
+    tokenizer is loaded, as for token-id tests); DatastoreError (one line) when it does not fit."""
+    store = Datastore.load(path)
+    store.check_tokenizer(tokenizer_identity(tokenizer) if tokenizer is not None else None, target.vocab_size,
+                          where=path)
+    logger.warning("specdec: retrieval datastore %s: %s tokens from %s", path, f"{store.num_tokens:,}",
+                   store.sources or "token ids")
+    return store

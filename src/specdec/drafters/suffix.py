@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specdec.config import SpecConfig
-from specdec.drafters.base import EMPTY, DraftProposal, IndexingDrafter
+from specdec.drafters.base import EMPTY, DraftProposal, DraftSetup, IndexingDrafter, SharedState
+from specdec.runners.base import ModelRunner
 
 SEP = -1  # ends a sequence in a trie's text; never a token id
 
@@ -385,6 +386,15 @@ class SuffixDrafter(IndexingDrafter):
     def from_config(cls, spec: SpecConfig, cache: SuffixCache | None = None, tree: bool = False) -> SuffixDrafter:
         """``cache``: the engine's shared SuffixCache."""
         return cls(cache=cache, max_tokens=spec.draft_n_max, tree=tree)
+
+    @classmethod
+    def shared_state(cls, setup: DraftSetup) -> SharedState:
+        cache = SuffixCache()  # one per engine: each request drafts from the ones that finished before it
+        return SharedState(cache, forget=cache.clear, nbytes=cache.nbytes)
+
+    @classmethod
+    def from_shared(cls, spec: SpecConfig, shared: SuffixCache, target: ModelRunner | None) -> SuffixDrafter:
+        return cls.from_config(spec, cache=shared)
 
     def _reset_index(self) -> None:
         # Also a new sequence seen without begin(): all of it counts as prompt.
