@@ -86,14 +86,14 @@ def test_quantized_product_rows_have_the_bits_of_a_row_alone(qtype):
             assert np.array_equal(alone[0], out[r])
 
 
-X8_TYPES = (T.Q4_K, T.Q6_K)
+X8_TYPES = (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1)
 
 
 @pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
 def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype):
-    """Groups of 8 rows packed at load (Q4KX8, Q6KX8): the same values (a row not in a whole group
-    keeps GGUF's layout), products within the activations' rounding of the dense product, and every
-    row's bits those of its product alone at every pass width and tile position."""
+    """Groups of 8 rows packed at load (Q4KX8, Q6KX8, Q80X8, Q50X8, Q40X8, Q41X8): the same values (a row
+    not in a whole group keeps its layout), products within the activations' rounding of the dense
+    product, and every row's bits those of its product alone at every pass width and tile position."""
     rng = np.random.default_rng(300 + int(qtype))
     data = _random_blocks(qtype, 45, 512, rng)
     qm = QuantMatrix.from_blocks(data, qtype, 512).interleaved()
@@ -124,8 +124,9 @@ from specdec.model.quant import QuantMatrix
 from tests.test_quant import _random_blocks
 clib.load_qkernels()
 rng, out = np.random.default_rng(9), []
-for qtype in (T.Q4_K, T.Q6_K):
+for qtype in (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1):
     qm = QuantMatrix.from_blocks(_random_blocks(qtype, 64, 1024, rng), qtype, 1024).interleaved()
+    assert qm.fmt[0] >= 7, (qtype, qm.fmt[0])  # interleaved
     x = rng.standard_normal((17, 1024)).astype(np.float32)
     for rows in (1, 11, 17):  # 1 row; tiles of 8 + 3 (AVX-512) or 4 + 4 + 3; AMX tiles of 16 + 1 (Q4_K)
         y = np.empty((rows, 64), dtype=np.float32)
@@ -167,7 +168,7 @@ def test_mixed_layouts_in_one_matrix():
     parts = [(T.Q4_K, 16), (T.Q6_K, 8), (T.Q8_0, 8)]
     blocks = [(_random_blocks(t, n, 256, rng), t) for t, n in parts]
     fused = QuantMatrix.concat([QuantMatrix.from_blocks(b, t, 256) for b, t in blocks]).interleaved()
-    assert list(fused.fmt) == [quant.Q4KX8] * 16 + [quant.Q6KX8] * 8 + [quant.I8] * 8
+    assert list(fused.fmt) == [quant.Q4KX8] * 16 + [quant.Q6KX8] * 8 + [quant.Q80X8] * 8
     dense = np.concatenate([quants.dequantize(b, t).reshape(-1, 256) for b, t in blocks])
     assert np.array_equal(fused.dense(), dense)
     x = rng.standard_normal((3, 256)).astype(np.float32)

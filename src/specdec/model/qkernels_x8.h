@@ -19,16 +19,42 @@
  *                 chunk c = 4h + cc holds values 32c..32c+31; value 32c + 4t + u's low 4 bits are in
  *                 L0 (cc 0: low nibble, cc 1: high), L1 (cc 2, 3), its high 2 bits at bits 2 cc of H.
  *
+ * The 32-value types get the same treatment (qkernels_x8.h's second half): per block of 32 values of 8 rows,
+ * a row's 4 values of step t < 8 in lane i of a 32-byte vector; value = d (u - OFF) + m
+ *   Q80X8 (272 bytes = GGUF's 8 x 34): [0, 16) d (f16)   [16, 272) step t: 32 bytes, row i's 4 signed bytes at 4 i
+ *   Q50X8 (176 = 8 x 22): [0, 16) d   [16, 48) H: bit t of byte 4 i + u = the fifth bit of row i's value 4 t + u
+ *                         [48, 176) pair p < 4: 32 bytes, byte 4 i + u = value 4 p + u (low nibble), 4 (p + 4) + u (high)
+ *   Q40X8 (144 = 8 x 18): [0, 16) d   [16, 144) the nibbles as Q50X8's         (OFF 16 for Q5_0, 8 for Q4_0)
+ *   Q41X8 (160 = 8 x 20): [0, 16) d   [16, 32) m (f16)   [32, 160) the nibbles  (Q4_1: value d u + m)
+ * Q8_0's signed bytes go through |w| x sign(x, w); the offsets and Q4_1's mins through the activations'
+ * block sums (bs32), the float steps per block the same on every path.
+ *
  * Arithmetic: the integers are exact (int16 partial sums are bounded below 2^15 by construction:
  * 8 steps of 2 x 15 x 127 for Q4_K, 2 steps of 2 x 63 x 127 for Q6_K), and the float epilogue per
  * super-block is the same fused operations in the same order on every path (AVX2, AVX-512 VL, and the
  * portable C below, which uses fmaf), so a row's bits never depend on how many activation rows share
  * the pass, nor on the ISA the library was built for.
  */
-enum { FMT_Q4KX8 = 7, FMT_Q6KX8 = 8 };
+enum { FMT_Q4KX8 = 7, FMT_Q6KX8 = 8, FMT_Q80X8 = 9, FMT_Q50X8 = 10, FMT_Q40X8 = 11, FMT_Q41X8 = 12 };
 enum { X8 = 8, Q4KX8_BYTES = 8 * 148, Q6KX8_BYTES = 8 * 210 };
 
-INLINE int x8_layout(int fmt) { return fmt == FMT_Q4KX8 || fmt == FMT_Q6KX8; }
+INLINE int kx8_layout(int fmt) { return fmt == FMT_Q4KX8 || fmt == FMT_Q6KX8; }  /* 256-value super-blocks */
+INLINE int bx8_layout(int fmt) { return fmt >= FMT_Q80X8 && fmt <= FMT_Q41X8; }  /* 32-value blocks */
+INLINE int x8_layout(int fmt) { return kx8_layout(fmt) || bx8_layout(fmt); }
+/* bytes per 32-value block of a group of 8 rows; where its nibbles start; its offset (-OFF) */
+INLINE int bx8_bytes(int fmt) { return fmt == FMT_Q80X8 ? 272 : fmt == FMT_Q50X8 ? 176 : fmt == FMT_Q40X8 ? 144 : 160; }
+INLINE int bx8_nibbles(int fmt) { return fmt == FMT_Q50X8 ? 48 : fmt == FMT_Q40X8 ? 16 : 32; }
+INLINE float bx8_offset(int fmt) { return fmt == FMT_Q50X8 ? -16.0f : -8.0f; }
+
+/* value l (0..31) of row i of a 32-value block of a group, as the kernels multiply it (Q8_0 signed,
+ * the others unsigned, before OFF) */
+INLINE int bx8_value(int fmt, const uint8_t *blk, int i, int l) {
+    const int t = l / 4, u = l % 4;
+    if (fmt == FMT_Q80X8) return (int8_t)blk[16 + 32 * t + 4 * i + u];
+    const uint8_t byte = blk[bx8_nibbles(fmt) + 32 * (t % 4) + 4 * i + u];
+    const int low = t < 4 ? byte & 15 : byte >> 4;
+    return fmt == FMT_Q50X8 ? low | (((blk[16 + 4 * i + u] >> t) & 1) << 4) : low;
+}
 
 /* value e (0..255) of row i of a super-block of a group, unsigned (Q6_K: before its -32) */
 INLINE int q4x8_value(const uint8_t *blk, int i, int e) {
@@ -335,6 +361,78 @@ INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, acc[r]);
 }
 #endif
+/* Q5_0's fifth bits of step t (bit t of each H byte) at bit 4: a 16-bit shift by 4 - t never carries
+ * another byte's bit into a byte's bit 4 */
+INLINE __m256i bx8_fifth(__m256i h, int t) {
+    const __m256i v = t < 4 ? _mm256_slli_epi16(h, 4 - t) : t == 4 ? h : _mm256_srli_epi16(h, t - 4);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* R activation rows against one group of a 32-value interleaved layout (Q80X8, Q50X8, Q40X8, Q41X8):
+ * per block the 8 steps' weights are unpacked once; each activation row's products are summed in int32
+ * (vpdpbusd; or vpmaddubsw's int16 pairs, 4 steps of 2 x 31 x 127 < 2^15, then vpmaddwd), then
+ * acc += (d dx) sum and, for an offset or a min, macc += m bs32; out = acc + macc */
+INLINE void x8_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, const int8_t *xq, const float *dx8,
+                   const float *bs32, float *out, int64_t os) {
+    const int64_t nb = k / 32;
+    const int bytes = bx8_bytes(FMT), nib = bx8_nibbles(FMT);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[XROWS], macc[XROWS];
+    for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)bytes * b;
+        prefetch_ahead(blk, bytes);
+        __m256i w[8], wa[8];  /* step t's weights (Q8_0: signed, and their magnitudes wa) */
+        if (FMT == FMT_Q80X8) {
+            for (int t = 0; t < 8; t++) {
+                w[t] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * t));
+                wa[t] = _mm256_abs_epi8(w[t]);
+            }
+        } else {
+            for (int p = 0; p < 4; p++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + nib + 32 * p));
+                w[p] = _mm256_and_si256(v, m4);
+                w[p + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            }
+            if (FMT == FMT_Q50X8) {
+                const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 16));
+                for (int t = 0; t < 8; t++) w[t] = _mm256_or_si256(w[t], bx8_fifth(h, t));
+            }
+        }
+        const __m256 vd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+        const __m256 vm = FMT == FMT_Q41X8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)))
+                        : _mm256_mul_ps(vd, _mm256_set1_ps(bx8_offset(FMT)));
+        for (int r = 0; r < R; r++) {
+            const int8_t *x = xq + r * k + 32 * b;
+            __m256i dot = _mm256_setzero_si256();
+#if defined(SD_VNNI)
+            for (int t = 0; t < 8; t++) {
+                const __m256i xv = x4_bcast(x + 4 * t);
+                dot = FMT == FMT_Q80X8 ? dot4_acc(dot, wa[t], _mm256_sign_epi8(xv, w[t])) : dot4_acc(dot, w[t], xv);
+            }
+#else
+            const __m256i ones = _mm256_set1_epi16(1);
+            if (FMT == FMT_Q80X8) {  /* 2 x 128 x 127 fills int16: each step to int32 */
+                for (int t = 0; t < 8; t++) {
+                    const __m256i xv = x4_bcast(x + 4 * t);
+                    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(wa[t], _mm256_sign_epi8(xv, w[t])), ones));
+                }
+            } else {
+                for (int half = 0; half < 2; half++) {
+                    __m256i a = _mm256_setzero_si256();
+                    for (int t = 4 * half; t < 4 * half + 4; t++) a = _mm256_add_epi16(a, _mm256_maddubs_epi16(w[t], x4_bcast(x + 4 * t)));
+                    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(a, ones));
+                }
+            }
+#endif
+            const __m256 scale = _mm256_mul_ps(vd, _mm256_set1_ps(dx8[r * (k / 4) + 8 * b]));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r]);
+            if (FMT != FMT_Q80X8) macc[r] = _mm256_fmadd_ps(vm, _mm256_set1_ps(bs32[r * nb + b]), macc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        _mm256_storeu_ps(out + r * os, FMT == FMT_Q80X8 ? acc[r] : _mm256_add_ps(acc[r], macc[r]));
+}
 #else  /* portable C: the same integers and the same fused float steps (fmaf), row by row */
 #define XROWS 4
 INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
@@ -381,6 +479,25 @@ INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
             out[r * os + i] = acc;
         }
 }
+INLINE void x8_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, const int8_t *xq, const float *dx8,
+                   const float *bs32, float *out, int64_t os) {
+    const int64_t nb = k / 32;
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < X8; i++) {
+            float acc = 0.0f, macc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = grp + (int64_t)bx8_bytes(FMT) * b;
+                const int8_t *x = xq + r * k + 32 * b;
+                int32_t dot = 0;
+                for (int l = 0; l < 32; l++) dot += bx8_value(FMT, blk, i, l) * x[l];
+                const float d = f16_to_f32(blk + 2 * i);
+                acc = fmaf((float)dot, d * dx8[r * (k / 4) + 8 * b], acc);
+                const float m = FMT == FMT_Q41X8 ? f16_to_f32(blk + 16 + 2 * i) : d * bx8_offset(FMT);
+                if (FMT != FMT_Q80X8) macc = fmaf(m, bs32[r * nb + b], macc);
+            }
+            out[r * os + i] = FMT == FMT_Q80X8 ? acc : acc + macc;
+        }
+}
 #endif
 
 #if XROWS == 8
@@ -406,12 +523,44 @@ INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
 X8TILES(tiles_q4kx8, x8_q4k)
 X8TILES(tiles_q6kx8, x8_q6k)
 
+#if XROWS == 8
+#define BX8WIDE(FMT)                                                                                        \
+        case 8: x8_b32(8, FMT, g, k, xq, dx8, bs32, out, os); break;                                        \
+        case 7: x8_b32(7, FMT, g, k, xq, dx8, bs32, out, os); break;                                        \
+        case 6: x8_b32(6, FMT, g, k, xq, dx8, bs32, out, os); break;                                        \
+        case 5: x8_b32(5, FMT, g, k, xq, dx8, bs32, out, os); break;
+#else
+#define BX8WIDE(FMT)
+#endif
+#define BX8TILES(NAME, FMT)                                                                                 \
+    static void NAME(int R, const uint8_t *g, int64_t k, const int8_t *xq, const float *dx8, const float *bs32, \
+                     float *out, int64_t os) {                                                              \
+        switch (R) {                                                                                        \
+        BX8WIDE(FMT)                                                                                        \
+        case 4: x8_b32(4, FMT, g, k, xq, dx8, bs32, out, os); break;                                        \
+        case 3: x8_b32(3, FMT, g, k, xq, dx8, bs32, out, os); break;                                        \
+        case 2: x8_b32(2, FMT, g, k, xq, dx8, bs32, out, os); break;                                        \
+        default: x8_b32(1, FMT, g, k, xq, dx8, bs32, out, os); break;                                       \
+        }                                                                                                   \
+    }
+BX8TILES(tiles_q80x8, FMT_Q80X8)
+BX8TILES(tiles_q50x8, FMT_Q50X8)
+BX8TILES(tiles_q40x8, FMT_Q40X8)
+BX8TILES(tiles_q41x8, FMT_Q41X8)
+
 /* one interleaved group (weight rows n .. n + 7, at q + n * q_stride) against every activation row */
-static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
-                     int64_t rows, float *out, int64_t out_stride) {
+static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xq, const float *dx8, const float *bs32,
+                     const int8_t *xk, const float *dk, const int16_t *bk, int64_t rows, float *out, int64_t out_stride) {
     for (int64_t r0 = 0; r0 < rows; r0 += XROWS) {
         const int R = rows - r0 < XROWS ? (int)(rows - r0) : XROWS;
-        if (fmt == FMT_Q4KX8)
+        float *o = out + r0 * out_stride;
+        const int8_t *x = xq + r0 * k;
+        const float *d = dx8 + r0 * (k / 4), *b32 = bs32 + r0 * (k / 32);
+        if (fmt == FMT_Q80X8) tiles_q80x8(R, grp, k, x, d, b32, o, out_stride);
+        else if (fmt == FMT_Q50X8) tiles_q50x8(R, grp, k, x, d, b32, o, out_stride);
+        else if (fmt == FMT_Q40X8) tiles_q40x8(R, grp, k, x, d, b32, o, out_stride);
+        else if (fmt == FMT_Q41X8) tiles_q41x8(R, grp, k, x, d, b32, o, out_stride);
+        else if (fmt == FMT_Q4KX8)
             tiles_q4kx8(R, grp, k, xk + r0 * k, dk + r0 * (k / QK), bk + r0 * (k / 16), out + r0 * out_stride, out_stride);
         else
             tiles_q6kx8(R, grp, k, xk + r0 * k, dk + r0 * (k / QK), bk + r0 * (k / 16), out + r0 * out_stride, out_stride);
@@ -420,6 +569,18 @@ static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xk, c
 
 /* row i of an interleaved group as float32 (the embedding look-up; GGUF's dequantization formula) */
 static void x8_dequantize(int fmt, const uint8_t *grp, int i, int64_t k, float *o) {
+    if (bx8_layout(fmt)) {  /* d (u - OFF), Q4_1 d u + m, Q8_0 d q */
+        for (int64_t b = 0; b < k / 32; b++) {
+            const uint8_t *blk = grp + (int64_t)bx8_bytes(fmt) * b;
+            const float d = f16_to_f32(blk + 2 * i);
+            for (int l = 0; l < 32; l++) {
+                const float v = (float)bx8_value(fmt, blk, i, l);
+                o[32 * b + l] = fmt == FMT_Q80X8 ? d * v : fmt == FMT_Q41X8 ? d * v + f16_to_f32(blk + 16 + 2 * i)
+                              : d * (v + bx8_offset(fmt));
+            }
+        }
+        return;
+    }
     for (int64_t b = 0; b < k / QK; b++) {
         if (fmt == FMT_Q4KX8) {
             const uint8_t *blk = grp + Q4KX8_BYTES * b;

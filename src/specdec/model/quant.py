@@ -9,9 +9,11 @@ Q6K: 4.5, 5.5 and 6.5 bits a weight), their 6- and 8-bit sub-scales applied by t
 kernels in the integer domain. Types outside ``SUPPORTED`` are dequantised at load by
 the caller (one notice line).
 
-``QuantMatrix.interleaved`` then packs every aligned group of 8 Q4_K or Q6_K rows into the
-interleaved layouts Q4KX8 / Q6KX8 (qkernels_x8.h: one 32-bit lane per weight row), which the
-model does once at load for the matrices its passes multiply by.
+``QuantMatrix.interleaved`` then packs every aligned group of 8 rows of one type into an
+interleaved layout (qkernels_x8.h: one 32-bit lane per weight row): Q4_K and Q6_K into Q4KX8 /
+Q6KX8, Q8_0, Q5_0, Q4_0 and Q4_1 into Q80X8 / Q50X8 / Q40X8 / Q41X8 (each at GGUF's own bytes,
+where U8M spent 10 bits on a 5-bit weight), which the model does once at load for the matrices its
+passes multiply by.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf import quants
 
-U4M, U8M, I8, Q4K, Q5K, Q6K, Q4KX8, Q6KX8 = 0, 1, 2, 4, 5, 6, 7, 8
+U4M, U8M, I8, Q4K, Q5K, Q6K, Q4KX8, Q6KX8, Q80X8, Q50X8, Q40X8, Q41X8 = 0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12
 SUPER_BLOCK = {Q4K: 144, Q5K: 176, Q6K: 210, Q4KX8: 148, Q6KX8: 210}  # bytes per 256 values and row
+BLOCK = {Q80X8: 34, Q50X8: 22, Q40X8: 18, Q41X8: 20}  # bytes per 32 values and row: GGUF's own
 X8 = 8  # weight rows per interleaved group
-X8_LAYOUTS = (Q4KX8, Q6KX8)
+X8_LAYOUTS = (Q4KX8, Q6KX8, *BLOCK)
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)  # super-blocks of 256 values
 SUPPORTED = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, *K_QUANTS)
 # types a float checkpoint can be quantized to at load (gguf's own quantizers; it has none for K-quants)
@@ -93,27 +96,25 @@ class QuantMatrix:
         return QuantMatrix(self.q[order], self.s[order], self.m[order], self.fmt[order], self.k, self.types)
 
     def interleaved(self) -> QuantMatrix:
-        """The same matrix with every group of 8 rows (at a multiple of 8) that is all Q4_K or all Q6_K
-        packed into Q4KX8 / Q6KX8; other rows as they are. Bytes per row grow by 4 per Q4_K
-        super-block (its 12 packed scale bytes unpacked), Q6_K's stay 210."""
-        groups = self.fmt[: len(self.fmt) // X8 * X8].reshape(-1, X8)
-        packs = {Q4K: (Q4KX8, _q4k_x8), Q6K: (Q6KX8, _q6k_x8)}
-        todo = {f: np.flatnonzero((groups == f).all(axis=1)) for f in packs}
-        if not any(len(g) for g in todo.values()):
+        """The same matrix with every group of 8 rows (at a multiple of 8) that shares a type packed into its
+        interleaved layout (``x8_layouts``); other rows as they are. Bytes per row grow by 4 per Q4_K
+        super-block (its 12 packed scale bytes unpacked); the other layouts keep GGUF's bytes."""
+        groups = x8_layouts(self)[: len(self.fmt) // X8 * X8].reshape(-1, X8)
+        # a group of Q4_0 rows beside Q4_1 ones is Q4_1 with m = -8 d
+        groups = np.where((groups == Q41X8).any(axis=1, keepdims=True) & (groups == Q40X8), Q41X8, groups)
+        todo = {f: np.flatnonzero((groups == f).all(axis=1)) for f in X8_LAYOUTS}
+        todo = {f: g for f, g in todo.items() if len(g)}
+        if not todo:
             return self
-        nsb = self.k // 256
-        width = max(self.q.shape[1], *(SUPER_BLOCK[packs[f][0]] * nsb for f, g in todo.items() if len(g)))
+        width = max(self.q.shape[1], *(x8_row_bytes(f, self.k) for f in todo))
         q = np.zeros((self.q.shape[0], width), dtype=np.uint8)
         q[:, : self.q.shape[1]] = self.q
         fmt = self.fmt.copy()
-        for f, idx in todo.items():
-            if not len(idx):
-                continue
-            layout, pack = packs[f]
-            per_row = SUPER_BLOCK[layout] * nsb
+        for layout, idx in todo.items():
+            per_row = x8_row_bytes(layout, self.k)
             for chunk in np.array_split(idx, max(1, len(idx) // 1024)):  # bounded scratch on a 152K-row head
                 rows = (chunk[:, None] * X8 + np.arange(X8)).reshape(-1)
-                blobs = pack(self.q[rows, : SUPER_BLOCK[f] * nsb].reshape(len(chunk), X8, nsb, SUPER_BLOCK[f]))
+                blobs = _PACK[layout](self, rows, len(chunk))
                 q[rows] = 0
                 # a group's 8 rows are one contiguous run of 8 x width bytes: its blob fills the first ones
                 at = chunk[:, None] * (X8 * width) + np.arange(X8 * per_row)
@@ -164,7 +165,7 @@ def quantize_weights(state: dict[str, torch.Tensor], qtype: T) -> dict[str, torc
 def row_bytes(fmt: np.ndarray, k: int) -> np.ndarray:
     """Bytes each row of layout ``fmt`` (per row) reads in a product over k values."""
     per_32 = {U4M: 16 + 8, U8M: 32 + 8, I8: 32 + 4}  # values, then float32 scales (and mins)
-    per_32 |= {f: size / 8 for f, size in SUPER_BLOCK.items()}
+    per_32 |= {f: size / 8 for f, size in SUPER_BLOCK.items()} | BLOCK
     return np.vectorize(per_32.__getitem__)(fmt) * (k // 32)
 
 
@@ -259,13 +260,14 @@ def _q8_0(data, rows, k):
 
 
 def int8_rows(weight: np.ndarray) -> QuantMatrix:
-    """[rows, k] float32 -> Q8_0's values (int8 per 32-block, a float32 scale each) in kernel layout,
-    without a GGUF round trip (an EAGLE head's drafting copies). k must be a multiple of 64."""
+    """[rows, k] float32 -> Q8_0's values (int8 per 32-block, a scale each, float16 as in GGUF so that
+    ``interleaved`` packs them) in kernel layout, without a GGUF round trip (an EAGLE head's drafting
+    copies, a draft model's cut LM head). k must be a multiple of 64."""
     rows, k = weight.shape
     if k % 64:
         raise ValueError(f"quantized rows need a multiple of 64 values, not {k}")
     blocks = weight.reshape(rows, k // 32, 32)
-    scale = np.abs(blocks).max(axis=-1) / 127.0
+    scale = (np.abs(blocks).max(axis=-1) / 127.0).astype(np.float16).astype(np.float32)
     scale[scale == 0] = 1.0
     q = np.clip(np.rint(blocks / scale[..., None]), -127, 127).astype(np.int8).reshape(rows, k)
     return QuantMatrix(_biased(q), scale.astype(np.float32), np.zeros((rows, 1), np.float32),
@@ -334,6 +336,88 @@ def _k_quant(layout: int):
 
     return keep
 
+
+def x8_row_bytes(layout: int, k: int) -> int:
+    """Bytes per row of an interleaved layout over k values."""
+    return SUPER_BLOCK[layout] * (k // 256) if layout in SUPER_BLOCK else BLOCK[layout] * (k // 32)
+
+
+def _f16_exact(a: np.ndarray) -> np.ndarray:
+    """Per row: every value of ``a`` [rows, n] is a float16 (a GGUF scale widened), so a layout storing
+    float16 keeps it bit for bit."""
+    with np.errstate(over="ignore"):
+        return (a.astype(np.float16).astype(np.float32) == a).all(axis=1)
+
+
+def x8_layouts(mat: QuantMatrix) -> np.ndarray:
+    """Per row, the interleaved layout its type packs into (-1: none). The 32-value layouts store GGUF's
+    float16 scales, so a row qualifies only where its scales (and Q4_1's mins) are float16 values, and
+    Q5_0 / Q4_0 only where m = -16 d / -8 d (U8M and U4M carry Q5_1 and Q4_1 too)."""
+    nb = mat.k // 32
+    s, m = mat.s[:, :nb], mat.m[:, :nb]
+    out = np.full(len(mat.fmt), -1, dtype=np.int64)
+    out[mat.fmt == Q4K] = Q4KX8
+    out[mat.fmt == Q6K] = Q6KX8
+    if mat.k % 32 or not np.isin(mat.fmt, (U4M, U8M, I8)).any():
+        return out
+    scales = _f16_exact(s)
+    out[(mat.fmt == I8) & scales] = Q80X8
+    out[(mat.fmt == U8M) & scales & (m == -16.0 * s).all(axis=1)] = Q50X8
+    out[(mat.fmt == U4M) & scales & _f16_exact(m)] = Q41X8
+    out[(mat.fmt == U4M) & scales & (m == -8.0 * s).all(axis=1)] = Q40X8
+    return out
+
+
+def _x8_k_quant(kind: int, pack):
+    def packed(mat: QuantMatrix, rows: np.ndarray, groups: int) -> np.ndarray:
+        nsb = mat.k // 256
+        return pack(mat.q[rows, : SUPER_BLOCK[kind] * nsb].reshape(groups, X8, nsb, SUPER_BLOCK[kind]))
+
+    return packed
+
+
+def _block_values(mat: QuantMatrix, rows: np.ndarray) -> np.ndarray:
+    """Rows of a 32-value layout as the integers the interleaved kernels multiply: [rows, k / 32, 32]
+    (Q8_0 signed, U4M 0..15, U8M 0..31)."""
+    q = mat.q[rows]
+    nb = mat.k // 32
+    if mat.fmt[rows[0]] == U4M:
+        b = q[:, : mat.k // 2].reshape(len(rows), nb // 2, 32)
+        v = np.stack([b & 15, b >> 4], axis=2)  # byte j: block 2p's value j low, block 2p + 1's high
+    elif mat.fmt[rows[0]] == I8:
+        v = (q[:, : mat.k].astype(np.int16) - 128).astype(np.int8).view(np.uint8)
+    else:
+        v = q[:, : mat.k]
+    return v.reshape(len(rows), nb, 32)
+
+
+def _x8_blocks(layout: int):
+    """Rows of one 32-value type, 8 a group -> the group's blocks [G, nb, 8 x BLOCK[layout]] (qkernels_x8.h)."""
+
+    def packed(mat: QuantMatrix, rows: np.ndarray, groups: int) -> np.ndarray:
+        nb = mat.k // 32
+        v = _block_values(mat, rows).reshape(groups, X8, nb, 8, 4)  # [G, row, block, step, 4]
+        d = mat.s[rows, :nb].astype(np.float16).reshape(groups, X8, nb).transpose(0, 2, 1)  # [G, block, row]
+        parts = [np.ascontiguousarray(d).view(np.uint8).reshape(groups, nb, 16)]
+        if layout == Q41X8:
+            mn = mat.m[rows, :nb].astype(np.float16).reshape(groups, X8, nb).transpose(0, 2, 1)
+            parts.append(np.ascontiguousarray(mn).view(np.uint8).reshape(groups, nb, 16))
+        steps = v.transpose(0, 2, 3, 1, 4)  # [G, block, step, row, 4]
+        if layout == Q80X8:
+            parts.append(steps.reshape(groups, nb, 256))
+        else:
+            if layout == Q50X8:  # bit t of byte 4 i + u: the fifth bit of row i's value 4 t + u
+                high = ((v >> 4) & 1).transpose(0, 2, 1, 4, 3)  # [G, block, row, u, step]
+                parts.append(np.packbits(high, axis=-1, bitorder="little").reshape(groups, nb, 32))
+            low = steps & 15
+            parts.append((low[:, :, :4] | (low[:, :, 4:] << 4)).reshape(groups, nb, 128))
+        return np.concatenate(parts, axis=-1).astype(np.uint8)
+
+    return packed
+
+
+_PACK = {Q4KX8: _x8_k_quant(Q4K, _q4k_x8), Q6KX8: _x8_k_quant(Q6K, _q6k_x8),
+         **{layout: _x8_blocks(layout) for layout in BLOCK}}
 
 _REPACK = {
     T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0,

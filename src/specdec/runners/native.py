@@ -125,12 +125,13 @@ class NativeRunner(ModelRunner):
         """Keep only the LM head's rows ``token_ids`` ([N] ascending ids): every pass then returns logits
         [T, N], column j that of token_ids[j], and ``vocab_size`` is N. For a draft model that drafts from
         a frequent subset of the vocabulary (``drafters.frequent_vocab``): done once at load, no pass
-        changes. A quantized head's rows become Q8_0 rows (``quant.int8_rows``) of their dequantized values:
-        interleaved blocks cannot be gathered row by row, and the draft only needs its own q, not the bits."""
+        changes. A quantized head's rows become Q8_0 rows (``quant.int8_rows``, interleaved) of their
+        dequantized values: interleaved blocks cannot be gathered row by row, and the draft only needs its
+        own q, not the bits."""
         model = self.model
         rows = model.head_rows(token_ids)  # [N, H] float32
         if "lm_head" in model.quantized and rows.shape[1] % 64 == 0:
-            model.quantized["lm_head"] = int8_rows(rows.numpy())
+            model.quantized["lm_head"] = int8_rows(rows.numpy()).interleaved()
         else:
             model.quantized.pop("lm_head", None)
             dtype = model.embed.dtype if model.embed is not None else torch.float32
