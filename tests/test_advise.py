@@ -8,7 +8,7 @@ import pytest
 
 from specdec.bench import advise
 from specdec.bench.workloads import Conversation, Workload
-from specdec.cli import main
+from specdec.cli.main import main
 from specdec.pass_cost import PassCost
 
 

@@ -17,7 +17,7 @@ from specdec.bench.workloads import (
     load_workload,
     load_workload_file,
 )
-from specdec.cli import main
+from specdec.cli.main import main
 from specdec.config import SpecConfig
 from specdec.drafters.base import DraftProposal
 from specdec.drafters.ngram import NgramDrafter

@@ -18,7 +18,7 @@ import pytest
 
 from specdec import catalog
 from specdec.catalog import CatalogModel, Chunk
-from specdec.cli import main
+from specdec.cli.main import main
 from specdec.errors import ModelLoadError
 from specdec.model.weights import model_path
 

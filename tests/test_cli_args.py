@@ -1,10 +1,10 @@
-"""cli_args: the draft-tree flags (llama.cpp's --draft-p-split) -> SpecConfig, bad values as one line."""
+"""cli/args.py: the draft-tree flags (llama.cpp's --draft-p-split) -> SpecConfig, bad values as one line."""
 
 from __future__ import annotations
 
 import pytest
 
-from specdec.cli_args import Parser, add_spec_args, spec_from_args
+from specdec.cli.args import Parser, add_spec_args, spec_from_args
 from specdec.errors import UsageError
 
 

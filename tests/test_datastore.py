@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from specdec.cli import main
+from specdec.cli.main import main
 from specdec.corpus import corpus_documents, source_texts
 from specdec.datastore import SEP, Datastore, DatastoreError, TokenizerIdentity, suffix_array, tokenizer_identity
 

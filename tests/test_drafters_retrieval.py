@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.cli import main
+from specdec.cli.main import main
 from specdec.config import SamplingParams, SpecConfig, SpecType
 from specdec.datastore import Datastore, DatastoreError, TokenizerIdentity, tokenizer_identity
 from specdec.drafters.registry import DraftResources

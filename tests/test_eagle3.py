@@ -418,7 +418,7 @@ def test_no_head_ships_so_eagle3_asks_for_one(capsys):
 
 
 def specdec(capsys, *args: str) -> tuple[int, str, str]:
-    from specdec.cli import main
+    from specdec.cli.main import main
 
     capsys.readouterr()
     rc = main(list(args))

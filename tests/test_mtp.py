@@ -321,7 +321,7 @@ def test_cli_reports_a_target_without_mtp_in_one_line(tiny_llama):
 def test_server_and_bench_draft_with_the_module_losslessly(models, tmp_path, capsys):
     """draft-mtp behind the OpenAI-style server (greedy text = plain's, a seeded sample answered) and in
     `specdec bench` (0 greedy mismatches, drafts made and kept)."""
-    from specdec.cli import main
+    from specdec.cli.main import main
     from tests.test_server import serve_like_plain
 
     folder = str(models["tracking"])

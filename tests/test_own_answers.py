@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from specdec.cli import main
+from specdec.cli.main import main
 from specdec.config import SamplingParams, SpecConfig, SpecType
 from specdec.llm import LLM
 from specdec.own_answers import FAMILIES, own_prompts

@@ -152,7 +152,7 @@ def test_checkpoint_records_k_and_the_mask_entry(tiny, tmp_path):
 
 
 def test_a_sequential_head_with_parallel_drafting_is_one_clear_error(tiny, tiny_llama, tmp_path, capsys):
-    from specdec.cli import main
+    from specdec.cli.main import main
     from tests.test_eagle3 import tiny_head
 
     folder = save_head(tiny_head(tiny), tmp_path / "seq")
@@ -248,7 +248,7 @@ def test_greedy_identity_trained_parallel_head(trained, peaked, topk, n):
 
 def test_train_cli_parallel_head(peaked, peaked_folder, tmp_path, capsys):
     """`specdec train eagle3 --parallel 2` writes a P-EAGLE head that --spec-parallel-drafting loads."""
-    from specdec.cli import main
+    from specdec.cli.main import main
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Count to ten\nName three colours\nSay hi\n")
@@ -264,7 +264,7 @@ def test_train_cli_parallel_head(peaked, peaked_folder, tmp_path, capsys):
 def test_train_cli_parallel_head_from_a_sequential_one(peaked, peaked_folder, tmp_path, capsys):
     """`--init HEAD --parallel 2` starts a P-EAGLE head at HEAD's layer and vocabulary (its mask entry
     fresh) and trains from there; a head for another target is one line."""
-    from specdec.cli import main
+    from specdec.cli.main import main
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Count to ten\nName three colours\nSay hi\n")
@@ -297,7 +297,7 @@ def test_train_cli_parallel_head_from_a_sequential_one(peaked, peaked_folder, tm
 def test_server_and_bench_draft_in_parallel_losslessly(trained, peaked, peaked_folder, tmp_path, capsys):
     """--spec-parallel-drafting behind the OpenAI-style server (vLLM's "parallel_drafting" key; greedy
     text = plain's, a seeded sample answered) and in `specdec bench` (0 greedy mismatches, drafts made)."""
-    from specdec.cli import main
+    from specdec.cli.main import main
     from tests.test_server import serve_like_plain
 
     out, _ = trained

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from specdec.cli import build_parser
+from specdec.cli.main import build_parser
 from specdec.errors import UsageError
 from specdec.server.cli import serve_config
 from specdec.server.ray.options import (

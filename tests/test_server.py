@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from specdec.budget import DraftBudget
-from specdec.cli import build_parser
+from specdec.cli.main import build_parser
 from specdec.config import SamplingParams, SpecConfig, SpecType
 from specdec.drafters.ngram_cache import load_counts
 from specdec.errors import UsageError

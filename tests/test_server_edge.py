@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 
-from specdec.cli import build_parser
+from specdec.cli.main import build_parser
 from specdec.config import DEFAULT_SPEC_TYPES
 from specdec.server.edge import EdgePolicy, GuardMiddleware, split_host
 from tests.test_server import running_server

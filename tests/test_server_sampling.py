@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from specdec.cli import build_parser
+from specdec.cli.main import build_parser
 from specdec.config import SamplingParams
 from specdec.llm import LLM
 from specdec.logprobs import JSON_LOGPROB_FLOOR

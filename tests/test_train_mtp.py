@@ -29,7 +29,7 @@ STEPS = 20
 
 
 def specdec(capsys, *args: str) -> tuple[int, str]:
-    from specdec.cli import main
+    from specdec.cli.main import main
 
     capsys.readouterr()
     rc = main(list(args))
@@ -51,7 +51,7 @@ def trained(peaked_folder, tmp_path_factory) -> tuple:
             "--samples", str(len(PROMPTS)), "--max-new-tokens", "16", "--batch-size", "3", "--threads", "1",
             "--lr", "2e-2", "--batch-tokens", "512", "--greedy-fraction", "0.5", "--ttt-steps", "2",
             "--precision", "fp32"]
-    from specdec.cli import main
+    from specdec.cli.main import main
 
     assert main([*args, "--steps", str(STEPS), "--eval-every", str(STEPS)]) == 0
     return out / "m", args

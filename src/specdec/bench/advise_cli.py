@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from specdec.bench.config import parse_methods
 from specdec.bench.workloads import WORKLOAD_NAMES, Workload, load_workload, load_workload_file
-from specdec.cli_args import add_model_args, positive_int
+from specdec.cli.args import add_model_args, positive_int
 from specdec.config import SpecConfig
 from specdec.errors import UsageError
 

@@ -28,7 +28,7 @@ from specdec.bench.config import (
     parse_methods,
 )
 from specdec.bench.workloads import WORKLOAD_NAMES, load_workload, load_workload_file
-from specdec.cli_args import add_model_args, add_spec_args, positive_int, spec_from_args
+from specdec.cli.args import add_model_args, add_spec_args, positive_int, spec_from_args
 from specdec.errors import UsageError
 
 # --quick: a few prompts per workload, batch 1, greedy (creative keeps its temperature):

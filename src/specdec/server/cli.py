@@ -11,7 +11,7 @@ import os
 import sys
 
 from specdec.budget import DraftBudget
-from specdec.cli_args import add_logprobs_mode_arg, add_model_args, add_spec_args, positive_int, spec_from_args
+from specdec.cli.args import add_logprobs_mode_arg, add_model_args, add_spec_args, positive_int, spec_from_args
 from specdec.config import SpecConfig, SpecType
 from specdec.errors import UsageError
 from specdec.server.edge import DEFAULT_MAX_BODY_BYTES, EdgePolicy

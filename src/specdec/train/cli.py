@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdec.cli_args import positive_int
+from specdec.cli.args import positive_int
 from specdec.train.config import TrainConfig
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from specdec.cli_args import Parser
+from specdec.cli.args import Parser
 from specdec.errors import UsageError
 from specdec.server.cli import add_serve_args, serve_config
 from specdec.server.ray.deployment import build_app

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specdec.cli_args import Parser, add_logprobs_mode_arg, add_model_args, add_spec_args, positive_int, spec_from_args
+from specdec.cli.args import Parser, add_logprobs_mode_arg, add_model_args, add_spec_args, positive_int, spec_from_args
 from specdec.config import SamplingParams, SpecConfig, StructuredKind, StructuredOutput
 from specdec.errors import ModelLoadError, UsageError
 from specdec.server.cli import add_serve_args, cmd_serve
@@ -49,13 +49,13 @@ def _advise() -> Command:
 
 
 def _datastore() -> Command:
-    from specdec.datastore_cli import add_datastore_args, cmd_datastore
+    from specdec.cli.datastore import add_datastore_args, cmd_datastore
 
     return add_datastore_args, cmd_datastore
 
 
 def _models() -> Command:
-    from specdec.catalog_cli import add_models_args, cmd_models
+    from specdec.cli.catalog import add_models_args, cmd_models
 
     return add_models_args, cmd_models
 
@@ -325,7 +325,3 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Command-line pieces shared by `specdec generate`, `serve` and `bench`.
 
-A leaf of the CLI: ``cli.py``, ``server/cli.py`` and ``bench/cli.py`` import it, and
+A leaf of the CLI: ``cli/main.py``, ``server/cli.py`` and ``bench/cli.py`` import it, and
 it imports none of them. It imports no torch either (``specdec --help`` stays instant).
 """
 

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from specdec.cli_args import add_model_args, positive_int
+from specdec.cli.args import add_model_args, positive_int
 from specdec.corpus import SOURCES
 from specdec.errors import UsageError
 
