@@ -1,7 +1,8 @@
-"""How fast the interleaved K-quant products stream their weights, out of cache, by activation rows.
+"""How fast the interleaved products stream their weights, out of cache, by activation rows.
 
 Each format gets COPIES separate matrices the size of Qwen2.5-Coder-1.5B's (Q4_K: ffn_gate 8960 x 1536;
-Q6_K: ffn_down 1536 x 8960), random valid blocks packed as at load; one product of R activation rows
+Q6_K: ffn_down 1536 x 8960) or of the 0.5B's (Q5_0: ffn_gate 4864 x 896, Q8_0 the same shape; COPIES x 4
+of them), random valid blocks packed as at load; one product of R activation rows
 against each in turn is timed (best of 5) and compared with reading a buffer of the same size on every
 core (the read floor of `specdec bench passes`). Build variants through the kernels' extra flags:
 
@@ -17,18 +18,21 @@ import time
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES
+from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as T
 
 from specdec.bench.passes import floor_reader
 from specdec.model import clib, kernels
 from specdec.model.quant import QuantMatrix
 
-SHAPES = {T.Q4_K: (8960, 1536), T.Q6_K: (1536, 8960)}
+SHAPES = {T.Q4_K: (8960, 1536), T.Q6_K: (1536, 8960), T.Q5_0: (4864, 896), T.Q8_0: (4864, 896)}
 
 
 def random_k_blocks(qtype: T, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Rows of valid K-quant blocks: random bits with small float16 scales (any bits are a valid block)."""
+    """Rows of valid K-quant blocks: random bits with small float16 scales (any bits are a valid block);
+    the 32-value types from gguf's quantizer."""
+    if qtype not in (T.Q4_K, T.Q6_K):
+        return quants.quantize(rng.standard_normal((rows, k)).astype(np.float32), qtype)
     block, size = GGML_QUANT_SIZES[qtype]
     data = rng.integers(0, 256, size=(rows, k // block, size), dtype=np.uint8)
 
@@ -55,7 +59,8 @@ def best_seconds(fn, repeats: int = 5) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="1,8", help="activation rows per product (default 1,8)")
-    ap.add_argument("--copies", type=int, default=64, help="matrices per format (default 64: 509 / 723 MB)")
+    ap.add_argument("--copies", type=int, default=64,
+                    help="matrices per format (default 64: 509 / 723 MB; x 4 for Q5_0 / Q8_0: 384 / 593 MB)")
     args = ap.parse_args()
     clib.load_qkernels()
     rng = np.random.default_rng(0)
@@ -63,7 +68,8 @@ def main() -> None:
     largest = 0
     for qtype, (n, k) in SHAPES.items():
         base = QuantMatrix.from_blocks(random_k_blocks(qtype, n, k, rng), qtype, k).interleaved()
-        mats = [tuple(a.copy() for a in base.arrays()) for _ in range(args.copies)]
+        copies = args.copies * (1 if qtype in (T.Q4_K, T.Q6_K) else 4)
+        mats = [tuple(a.copy() for a in base.arrays()) for _ in range(copies)]
         nbytes = sum(m[0].nbytes for m in mats)
         largest = max(largest, nbytes)
         for rows in (int(r) for r in args.rows.split(",")):
@@ -75,7 +81,7 @@ def main() -> None:
                     kernels.qmatmul(*m, x, out)
 
             sec = best_seconds(products)
-            rate, macs = nbytes / sec / 1e9, rows * n * k * args.copies / sec / 1e9
+            rate, macs = nbytes / sec / 1e9, rows * n * k * copies / sec / 1e9
             print(f"{qtype.name} {rows} row(s): {sec * 1e3:.1f} ms for {nbytes / 1e6:.0f} MB = {rate:.1f} GB/s, "
                   f"{macs:.0f} GMAC/s")
 

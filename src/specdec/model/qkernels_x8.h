@@ -406,10 +406,17 @@ INLINE void x8_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, co
             const int8_t *x = xq + r * k + 32 * b;
             __m256i dot = _mm256_setzero_si256();
 #if defined(SD_VNNI)
+            /* independent sums of 2 or 4 steps (exact, so the same bits): one chain of 8 vpdpbusd bound a
+             * 1-row pass by its latency (Q5_0 streamed at half the read floor on Zen 4) */
+            const int NA = R == 1 ? 4 : 2;
+            __m256i part[4];
+            for (int a = 0; a < NA; a++) part[a] = _mm256_setzero_si256();
             for (int t = 0; t < 8; t++) {
                 const __m256i xv = x4_bcast(x + 4 * t);
-                dot = FMT == FMT_Q80X8 ? dot4_acc(dot, wa[t], _mm256_sign_epi8(xv, w[t])) : dot4_acc(dot, w[t], xv);
+                part[t % NA] = FMT == FMT_Q80X8 ? dot4_acc(part[t % NA], wa[t], _mm256_sign_epi8(xv, w[t]))
+                                                : dot4_acc(part[t % NA], w[t], xv);
             }
+            for (int a = 0; a < NA; a++) dot = _mm256_add_epi32(dot, part[a]);
 #else
             const __m256i ones = _mm256_set1_epi16(1);
             if (FMT == FMT_Q80X8) {  /* 2 x 128 x 127 fills int16: each step to int32 */
