@@ -146,15 +146,17 @@ class Dear(Script):
         return super().propose(context, max_tokens)
 
 
-@pytest.mark.parametrize("max_new, catch_up, asked", [(100, 50.0, False), (100, 5.0, True), (10, 5.0, False)])
-def test_a_member_is_asked_only_where_the_request_can_repay_its_catch_up(max_new, catch_up, asked):
+@pytest.mark.parametrize("max_new, made, catch_up, asked",
+                         [(100, 50, 50.0, False), (100, 50, 5.0, True), (100, 5, 5.0, False), (10, 5, 5.0, False)])
+def test_a_member_is_asked_only_where_the_request_can_repay_its_catch_up(max_new, made, catch_up, asked):
     """Plain decoding costs 1 s a token here, a 4-token draft at alpha 0.6 ~0.6 s a token: at best
-    0.4 s saved per remaining token, so 5 s of catch-up pays over 100 tokens, not over 10."""
+    0.4 s saved per remaining token. The rest of an answer is expected to be as long as what it has
+    made (at most its budget): 5 s of catch-up pays after 50 of 100 tokens, not after 5, nor over 10."""
     truth = list(range(100, 300))
     dear = Dear(truth, catch_up)
     drafter = AdaptiveDrafter([dear], cost_model(per_token=0.1))
     drafter.begin(truth[:1], SamplingParams(max_new_tokens=max_new))
-    drafter.propose(truth[:1], 4)
+    drafter.propose(truth[: 1 + made], 4)
     assert (dear.asked == 1) == asked
 
 

@@ -206,6 +206,12 @@ def _best_length(expected: Sequence[float], cost: PassCost) -> tuple[int, float]
     return best_n, best_rate
 
 
+def _running_mean(mean: float | None, value: float, weight: float = 0.3) -> float:
+    """A recent mean that starts at the first value (from 0 it priced a member's first asks at a
+    fraction of their cost)."""
+    return value if mean is None else mean + weight * (value - mean)
+
+
 def _without_probs(p: DraftProposal) -> DraftProposal:
     return p if p.probs is None else replace(p, probs=None)
 
@@ -227,7 +233,8 @@ def replay(proposal: DraftProposal, committed: Sequence[int]) -> tuple[int, int]
 class Member:
     drafter: Drafter
     monitor: SpecMonitor
-    draft_seconds: float = 0.0  # recent seconds per propose (a running mean)
+    draft_seconds: float | None = None  # recent seconds per propose (a running mean from its first ask)
+    token_seconds: float | None = None  # a model member's recent seconds per drafted token (an empty ask: one)
     drafted_share: float | None = None  # recent share of its asks that drafted anything (None: not asked yet)
     offered: DraftProposal | None = None  # this step's proposal (None: not asked, or nothing)
     asked: bool = False
@@ -269,6 +276,7 @@ class AdaptiveDrafter(Drafter):
         self.greedy = True
         self._root_at: int | None = None  # context length at the last propose
         self._ends_at = 1 << 30  # context length at which the request's token budget runs out
+        self._prompt_len = 0
 
     @classmethod
     def from_config(cls, spec: SpecConfig, members: Sequence[Drafter] = (),
@@ -284,6 +292,7 @@ class AdaptiveDrafter(Drafter):
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         self.greedy = sampling.greedy
         self._ends_at = len(prompt_ids) + sampling.max_new_tokens
+        self._prompt_len = len(prompt_ids)
         for m in self.members:
             m.sampled, m.dry = False, None
             if not sampling.greedy and m.monitor.min_acceptance > 0:  # (at 0 nothing is ever switched off)
@@ -302,21 +311,18 @@ class AdaptiveDrafter(Drafter):
         offers = []
         for m in self.members:
             catch_up = m.drafter.catch_up_seconds(context)
-            m.offered, m.asked = None, self._worth_asking(m, max_tokens, context, catch_up)
-            if not m.asked:
-                continue
+            k = self._ask_length(m, m.monitor.draft_cap(max_tokens), context, catch_up)
             # A sampled member is asked for what ``choose`` will keep of it, known before it draws.
-            k = m.monitor.draft_cap(max_tokens)
             k = planned_length(m.monitor.alpha, k, self.cost)[0] if m.sampled else k
-            if k == 0:
-                m.asked = False
+            m.offered, m.asked = None, k > 0
+            if not m.asked:
                 continue
             t0 = time.perf_counter()
             proposal = m.drafter.propose(context, k)
             spent = max(0.0, time.perf_counter() - t0 - catch_up)  # a prompt's catch-up is priced apart
-            m.draft_seconds += 0.3 * (spent - m.draft_seconds)
-            drafted, was = float(len(proposal) > 0), m.drafted_share
-            m.drafted_share = drafted if was is None else was + 0.3 * (drafted - was)
+            m.draft_seconds = _running_mean(m.draft_seconds, spent)
+            m.token_seconds = _running_mean(m.token_seconds, spent / max(1, len(proposal)))
+            m.drafted_share = _running_mean(m.drafted_share, float(len(proposal) > 0))
             m.sampled = proposal.probs is not None and not self.greedy
             if len(proposal):
                 m.offered = proposal
@@ -331,29 +337,45 @@ class AdaptiveDrafter(Drafter):
         alphas = [m.monitor.alpha for m in self.members if m.verified]
         return min(alpha, max(alphas)) if alphas else None
 
-    def _worth_asking(self, m: Member, k: int, context: Sequence[int], catch_up: float) -> bool:
-        """Switched on, and its expected tokens repay its drafting time over plain decoding; a model
-        member's probe is always asked (its alpha is what the probe measures). A member that must first catch up
-        on the context (a draft model's pass over the whole prompt) is asked only where the rest of
-        the request could repay that: on Qwen2.5-Coder-1.5B a 0.5B draft spent 4-5 s on a RAG
-        prompt to draft 1-2 of its 18 tokens."""
-        if not m.verified:
-            return False
+    def _ask_length(self, m: Member, k: int, context: Sequence[int], catch_up: float) -> int:
+        """How many tokens to ask ``m`` for (0: not asked): all ``k`` before pass costs are measured or
+        while it probes (its alpha is what the probe measures); else the n <= k whose expected tokens per second,
+        drafting included, beat plain decoding most, 0 when none does. A look-up member's ask costs
+        what its asks have cost, whatever n; a model member's costs n of its drafted tokens, so it
+        drafts only as deep as pays (a 0.5B draft for a 1.5B target: 1-2 tokens, not 4). A member that
+        must first catch up on the context (a draft model's pass over the whole prompt) is asked only
+        where the rest of the request could repay that: on Qwen2.5-Coder-1.5B a 0.5B draft spent 4-5 s
+        on a RAG prompt to draft 1-2 of its 18 tokens. The rest is expected to be as long as what the
+        answer has made so far (capped by its budget)."""
+        if not m.verified or k == 0:
+            return 0
         probe = m.monitor.mode is Mode.PROBE
         if not measured(self.cost) or (probe and catch_up == 0.0):
-            return True
+            return k
         cost, alpha = self.cost, m.monitor.alpha
         plain = cost.estimate(1)
         # an ask that drafts nothing still pays its drafting (a draft model stopping on low confidence pays
         # its pass: Qwen2.5-Coder 0.5B on translation drafted 12 tokens over ~56 asks), so a model
         # member's expected tokens and verify width are weighed by the share of its asks that drafted
         share = 1.0 if m.lookup or m.drafted_share is None else m.drafted_share
-        best = max((1.0 + share * (expected_tokens(alpha, n) - 1.0))
-                   / (share * cost.estimate(n + 1) + (1.0 - share) * plain + m.draft_seconds) for n in range(1, k + 1))
-        # at best every remaining token comes at the best rate: the most a catch-up could buy back
-        if catch_up > 0.0 and catch_up >= max(0, self._ends_at - len(context)) * (plain - 1.0 / best):
-            return False
-        return probe or best > 1.0 / plain
+
+        def rate(n: int) -> float:
+            # (before its first ask: free; its first ask prices it)
+            drafting = (m.draft_seconds or 0.0) if m.lookup or m.token_seconds is None else n * m.token_seconds
+            return (1.0 + share * (expected_tokens(alpha, n) - 1.0)) \
+                / (share * cost.estimate(n + 1) + (1.0 - share) * plain + drafting)
+
+        best, n = max((rate(n), n) for n in range(1, k + 1))
+        # at best every remaining token comes at the best rate: the most a catch-up could buy back. How many
+        # remain is unknown (most answers stop well before their budget): expect as many again as the answer
+        # has made, so a draft model's pass over the prompt waits until the answer shows it can repay it
+        # (on 17- and 31-token answers a 0.5B draft's prompt pass cost more than its drafts saved: 0.75-0.85x)
+        made = len(context) - self._prompt_len
+        if catch_up > 0.0 and catch_up >= min(self._ends_at - len(context), made) * (plain - 1.0 / best):
+            return 0
+        if probe:
+            return k
+        return 0 if best <= 1.0 / plain else k if m.lookup else n
 
     def accept(self, context: Sequence[int], num_accepted: int) -> None:
         committed = context[self._root_at :] if self._root_at is not None else ()

@@ -555,11 +555,29 @@ BX8TILES(tiles_q50x8, FMT_Q50X8)
 BX8TILES(tiles_q40x8, FMT_Q40X8)
 BX8TILES(tiles_q41x8, FMT_Q41X8)
 
+/* activation rows per tile, by layout (at most XROWS). The AVX-512 Q6_K tile keeps two int32 sums a row
+ * in zmm: 8 rows of them spill, and 4-row tiles ran 8 and 16 rows at 97-106 GMAC/s against 86-89 on
+ * Zen 4 (scripts/kernel_stream.py; Q4_K's 8-row tile stays faster than two of 4) */
+#ifndef Q6_XROWS
+#if defined(SD_AVX512) && defined(__AVX512VL__)
+#define Q6_XROWS 4
+#else
+#define Q6_XROWS XROWS
+#endif
+#endif
+#ifndef Q4_XROWS
+#define Q4_XROWS XROWS
+#endif
+#ifndef B_XROWS
+#define B_XROWS XROWS
+#endif
+
 /* one interleaved group (weight rows n .. n + 7, at q + n * q_stride) against every activation row */
 static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xq, const float *dx8, const float *bs32,
                      const int8_t *xk, const float *dk, const int16_t *bk, int64_t rows, float *out, int64_t out_stride) {
-    for (int64_t r0 = 0; r0 < rows; r0 += XROWS) {
-        const int R = rows - r0 < XROWS ? (int)(rows - r0) : XROWS;
+    const int step = fmt == FMT_Q6KX8 ? Q6_XROWS : fmt == FMT_Q4KX8 ? Q4_XROWS : B_XROWS;
+    for (int64_t r0 = 0; r0 < rows; r0 += step) {
+        const int R = rows - r0 < step ? (int)(rows - r0) : step;
         float *o = out + r0 * out_stride;
         const int8_t *x = xq + r0 * k;
         const float *d = dx8 + r0 * (k / 4), *b32 = bs32 + r0 * (k / 32);
