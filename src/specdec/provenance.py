@@ -7,6 +7,9 @@ without a draft commits one ``"target"`` token. So over a request the tokens
 marked with a drafter's name number exactly the accepted drafted tokens (less any
 an EOS cut off). Provenance only reads what the verifier decided: it cannot
 change the output.
+
+Its users: ``llm.LLM.stream`` (each event's pieces), ``terminal`` (`--show-drafts`), the demo, and the
+server, whose ``jobs.ChoiceProvenance`` turns a choice's pieces into its ``spec_decode`` extras.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
     GET  / (playground), GET /dashboard, GET /metrics/live (the dashboard's data): see ``web.py``
 
 Every token streamed or returned comes with its provenance (``spec_decode.tokens``
-and ``origins``: which drafter proposed it, or the target), see ``provenance.py``.
+and ``origins``: which drafter proposed it, or the target), see ``specdec.provenance``.
 
 Every request becomes one or more engine sequences handed to the Scheduler,
 which batches them continuously on its own thread. Errors always come back as

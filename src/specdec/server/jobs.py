@@ -17,7 +17,9 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from specdec.config import SamplingParams
+from specdec.engine import StepResult
 from specdec.llm import LLM
+from specdec.provenance import PieceStream, step_origins
 from specdec.server.errors import APIError, error_event
 from specdec.server.logprob_format import TokenTexts, chat_logprobs, completion_logprobs
 from specdec.server.metrics import ServerMetrics
@@ -35,10 +37,11 @@ from specdec.server.protocol import (
     DeltaMessage,
     SamplingRequest,
     SpecDecodeInfo,
+    StepDetail,
+    TokenProvenance,
     UsageInfo,
     dump_chunk,
 )
-from specdec.server.provenance import ChoiceProvenance
 from specdec.server.scheduler import Request, Scheduler
 from specdec.server.tools import ToolReply, forced_call
 from specdec.text import decode
@@ -52,6 +55,52 @@ class ServerState:
     model_name: str
     max_model_len: int
     max_num_seqs: int
+
+
+class ChoiceProvenance:
+    """Token provenance of one choice (``specdec.provenance``: each token's origin and its share of the
+    text): each engine step of the choice goes in; out come the text delta to stream (cut at token
+    boundaries) with its ``spec_decode`` extras, and at the end the whole choice's ``TokenProvenance``
+    for a non-streamed response."""
+
+    def __init__(self, index: int, tokenizer, stops: tuple[str, ...], detail: bool) -> None:
+        self.tokenizer = tokenizer
+        self.pieces = PieceStream(tokenizer, stops)
+        self.detail = detail
+        self.num_tokens = 0
+        self.pending: list[StepDetail] = []  # details of steps whose tokens were not streamed yet
+        self.record = TokenProvenance(index=index, tokens=[], origins=[], steps=[] if detail else None)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.record.tokens)
+
+    def push(self, step: StepResult, final: bool) -> tuple[str, SpecDecodeInfo] | None:
+        """Add one step; the delta and extras to stream now, or None while its text is held back."""
+        if self.detail and step.num_drafted:
+            self.pending.append(self._detail(step))
+        self.num_tokens += len(step.token_ids)
+        pieces = self.pieces.push(step.token_ids, step_origins(step), final)
+        tokens, origins = [p.text for p in pieces], [p.origin for p in pieces]
+        self.record.tokens.extend(tokens)
+        self.record.origins.extend(origins)
+        text = "".join(tokens)
+        if not text and not final:
+            return None
+        steps, self.pending = self.pending, []
+        if self.record.steps is not None:
+            self.record.steps.extend(steps)
+        return text, SpecDecodeInfo(tokens=tokens, origins=origins, steps=steps if self.detail else None)
+
+    def so_far(self) -> SpecDecodeInfo:
+        """The extras of every token whose text was let out so far (for text first held back, then sent)."""
+        steps = list(self.record.steps) if self.record.steps is not None else None
+        return SpecDecodeInfo(tokens=list(self.record.tokens), origins=list(self.record.origins), steps=steps)
+
+    def _detail(self, step: StepResult) -> StepDetail:
+        rejected = [decode(self.tokenizer, [t]) for t in step.rejected_ids]
+        return StepDetail(start=self.num_tokens, drafter=step.drafter, drafted=step.num_drafted,
+                          accepted=step.num_accepted, rejected_ids=step.rejected_ids, rejected=rejected)
 
 
 class Job:
