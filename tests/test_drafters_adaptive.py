@@ -147,11 +147,13 @@ class Dear(Script):
 
 
 @pytest.mark.parametrize("max_new, made, catch_up, asked",
-                         [(100, 50, 50.0, False), (100, 50, 5.0, True), (100, 5, 5.0, False), (10, 5, 5.0, False)])
+                         [(100, 50, 50.0, False), (100, 50, 5.0, True), (100, 5, 5.0, False), (10, 5, 5.0, False),
+                          (100, 0, 0.1, True)])
 def test_a_member_is_asked_only_where_the_request_can_repay_its_catch_up(max_new, made, catch_up, asked):
     """Plain decoding costs 1 s a token here, a 4-token draft at alpha 0.6 ~0.6 s a token: at best
     0.4 s saved per remaining token. The rest of an answer is expected to be as long as what it has
-    made (at most its budget): 5 s of catch-up pays after 50 of 100 tokens, not after 5, nor over 10."""
+    made (at most its budget; at least the next one): 5 s of catch-up pays after 50 of 100 tokens, not
+    after 5, nor over 10; 0.1 s pays before the first."""
     truth = list(range(100, 300))
     dear = Dear(truth, catch_up)
     drafter = AdaptiveDrafter([dear], cost_model(per_token=0.1))

@@ -370,7 +370,7 @@ class AdaptiveDrafter(Drafter):
         # remain is unknown (most answers stop well before their budget): expect as many again as the answer
         # has made, so a draft model's pass over the prompt waits until the answer shows it can repay it
         # (on 17- and 31-token answers a 0.5B draft's prompt pass cost more than its drafts saved: 0.75-0.85x)
-        made = len(context) - self._prompt_len
+        made = max(1, len(context) - self._prompt_len)  # (at least the next token remains)
         if catch_up > 0.0 and catch_up >= min(self._ends_at - len(context), made) * (plain - 1.0 / best):
             return 0
         if probe:
