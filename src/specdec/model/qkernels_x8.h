@@ -507,48 +507,38 @@ INLINE void x8_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, co
 }
 #endif
 
+/* a tile function's switch from its run-time row count R to the kernel's compile-time one; CALL(R)
+ * names the kernel and its arguments */
 #if XROWS == 8
-#define X8WIDE(KERNEL)                                                                                      \
-        case 8: KERNEL(8, g, k, xk, dk, bk, out, os); break;                                                \
-        case 7: KERNEL(7, g, k, xk, dk, bk, out, os); break;                                                \
-        case 6: KERNEL(6, g, k, xk, dk, bk, out, os); break;                                                \
-        case 5: KERNEL(5, g, k, xk, dk, bk, out, os); break;
+#define X8WIDE(CALL) case 8: CALL(8); break; case 7: CALL(7); break; case 6: CALL(6); break; case 5: CALL(5); break;
 #else
-#define X8WIDE(KERNEL)
+#define X8WIDE(CALL)
 #endif
-#define X8TILES(NAME, KERNEL)                                                                               \
-    static void NAME(int R, const uint8_t *g, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk, \
-                     float *out, int64_t os) {                                                              \
-        switch (R) {                                                                                        \
-        X8WIDE(KERNEL)                                                                                      \
-        case 4: KERNEL(4, g, k, xk, dk, bk, out, os); break;                                                \
-        case 3: KERNEL(3, g, k, xk, dk, bk, out, os); break;                                                \
-        case 2: KERNEL(2, g, k, xk, dk, bk, out, os); break;                                                \
-        default: KERNEL(1, g, k, xk, dk, bk, out, os); break;                                               \
-        }                                                                                                   \
+#define X8SWITCH(CALL)                                                                                      \
+    switch (R) {                                                                                            \
+    X8WIDE(CALL)                                                                                            \
+    case 4: CALL(4); break;                                                                                 \
+    case 3: CALL(3); break;                                                                                 \
+    case 2: CALL(2); break;                                                                                 \
+    default: CALL(1); break;                                                                                \
     }
-X8TILES(tiles_q4kx8, x8_q4k)
-X8TILES(tiles_q6kx8, x8_q6k)
-
-#if XROWS == 8
-#define BX8WIDE(FMT)                                                                                        \
-        case 8: x8_b32(8, FMT, g, k, xq, dx8, bs32, out, os); break;                                        \
-        case 7: x8_b32(7, FMT, g, k, xq, dx8, bs32, out, os); break;                                        \
-        case 6: x8_b32(6, FMT, g, k, xq, dx8, bs32, out, os); break;                                        \
-        case 5: x8_b32(5, FMT, g, k, xq, dx8, bs32, out, os); break;
-#else
-#define BX8WIDE(FMT)
-#endif
+#define CALL_Q4KX8(R) x8_q4k(R, g, k, xk, dk, bk, out, os)
+#define CALL_Q6KX8(R) x8_q6k(R, g, k, xk, dk, bk, out, os)
+#define CALL_BX8(R) x8_b32(R, fmt, g, k, xq, dx8, bs32, out, os)
+static void tiles_q4kx8(int R, const uint8_t *g, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                        float *out, int64_t os) {
+    X8SWITCH(CALL_Q4KX8)
+}
+static void tiles_q6kx8(int R, const uint8_t *g, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                        float *out, int64_t os) {
+    X8SWITCH(CALL_Q6KX8)
+}
+/* one function per 32-value layout: fmt is a constant the inlined kernel folds */
 #define BX8TILES(NAME, FMT)                                                                                 \
     static void NAME(int R, const uint8_t *g, int64_t k, const int8_t *xq, const float *dx8, const float *bs32, \
                      float *out, int64_t os) {                                                              \
-        switch (R) {                                                                                        \
-        BX8WIDE(FMT)                                                                                        \
-        case 4: x8_b32(4, FMT, g, k, xq, dx8, bs32, out, os); break;                                        \
-        case 3: x8_b32(3, FMT, g, k, xq, dx8, bs32, out, os); break;                                        \
-        case 2: x8_b32(2, FMT, g, k, xq, dx8, bs32, out, os); break;                                        \
-        default: x8_b32(1, FMT, g, k, xq, dx8, bs32, out, os); break;                                       \
-        }                                                                                                   \
+        const int fmt = FMT;                                                                                \
+        X8SWITCH(CALL_BX8)                                                                                  \
     }
 BX8TILES(tiles_q80x8, FMT_Q80X8)
 BX8TILES(tiles_q50x8, FMT_Q50X8)
