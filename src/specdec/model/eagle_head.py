@@ -327,7 +327,7 @@ def rotate_half_tables(config: ModelConfig, max_positions: int) -> tuple[torch.T
 
 def quantize_q8(weight: torch.Tensor) -> QuantMatrix:
     """[rows, k] float -> int8 blocks of 32 with a float16 scale each (Q8_0's values), interleaved."""
-    return int8_rows(weight.detach().float().cpu().numpy()).interleaved()
+    return int8_rows(weight.detach().float().cpu().numpy())
 
 
 class HeadCache:

@@ -265,9 +265,9 @@ def _q8_0(data, rows, k):
 
 
 def int8_rows(weight: np.ndarray) -> QuantMatrix:
-    """[rows, k] float32 -> Q8_0's values (int8 per 32-block, a scale each, float16 as in GGUF so that
-    ``interleaved`` packs them) in kernel layout, without a GGUF round trip (an EAGLE head's drafting
-    copies, a draft model's cut LM head). k must be a multiple of 64."""
+    """[rows, k] float32 -> Q8_0's values (int8 per 32-block, a scale each, float16 as in GGUF) in kernel
+    layout, interleaved, without a GGUF round trip (an EAGLE head's drafting copies, a draft model's cut
+    LM head). k must be a multiple of 64."""
     rows, k = weight.shape
     if k % 64:
         raise ValueError(f"quantized rows need a multiple of 64 values, not {k}")
@@ -275,8 +275,8 @@ def int8_rows(weight: np.ndarray) -> QuantMatrix:
     scale = (np.abs(blocks).max(axis=-1) / 127.0).astype(np.float16).astype(np.float32)
     scale[scale == 0] = 1.0
     q = np.clip(np.rint(blocks / scale[..., None]), -127, 127).astype(np.int8).reshape(rows, k)
-    return QuantMatrix(_biased(q), scale.astype(np.float32), np.zeros((rows, 1), np.float32),
-                       np.full(rows, I8, dtype=np.int8), k, ("Q8_0",))
+    return QuantMatrix(_biased(q), scale, np.zeros((rows, 1), np.float32), np.full(rows, I8, dtype=np.int8), k,
+                       ("Q8_0",)).interleaved()
 
 
 def _k4_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

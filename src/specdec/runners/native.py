@@ -131,7 +131,7 @@ class NativeRunner(ModelRunner):
         model = self.model
         rows = model.head_rows(token_ids)  # [N, H] float32
         if "lm_head" in model.quantized and rows.shape[1] % 64 == 0:
-            model.quantized["lm_head"] = int8_rows(rows.numpy()).interleaved()
+            model.quantized["lm_head"] = int8_rows(rows.numpy())
         else:
             model.quantized.pop("lm_head", None)
             dtype = model.embed.dtype if model.embed is not None else torch.float32
