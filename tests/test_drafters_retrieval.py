@@ -3,13 +3,15 @@ default model, and the 4000-sample distribution test, drafting asserted; bad set
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from specdec.cli.main import main
 from specdec.config import SamplingParams, SpecConfig, SpecType
 from specdec.datastore import Datastore, DatastoreError, TokenizerIdentity, tokenizer_identity
 from specdec.drafters.registry import DraftResources
-from specdec.drafters.retrieval import Match, RetrievalDrafter, continuation_trie, longest_match
+from specdec.drafters.retrieval import Match, RetrievalDrafter, continuation_trie, load_datastore, longest_match
 from specdec.engine import Engine, SequenceState
 from specdec.llm import LLM
 from tests.test_lossless import REAL_PROMPTS, greedy, run
@@ -73,6 +75,17 @@ def test_registry_loads_the_store_and_refuses_bad_ones(tiny, tmp_path):
     drafter = resources.new_drafter()
     assert isinstance(drafter, RetrievalDrafter) and drafter.tree  # the native runner verifies trees
     assert drafter.propose([9, 5, 6], 4).token_ids == [7]
+
+
+def test_a_store_is_read_once_while_its_file_is_unchanged(tiny, tmp_path):
+    """Retrieval and --spec-draft-vocab-size both load --spec-datastore: one read serves both, and a
+    rebuilt file is read again."""
+    path = store_file(tmp_path, [[5, 6, 7]], tokenizer_identity(tiny.tokenizer))
+    first = load_datastore(path, tiny.runner, tiny.tokenizer)
+    assert load_datastore(path, tiny.runner, tiny.tokenizer) is first
+    os.remove(path)
+    store_file(tmp_path, [[5, 6, 8, 9]], tokenizer_identity(tiny.tokenizer))
+    assert load_datastore(path, tiny.runner, tiny.tokenizer).num_tokens != first.num_tokens
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

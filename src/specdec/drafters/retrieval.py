@@ -16,8 +16,10 @@ search per trie node. ``scripts/retrieval_cost.py`` measures it in microseconds 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -170,10 +172,21 @@ class RetrievalDrafter(Drafter):
 
 def load_datastore(path: str, target: ModelRunner, tokenizer) -> Datastore:
     """--spec-datastore, checked against the target's tokenizer (its vocabulary size alone when no
-    tokenizer is loaded, as for token-id tests); DatastoreError (one line) when it does not fit."""
-    store = Datastore.load(path)
+    tokenizer is loaded, as for token-id tests); DatastoreError (one line) when it does not fit.
+    Read once while the file is unchanged: retrieval and --spec-draft-vocab-size share it."""
+    try:
+        stat = os.stat(path)
+        store = _read_datastore(os.path.realpath(path), stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        store = Datastore.load(path)  # (its one-line error)
     store.check_tokenizer(tokenizer_identity(tokenizer) if tokenizer is not None else None, target.vocab_size,
                           where=path)
+    return store
+
+
+@functools.lru_cache(maxsize=1)
+def _read_datastore(path: str, mtime_ns: int, size: int) -> Datastore:
+    store = Datastore.load(path)
     logger.warning("specdec: retrieval datastore %s: %s tokens from %s", path, f"{store.num_tokens:,}",
                    store.sources or "token ids")
     return store
