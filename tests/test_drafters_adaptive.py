@@ -257,6 +257,28 @@ def test_a_member_whose_drafting_costs_more_than_it_saves_is_not_asked():
     assert cheap.asked and not dear.asked and proposal.drafter == "cheap"
 
 
+def test_a_members_draft_verified_alone_is_timed_into_its_monitor():
+    """What a member's draft realized when verified alone: the step's drafting plus the verify pass
+    at its measured cost, against plain passes for the tokens it committed; its monitor judges that
+    speed as it judges alpha (tests/test_monitor.py: below 1x switches off). A draft merged with
+    another member's, or not chosen, carries no timing."""
+    truth = list(range(100, 300))
+    drafter = AdaptiveDrafter([Script("alone", truth, right=True)], cost_model(per_token=0.1))
+    drafter.begin(truth[:1], SamplingParams(max_new_tokens=100))
+    n = len(drafter.propose(truth[:1], 4))  # (the trie keeps the best 3 of its 4)
+    assert n >= 3
+    drafter.accept(truth[:2], 0)  # none kept: 1 token for a 1 + 0.1 n s pass
+    sums = drafter.members[0].monitor.sums
+    assert sums.timed_steps == 1 and sums.plain_seconds == pytest.approx(1.0)
+    assert 1.0 + 0.1 * n <= sums.seconds < 1.05 + 0.1 * n and sums.speedup < 1.0
+    both = AdaptiveDrafter([Script("a", truth, right=True), Script("b", truth, right=False, k=2)],
+                           cost_model(per_token=0.0))
+    both.begin(truth[:1], SamplingParams(max_new_tokens=100))
+    assert both.propose(truth[:1], 4).drafter == "a+b"
+    both.accept(truth[:6], 4)
+    assert [m.monitor.sums.timed_steps for m in both.members] == [0, 0]
+
+
 def test_a_datastore_makes_retrieval_a_member():
     assert SpecType.RETRIEVAL not in adaptive_members(SpecConfig())
     members = adaptive_members(SpecConfig(datastore="store.npz", draft_model="m"))
