@@ -241,6 +241,30 @@ def test_ignore_eos_runs_every_answer_to_the_limit(tiny_llama, tmp_path, monkeyp
     assert "max new tokens 7 (EOS ignored)" in (out / "report.md").read_text()
 
 
+def test_methods_run_interleaved_by_batch_in_a_rotating_order(tiny_llama, tmp_path, monkeypatch, capsys):
+    """Machine drift must hit every method alike: each batch of a cell's requests runs under every
+    method in turn (plain decoding among them), the first method rotating by batch."""
+    order = []
+    run = harness.MethodRunner.run
+
+    def spy(self, requests, temperature, batch_size, tick):
+        order.append((self.llm.spec.types[0].value, requests[0].conv_id))
+        return run(self, requests, temperature, batch_size, tick)
+
+    monkeypatch.setattr(harness.MethodRunner, "run", spy)
+    out = tmp_path / "out"
+    rc = main(["bench", "--quick", "--model", str(tiny_llama), "--limit", "3", "--max-turns", "1",
+               "--max-new-tokens", "4", "--workloads", "qa", "--methods", "none,ngram,suffix", "--peers", "none",
+               "--no-oracle", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    convs = list(dict.fromkeys(c for _, c in order))
+    assert len(convs) == 3 and [m for m, _ in order] == ["none", "ngram", "suffix", "ngram", "suffix", "none",
+                                                         "suffix", "none", "ngram"]
+    assert [c for _, c in order] == [c for c in convs for _ in range(3)]
+    runs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["requests"] for r in runs if r["kind"] == "specdec") == [3, 3, 3]
+
+
 def test_greedy_mismatch_fails_loudly(tiny_llama, tmp_path, monkeypatch, capsys):
     def corrupt(method, workload, outputs):
         if method != "ngram":

@@ -250,7 +250,7 @@ def run_advise(cfg: AdviseConfig, methods: list[Method], log: Callable[[str], No
     runner.llm.warmup()
     notes: list[str] = []
     log(f"reference run over {cfg.workload.num_requests} requests of {cfg.workload.name}")
-    requests, reference, _ = build_requests(runner, cfg.workload, notes, cfg.seed, lambda n: None)
+    requests, reference = build_requests(runner, cfg.workload, notes, cfg.seed, lambda n: None)
     if not requests:
         raise ValueError(f"no prompt of workload {cfg.workload.name} fits in --max-model-len "
                          f"{cfg.max_model_len} with {cfg.max_new_tokens} new tokens")

@@ -6,9 +6,10 @@ Flow of one ``run_bench``:
 1. reference: specdec plain greedy decoding at batch size 1 over every workload.
    Its answers build later turns' prompts, so every method and peer gets the
    same token ids; its outputs are what greedy runs must reproduce exactly.
-2. specdec methods over workloads x batch sizes x temperatures. Greedy outputs
-   are compared with the reference, full lists, exactly: a mismatch stops the
-   run (GreedyMismatchError).
+2. specdec methods over workloads x batch sizes x temperatures, plain decoding
+   among them, interleaved by batch of requests (``run_interleaved``). Greedy
+   outputs are compared with the reference, full lists, exactly: a mismatch
+   stops the run (GreedyMismatchError).
 3. peers at batch size 1 on the same token ids; their mismatches are counted.
 4. oracle: every drafter replays the reference outputs (see ``bench.oracle``).
 """
@@ -78,11 +79,13 @@ class MethodRunner:
                        quantization=cfg.quantization)
         self._resources: dict[str, DraftResources] = {}
 
-    def use(self, method: Method) -> DraftResources:
-        """Make ``method`` current, with an empty suffix cache (each cell starts cold)."""
+    def use(self, method: Method, forget: bool = True) -> DraftResources:
+        """Make ``method`` current; ``forget``: with an empty suffix cache (a cell starts cold, and keeps
+        what it learned across its own batches)."""
         res = self.llm.set_spec(method.spec, self._resources.get(method.name))
         self._resources[method.name] = res
-        res.forget()
+        if forget:
+            res.forget()
         return res
 
     def run(self, requests: list[Request], temperature: float, batch_size: int,
@@ -120,7 +123,7 @@ class MethodRunner:
 
 
 def build_requests(runner: MethodRunner, w: Workload, notes: list[str], first_seed: int,
-                   tick: Callable[[int], None]) -> tuple[list[Request], list[list[int]] | None, SpecStats | None]:
+                   tick: Callable[[int], None]) -> tuple[list[Request], list[list[int]] | None]:
     """The workload's requests, and plain greedy outputs when they are needed.
 
     Later turns' prompts hold the plain greedy answers to earlier turns, so a
@@ -132,7 +135,6 @@ def build_requests(runner: MethodRunner, w: Workload, notes: list[str], first_se
     runner.use(runner.cfg.methods[0])
     requests: list[Request] = []
     outputs: list[list[int]] = []
-    stats = SpecStats()
     for conv in w.conversations:
         answers: list[str] = []
         for turn in range(len(conv.turns)):
@@ -143,10 +145,9 @@ def build_requests(runner: MethodRunner, w: Workload, notes: list[str], first_se
             if need_reference:
                 out = llm.generate([list(req.prompt_ids)], runner.params(req, GREEDY))[0]
                 outputs.append(out.token_ids)
-                stats.merge(out.stats)
                 answers.append(llm.tokenizer.decode(out.token_ids, skip_special_tokens=True).strip())
                 tick(1)
-    return requests, (outputs if need_reference else None), (stats if need_reference else None)
+    return requests, (outputs if need_reference else None)
 
 
 def needs_reference(w: Workload) -> bool:
@@ -159,12 +160,29 @@ def settings(cfg: BenchConfig, w: Workload) -> list[tuple[float, int]]:
     return [(t, b) for t in temps for b in cfg.batch_sizes]
 
 
+def run_interleaved(runner: MethodRunner, methods: list[Method], requests: list[Request], temperature: float,
+                    batch_size: int, bar: tqdm, workload: str) -> dict[str, tuple[list[list[int]], SpecStats]]:
+    """Every method's (outputs, stats) on ``requests``: each batch of them runs under every method in
+    turn, the order rotating by batch, so machine drift hits all methods alike. (Run a whole cell
+    after another, plain's 1-token pass moved 37-55 ms between the workloads of one run on a 2-core
+    VM, and one cell's ratio by +-10%.)"""
+    done: dict[str, tuple[list[list[int]], SpecStats]] = {m.name: ([], SpecStats()) for m in methods}
+    for i, start in enumerate(range(0, len(requests), batch_size)):
+        for method in methods[i % len(methods):] + methods[: i % len(methods)]:
+            runner.use(method, forget=i == 0)
+            bar.set_description(f"{method.name} {workload} B{batch_size} T{temperature:g}")
+            outputs, stats = runner.run(requests[start:start + batch_size], temperature, batch_size, bar.update)
+            done[method.name][0].extend(outputs)
+            done[method.name][1].merge(stats)
+    return done
+
+
 def run_workload(runner: MethodRunner, result: BenchResult, w: Workload, peers: list, bar: tqdm) -> None:
-    """Reference, then every method and peer on ``w``, back to back so machine drift hits all alike."""
+    """Reference, then every method (interleaved by batch: ``run_interleaved``) and peer on ``w``."""
     cfg = result.config
     bar.set_description(f"reference {w.name}")
     first_seed = cfg.seed + sum(len(v) for v in result.requests.values())
-    requests, ref_outputs, ref_stats = build_requests(runner, w, result.notes, first_seed, bar.update)
+    requests, ref_outputs = build_requests(runner, w, result.notes, first_seed, bar.update)
     dropped = w.num_requests - len(requests)  # too long for the context
     if dropped:
         bar.total -= dropped * (num_cells(cfg, w, len(peers)) + needs_reference(w))
@@ -176,14 +194,11 @@ def run_workload(runner: MethodRunner, result: BenchResult, w: Workload, peers: 
     if ref_outputs is not None:
         result.reference[w.name] = ref_outputs
     for temperature, batch_size in settings(cfg, w):
+        # (plain greedy at batch 1 runs again beside the others: the reference run times nothing alike)
+        runs = run_interleaved(runner, list(cfg.methods), requests, temperature, batch_size, bar, w.name)
         for method in cfg.methods:
-            res = runner.use(method)
-            if method.is_plain and temperature == GREEDY and batch_size == 1:
-                outputs, stats = ref_outputs, ref_stats  # the reference run is this cell
-                bar.update(len(requests))
-            else:
-                bar.set_description(f"{method.name} {w.name} B{batch_size} T{temperature:g}")
-                outputs, stats = runner.run(requests, temperature, batch_size, bar.update)
+            res = runner.use(method, forget=False)
+            outputs, stats = runs[method.name]
             cell = Cell(method.name, "specdec", w.name, batch_size, temperature, outputs, stats,
                         kv_bytes=runner.kv_bytes(), drafter_bytes=metrics.drafter_bytes(res),
                         peak_rss_bytes=peak_rss_bytes())
