@@ -31,8 +31,13 @@ def test_expensive_verification_and_low_alpha_draft_nothing():
     assert plan_draft_lengths([0.05], [8], cost_model(per_token=0.15), padded=False) == [0]
 
 
-def test_unmeasured_cost_drafts_the_cap_to_measure_it():
-    assert plan_draft_lengths([0.1, None], [5, 5], PassCost(), padded=True) == [5, 0]
+def test_unmeasured_cost_drafts_the_cap_then_a_plain_step_to_measure_both():
+    cost = PassCost()
+    assert plan_draft_lengths([0.1, None], [5, 5], cost, padded=True) == [5, 0]
+    cost.observe(2 * 6, 0.2)  # the padded pass of that plan, timed: plain is still unknown
+    assert plan_draft_lengths([0.9, None], [5, 5], cost, padded=True) == [0, 0]
+    cost.observe(2 * 1, 0.1)
+    assert plan_draft_lengths([0.9, None], [5, 5], cost, padded=True) == [5, 0]
 
 
 def test_plan_gives_tokens_to_the_sequence_that_accepts():

@@ -83,7 +83,8 @@ def plan_draft_lengths(
     tokens in expectation; gains fall along a sequence, so taking tokens best-gain-first
     gives each sequence a prefix. Every prefix of that order is priced with ``cost`` at the
     batch's width and the best one is kept (plain decoding, all zeros, included). Before the
-    cost of plain and wider passes is known, every sequence drafts its cap, which measures it.
+    cost of wider passes is known, every sequence drafts its cap, which measures it; then, before plain
+    decoding's is, a plain step measures that.
 
     Example: batch 2, alphas [0.9, 0.3], a flat cost up to width 4 then linear: the gains
     0.9, 0.81, 0.73 (first sequence) come before 0.3, so the plan is [2, 0] or [3, 0].
@@ -95,9 +96,14 @@ def plan_draft_lengths(
         return lengths
     plain = cost.estimate(pass_width([1] * n, padded))
     widest = cost.estimate(pass_width([1 + (caps[i] if i in drafting else 0) for i in range(n)], padded))
-    if plain is None or widest is None:
+    if widest is None:
         for i in drafting:
             lengths[i] = caps[i]
+        return lengths
+    if plain is None:
+        # the wide pass is timed, plain decoding not yet: one plain step times it (a draft model
+        # proposing its cap every step left plain unmeasured for a whole first request, and adaptive
+        # asked it at full depth throughout: Qwen2.5-Coder 0.5B for the 1.5B on chat, 0.75x)
         return lengths
     seconds = list(draft_seconds) if draft_seconds is not None else [0.0] * n
     gains = sorted(((alphas[i] ** j, i) for i in drafting for j in range(1, caps[i] + 1)),
