@@ -14,7 +14,7 @@ from specdec.config import SamplingParams, SpecConfig, SpecType, parse_spec_type
 from specdec.drafters.adaptive import AdaptiveDrafter, Offer, OfferTrie, choose, planned_length, replay
 from specdec.drafters.base import Drafter, DraftProposal, IndexingDrafter
 from specdec.drafters.registry import adaptive_members
-from specdec.monitor import Mode
+from specdec.monitor import Mode, WindowSums
 from specdec.pass_cost import PassCost
 from tests.test_pass_cost import cost_model
 
@@ -162,6 +162,22 @@ def test_a_member_is_asked_only_where_the_request_can_repay_its_catch_up(max_new
     assert (dear.asked == 1) == asked
 
 
+@pytest.mark.parametrize("realized, asked", [(None, True), (1.1, False), (1.5, True)])
+def test_a_catch_up_is_repaid_no_faster_than_the_members_drafts_realized(realized, asked):
+    """As above, 5 s of catch-up after 50 of 100 tokens: priced at alpha it pays (0.4 s saved a
+    token); at the 1.1x its drafts realized in earlier requests (the ledger) ~0.09 s a token, which
+    does not; at 1.5x, 0.33 s a token, which does."""
+    truth = list(range(100, 300))
+    ledger = AdaptiveDrafter.shared_state(None).value
+    for _ in range(3 if realized else 0):
+        ledger.record("dear", WindowSums(1, 2, 1, 2, 2, timed_steps=1, seconds=1.0, plain_seconds=realized))
+    dear = Dear(truth, 5.0)
+    drafter = AdaptiveDrafter([dear], cost_model(per_token=0.1), ledger=ledger)
+    drafter.begin(truth[:1], SamplingParams(max_new_tokens=100))
+    drafter.propose(truth[:51], 4)
+    assert (dear.asked == 1) == asked
+
+
 def test_with_every_member_off_no_rows_are_planned_and_the_back_offs_still_run_out():
     truth = list(range(100, 300))
     drafter = AdaptiveDrafter([Script("wrong", truth, right=False)], cost_model(per_token=0.1))
@@ -277,6 +293,35 @@ def test_a_members_draft_verified_alone_is_timed_into_its_monitor():
     assert both.propose(truth[:1], 4).drafter == "a+b"
     both.accept(truth[:6], 4)
     assert [m.monitor.sums.timed_steps for m in both.members] == [0, 0]
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_a_member_that_did_not_pay_in_earlier_requests_starts_the_next_one_off(right):
+    """Each request gets a fresh adaptive drafter; the engine's ``Ledger`` pools what members' drafts
+    realized: one below 1x in the first request starts the second held off (its back-off carried
+    over), one that paid starts it on; ``forget`` (the bench's cold cell) starts it on again."""
+    truth = list(range(100, 300))
+    ledger = AdaptiveDrafter.shared_state(None).value
+    first = AdaptiveDrafter([Script("model", truth, right=right)], cost_model(per_token=0.1), ledger=ledger)
+    run_script(first, truth, 4)
+    first.end(truth[:10])
+    assert len(ledger.timed["model"]) >= 3 and (ledger.speedup("model", 3) >= 1.0) is right
+
+    def second_request() -> AdaptiveDrafter:
+        drafter = AdaptiveDrafter([Script("model", truth, right=right)], cost_model(per_token=0.1), ledger=ledger)
+        drafter.begin(truth[:1], SamplingParams(max_new_tokens=100))
+        return drafter
+
+    second = second_request()
+    assert (second.members[0].monitor.mode is Mode.ON) is right
+    assert bool(len(second.propose(truth[:1], 4))) is right
+    if not right:
+        assert second.members[0].monitor.backoff == first.members[0].monitor.backoff
+    kept = len(ledger.timed["model"])
+    second.end(truth[:1])  # a request that timed nothing: the oldest sample goes
+    assert len(ledger.timed["model"]) == kept - 1
+    ledger.forget()
+    assert second_request().members[0].monitor.mode is Mode.ON
 
 
 def test_a_datastore_makes_retrieval_a_member():

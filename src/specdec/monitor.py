@@ -176,6 +176,11 @@ class SpecMonitor:
         self.num_switch_offs += 1
         self._clear()
 
+    def start_off(self, backoff: int) -> None:
+        """Start held off, probing after ``backoff`` steps (``AdaptiveDrafter``: a member that did not
+        pay in earlier requests)."""
+        self.mode, self.idle, self.backoff = Mode.OFF, 0, max(1, min(backoff, self.max_backoff))
+
     def start_probe(self) -> None:
         """Probe now: after a back-off, or at once (a sampled request's look-up member in ``AdaptiveDrafter``)."""
         self.mode, self.idle = Mode.PROBE, 0

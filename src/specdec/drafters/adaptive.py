@@ -45,6 +45,7 @@ it is verified follows from its member's alpha, the budget and the pass costs
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
@@ -53,7 +54,7 @@ import torch
 
 from specdec.budget import expected_tokens
 from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import EMPTY, Drafter, DraftProposal
+from specdec.drafters.base import EMPTY, Drafter, DraftProposal, DraftSetup, SharedState
 from specdec.monitor import Mode, SpecMonitor, WindowSums
 from specdec.pass_cost import PassCost
 from specdec.runners.base import ModelRunner
@@ -230,6 +231,46 @@ def replay(proposal: DraftProposal, committed: Sequence[int]) -> tuple[int, int]
 
 
 @dataclass
+class Ledger:
+    """What each member's drafts verified alone realized (timed samples, ``AdaptiveDrafter.accept``),
+    pooled across an engine's requests, and each member's back-off when its last request ended.
+
+    A fresh adaptive drafter serves each request and its members' monitors start on, so a draft model
+    that does not pay on this machine's text (Qwen2.5-Coder 0.5B for the 1.5B on Zen 4's chat
+    prompts: 0.8x plain) was asked again in every request until three timed drafts switched it off,
+    and again after each back-off. A member whose pooled speedup is below 1x starts a request off,
+    with the back-off it had (a probe that fails again doubles it; one that pays turns it on). A
+    request in which a member was never timed drops its oldest sample, so a member kept off by what it
+    realized gets a fresh look within ``window`` requests."""
+
+    window: int = 16
+    timed: dict[str, deque[WindowSums]] = field(default_factory=dict)
+    backoff: dict[str, int] = field(default_factory=dict)
+
+    def record(self, name: str, sample: WindowSums) -> None:
+        self.timed.setdefault(name, deque(maxlen=self.window)).append(sample)
+
+    def age(self, name: str) -> None:
+        """A request ended without timing ``name``: its oldest sample goes."""
+        if self.timed.get(name):
+            self.timed[name].popleft()
+
+    def speedup(self, name: str, min_samples: int) -> float | None:
+        """The member's pooled speedup over its last ``window`` timed drafts; None below ``min_samples``."""
+        samples = self.timed.get(name, ())
+        if len(samples) < min_samples:
+            return None
+        total = WindowSums()
+        for sample in samples:
+            total.add(sample)
+        return total.speedup
+
+    def forget(self) -> None:
+        self.timed.clear()
+        self.backoff.clear()
+
+
+@dataclass
 class Member:
     drafter: Drafter
     monitor: SpecMonitor
@@ -267,24 +308,31 @@ class AdaptiveDrafter(Drafter):
     name = "adaptive"
 
     def __init__(self, members: Sequence[Drafter], cost: PassCost | None = None, min_acceptance: float = 0.4,
-                 window: int = 16) -> None:
+                 window: int = 16, ledger: Ledger | None = None) -> None:
         if not members:
             raise ValueError("the adaptive drafter needs at least one member")
         self.members = [Member(d, SpecMonitor(min_acceptance, window)) for d in members]
         self.cost = cost
+        self.ledger = ledger if ledger is not None else Ledger()
         self.hidden_layers = tuple(sorted({i for d in members for i in d.hidden_layers}))
         self.greedy = True
         self._root_at: int | None = None  # context length at the last propose
         self._ends_at = 1 << 30  # context length at which the request's token budget runs out
         self._prompt_len = 0
         self._step: tuple[float, DraftProposal] | None = None  # this step's drafting seconds and its draft
+        self._timed: set[str] = set()  # members timed in this request (``Ledger.age``)
+
+    @classmethod
+    def shared_state(cls, setup: DraftSetup) -> SharedState:
+        ledger = Ledger()
+        return SharedState(ledger, forget=ledger.forget)
 
     @classmethod
     def from_config(cls, spec: SpecConfig, members: Sequence[Drafter] = (),
-                    target: ModelRunner | None = None) -> AdaptiveDrafter:
+                    target: ModelRunner | None = None, ledger: Ledger | None = None) -> AdaptiveDrafter:
         """``members``: the drafters to choose among (the registry builds them); ``target``: whose
-        measured pass cost prices the drafts."""
-        return cls(members, None if target is None else target.pass_cost, spec.min_acceptance)
+        measured pass cost prices the drafts; ``ledger``: what members realized in earlier requests."""
+        return cls(members, None if target is None else target.pass_cost, spec.min_acceptance, ledger=ledger)
 
     def bind_slot(self, slot: int) -> None:
         for m in self.members:
@@ -298,6 +346,9 @@ class AdaptiveDrafter(Drafter):
             m.sampled, m.dry = False, None
             if not sampling.greedy and m.monitor.min_acceptance > 0:  # (at 0 nothing is ever switched off)
                 m.monitor.start_probe() if m.lookup else m.monitor.judge_first_draft()
+            speedup = self.ledger.speedup(m.drafter.name, m.monitor.min_samples)
+            if speedup is not None and speedup < 1.0 and m.monitor.min_acceptance > 0:
+                m.monitor.start_off(self.ledger.backoff.get(m.drafter.name, m.monitor.base_backoff))
             m.drafter.begin(prompt_ids, sampling)
             if m.dry_probe:
                 self._dry_run(m, prompt_ids)
@@ -376,7 +427,12 @@ class AdaptiveDrafter(Drafter):
         # has made, so a draft model's pass over the prompt waits until the answer shows it can repay it
         # (on 17- and 31-token answers a 0.5B draft's prompt pass cost more than its drafts saved: 0.75-0.85x)
         made = max(1, len(context) - self._prompt_len)  # (at least the next token remains)
-        if catch_up > 0.0 and catch_up >= min(self._ends_at - len(context), made) * (plain - 1.0 / best):
+        # ...and no faster than its drafts realized in earlier requests, when known: a probe is priced at
+        # the probe's hopeful alpha, and three 0.4-0.9 s prompt passes of the 0.5B draft in 64-token math
+        # answers, each let through by it, cost what its 1.1-1.3x steps saved
+        realized = self.ledger.speedup(m.drafter.name, m.monitor.min_samples)
+        repays = best if realized is None else min(best, realized / plain)
+        if catch_up > 0.0 and catch_up >= min(self._ends_at - len(context), made) * (plain - 1.0 / repays):
             return 0
         if probe:
             return k
@@ -401,6 +457,8 @@ class AdaptiveDrafter(Drafter):
                     # promised, drafting above its per-token price)
                     sample.timed_steps, sample.seconds = 1, drafting + self.cost.estimate(len(draft) + 1)
                     sample.plain_seconds = (num_accepted + 1) * self.cost.estimate(1)
+                    self.ledger.record(m.drafter.name, sample)
+                    self._timed.add(m.drafter.name)
                 m.monitor.observe(sample)
             else:
                 if not m.lookup:  # (indexing every token for look-up members that sat out cost ~1% at batch 4)
@@ -424,6 +482,9 @@ class AdaptiveDrafter(Drafter):
     def end(self, context: Sequence[int]) -> None:
         for m in self.members:
             m.drafter.end(context)
+            self.ledger.backoff[m.drafter.name] = m.monitor.backoff
+            if m.drafter.name not in self._timed:
+                self.ledger.age(m.drafter.name)
 
     def windows(self) -> dict[str, WindowSums]:
         return {m.drafter.name: m.monitor.sums for m in self.members}

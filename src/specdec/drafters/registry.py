@@ -116,7 +116,8 @@ class DraftResources:
         """A new drafter of ``kind``, handed its kind's shared state."""
         if kind is SpecType.ADAPTIVE:  # built from its members, as a chain is
             members = [self._build(t) for t in adaptive_members(self.spec)]
-            return AdaptiveDrafter.from_config(self.spec, members=members, target=self.target)
+            return AdaptiveDrafter.from_config(self.spec, members=members, target=self.target,
+                                               ledger=self.state(SpecType.ADAPTIVE))
         return DRAFTERS[kind].from_shared(self.spec, self.state(kind), self.target)
 
     def loaded(self, types: Sequence[SpecType] | None = None) -> tuple[SpecType, ...]:
