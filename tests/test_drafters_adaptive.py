@@ -299,7 +299,8 @@ def test_a_members_draft_verified_alone_is_timed_into_its_monitor():
 def test_a_member_that_did_not_pay_in_earlier_requests_starts_the_next_one_off(right):
     """Each request gets a fresh adaptive drafter; the engine's ``Ledger`` pools what members' drafts
     realized: one below 1x in the first request starts the second held off (its back-off carried
-    over), one that paid starts it on; ``forget`` (the bench's cold cell) starts it on again."""
+    over), one that paid starts it on; a request that timed nothing ages the ledger, and an emptied
+    one starts it on again."""
     truth = list(range(100, 300))
     ledger = AdaptiveDrafter.shared_state(None).value
     first = AdaptiveDrafter([Script("model", truth, right=right)], cost_model(per_token=0.1), ledger=ledger)

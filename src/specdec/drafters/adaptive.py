@@ -20,8 +20,11 @@ several when their disagreement is worth verifying. Every member is scored on
 every step against what the target committed, verified or not (a proposal that
 agrees with the committed tokens for m tokens and then differs had m accepted
 and 1 rejected; one that agrees all along was never contradicted), and a member
-whose recent alpha falls below ``min_acceptance``, or whose draft seconds cost
-more than its tokens save, is not asked until its back-off ends (``SpecMonitor``).
+whose recent alpha falls below ``min_acceptance``, whose draft seconds cost more
+than its tokens save, or whose drafts verified alone realized less than plain
+decoding (timed steps), is not asked until its back-off ends (``SpecMonitor``).
+What members realized is pooled across an engine's requests (``Ledger``): a member
+that did not pay starts the next request off.
 
 A look-up member's probe is a dry run: its proposal is scored against what the
 target commits next and never verified. Its q is one-hot, so the target's draw
@@ -324,8 +327,9 @@ class AdaptiveDrafter(Drafter):
 
     @classmethod
     def shared_state(cls, setup: DraftSetup) -> SharedState:
-        ledger = Ledger()
-        return SharedState(ledger, forget=ledger.forget)
+        # not forgotten with the suffix cache (``DraftResources.forget``: the bench's cold cells): like
+        # the pass costs, what a member's drafts cost against plain decoding is this machine's to keep
+        return SharedState(Ledger())
 
     @classmethod
     def from_config(cls, spec: SpecConfig, members: Sequence[Drafter] = (),
