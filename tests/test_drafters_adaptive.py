@@ -299,8 +299,8 @@ def test_a_members_draft_verified_alone_is_timed_into_its_monitor():
 def test_a_member_that_did_not_pay_in_earlier_requests_starts_the_next_one_off(right):
     """Each request gets a fresh adaptive drafter; the engine's ``Ledger`` pools what members' drafts
     realized: one below 1x in the first request starts the second held off (its back-off carried
-    over), one that paid starts it on; a request that timed nothing ages the ledger, and an emptied
-    one starts it on again."""
+    over), one that paid starts it on; requests that timed nothing age the ledger, and an emptied one
+    starts it on again."""
     truth = list(range(100, 300))
     ledger = AdaptiveDrafter.shared_state(None).value
     first = AdaptiveDrafter([Script("model", truth, right=right)], cost_model(per_token=0.1), ledger=ledger)
@@ -319,9 +319,12 @@ def test_a_member_that_did_not_pay_in_earlier_requests_starts_the_next_one_off(r
     if not right:
         assert second.members[0].monitor.backoff == first.members[0].monitor.backoff
     kept = len(ledger.timed["model"])
-    second.end(truth[:1])  # a request that timed nothing: the oldest sample goes
+    for _ in range(ledger.age_every):  # requests that timed nothing: every age_every-th drops the oldest sample
+        assert len(ledger.timed["model"]) == kept
+        second.end(truth[:1])
     assert len(ledger.timed["model"]) == kept - 1
-    ledger.forget()
+    while ledger.timed["model"]:
+        second_request().end(truth[:1])
     assert second_request().members[0].monitor.mode is Mode.ON
 
 
