@@ -249,6 +249,8 @@ def run_notes(cfg: BenchConfig, meta: dict) -> list[str]:
                      + (" — this run used bfloat16." if cfg.dtype == "bfloat16" else "."))
     notes.append("The creative workload always runs at temperature 1.0 (its own setting), whatever "
                  "--temperatures says; greedy checks do not apply to sampled runs.")
+    notes.append("specdec's methods run interleaved: each batch of a workload's requests runs under every method "
+                 "in turn, the first method rotating by batch, so machine drift hits all alike; peers run after.")
     notes.append("Batch sizes > 1 run static batches through the engine (start B sequences, step until all "
                  "finish); tokens/s counts every sequence's tokens over the batch's wall time.")
     notes.append("Peers run at batch size 1 only (transformers' prompt-lookup and assisted generation support "
