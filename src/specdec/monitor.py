@@ -65,6 +65,32 @@ class WindowSums:
                     speedup=None if speedup is None else round(speedup, 4))
 
 
+class SlidingSums:
+    """The sums of the last ``size`` samples, kept as they come and go (a monitor's window of drafts; the
+    adaptive drafter's ``Ledger`` of each member's timed drafts)."""
+
+    def __init__(self, size: int) -> None:
+        self._samples: deque[WindowSums] = deque(maxlen=size)
+        self.sums = WindowSums()
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def append(self, sample: WindowSums) -> None:
+        if len(self._samples) == self._samples.maxlen:
+            self.drop_oldest()
+        self._samples.append(sample)
+        self.sums.add(sample)
+
+    def drop_oldest(self) -> None:
+        if self._samples:
+            self.sums.add(self._samples.popleft(), -1)
+
+    def clear(self) -> None:
+        self._samples.clear()
+        self.sums = WindowSums()
+
+
 def draft_sample(num_drafted: int, num_accepted: int, tested: int, seconds: float | None = None,
                  plain_seconds_per_token: float | None = None) -> WindowSums:
     """One verified draft as window sums. ``tested``: accepted, plus 1 when a drafted token after
@@ -97,8 +123,7 @@ class SpecMonitor:
         # nothing is kept, probes were most of what adaptive lost against plain decoding).
         self.probe_tokens = probe_tokens
         self.base_backoff, self.max_backoff = base_backoff, max_backoff
-        self._window: deque[WindowSums] = deque(maxlen=window)
-        self.sums = WindowSums()
+        self._window = SlidingSums(window)
         self.mode = Mode.ON
         self.backoff = base_backoff
         self.idle = 0  # steps without a draft since the last one (OFF: since switching off)
@@ -127,6 +152,11 @@ class SpecMonitor:
         return min(cap, self.probe_tokens) if self.mode is Mode.PROBE else cap
 
     @property
+    def sums(self) -> WindowSums:
+        """The window's sums."""
+        return self._window.sums
+
+    @property
     def alpha(self) -> float:
         """The window's alpha shrunk towards the prior; ``probe_alpha`` while probing (a fresh look)."""
         return self.probe_alpha if self.mode is Mode.PROBE else self.sums.alpha(self.prior)
@@ -146,10 +176,7 @@ class SpecMonitor:
                 self.start_probe()
             return
         self.idle = 0
-        if len(self._window) == self._window.maxlen:
-            self.sums.add(self._window[0], -1)
         self._window.append(sample)
-        self.sums.add(sample)
         first, self.first_draft_decides = self.first_draft_decides, False
         if (self.mode is Mode.PROBE or first) and sample.tested and not sample.accepted and self.min_acceptance > 0:
             # A probe's draft with nothing kept answers "has the text turned repetitive?" at once:
@@ -189,4 +216,3 @@ class SpecMonitor:
 
     def _clear(self) -> None:
         self._window.clear()
-        self.sums = WindowSums()

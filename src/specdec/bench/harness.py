@@ -88,6 +88,10 @@ class MethodRunner:
             res.forget()
         return res
 
+    def resources(self, method: Method) -> DraftResources:
+        """``method``'s draft resources, as its last ``use`` left them."""
+        return self._resources[method.name]
+
     def run(self, requests: list[Request], temperature: float, batch_size: int,
             tick: Callable[[int], None]) -> tuple[list[list[int]], SpecStats]:
         """The requests in static batches of ``batch_size`` through ``LLM.run_batches``, batch 1 included;
@@ -197,7 +201,7 @@ def run_workload(runner: MethodRunner, result: BenchResult, w: Workload, peers: 
         # (plain greedy at batch 1 runs again beside the others: the reference run times nothing alike)
         runs = run_interleaved(runner, list(cfg.methods), requests, temperature, batch_size, bar, w.name)
         for method in cfg.methods:
-            res = runner.use(method, forget=False)
+            res = runner.resources(method)
             outputs, stats = runs[method.name]
             cell = Cell(method.name, "specdec", w.name, batch_size, temperature, outputs, stats,
                         kv_bytes=runner.kv_bytes(), drafter_bytes=metrics.drafter_bytes(res),

@@ -48,7 +48,6 @@ it is verified follows from its member's alpha, the budget and the pass costs
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
@@ -58,7 +57,7 @@ import torch
 from specdec.budget import expected_tokens
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters.base import EMPTY, Drafter, DraftProposal, DraftSetup, SharedState
-from specdec.monitor import Mode, SpecMonitor, WindowSums
+from specdec.monitor import Mode, SlidingSums, SpecMonitor, WindowSums
 from specdec.pass_cost import PassCost
 from specdec.runners.base import ModelRunner
 
@@ -249,28 +248,23 @@ class Ledger:
 
     window: int = 16
     age_every: int = 4
-    timed: dict[str, deque[WindowSums]] = field(default_factory=dict)
+    timed: dict[str, SlidingSums] = field(default_factory=dict)
     backoff: dict[str, int] = field(default_factory=dict)
     untimed: dict[str, int] = field(default_factory=dict)  # requests that timed nothing, by member
 
     def record(self, name: str, sample: WindowSums) -> None:
-        self.timed.setdefault(name, deque(maxlen=self.window)).append(sample)
+        self.timed.setdefault(name, SlidingSums(self.window)).append(sample)
 
     def age(self, name: str) -> None:
         """A request ended without timing ``name``: every ``age_every``-th, its oldest sample goes."""
         self.untimed[name] = self.untimed.get(name, 0) + 1
-        if self.timed.get(name) and self.untimed[name] % self.age_every == 0:
-            self.timed[name].popleft()
+        if name in self.timed and self.untimed[name] % self.age_every == 0:
+            self.timed[name].drop_oldest()
 
     def speedup(self, name: str, min_samples: int) -> float | None:
         """The member's pooled speedup over its last ``window`` timed drafts; None below ``min_samples``."""
-        samples = self.timed.get(name, ())
-        if len(samples) < min_samples:
-            return None
-        total = WindowSums()
-        for sample in samples:
-            total.add(sample)
-        return total.speedup
+        timed = self.timed.get(name)
+        return timed.sums.speedup if timed is not None and len(timed) >= min_samples else None
 
 
 @dataclass
@@ -434,10 +428,11 @@ class AdaptiveDrafter(Drafter):
         # ...and no faster than its drafts realized in earlier requests, when known: a probe is priced at
         # the probe's hopeful alpha, and three 0.4-0.9 s prompt passes of the 0.5B draft in 64-token math
         # answers, each let through by it, cost what its 1.1-1.3x steps saved
-        realized = self.ledger.speedup(m.drafter.name, m.monitor.min_samples)
-        repays = best if realized is None else min(best, realized / plain)
-        if catch_up > 0.0 and catch_up >= min(self._ends_at - len(context), made) * (plain - 1.0 / repays):
-            return 0
+        if catch_up > 0.0:
+            realized = self.ledger.speedup(m.drafter.name, m.monitor.min_samples)
+            repays = best if realized is None else min(best, realized / plain)
+            if catch_up >= min(self._ends_at - len(context), made) * (plain - 1.0 / repays):
+                return 0
         if probe:
             return k
         return 0 if best <= 1.0 / plain else k if m.lookup else n
