@@ -61,13 +61,16 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8", help="activation rows per product (default 1,8)")
     ap.add_argument("--copies", type=int, default=64,
                     help="matrices per format (default 64: 509 / 723 MB; x 4 for Q5_0 / Q8_0: 384 / 593 MB)")
+    ap.add_argument("--group-rows", type=int, choices=(8, 16), help="K-quant rows per interleaved group "
+                    "(default: the kernels' own, clib.wide_groups)")
     args = ap.parse_args()
+    wide = None if args.group_rows is None else args.group_rows == 16
     clib.load_qkernels()
     rng = np.random.default_rng(0)
     print(f"kernels: {clib.isa()}")
     largest = 0
     for qtype, (n, k) in SHAPES.items():
-        base = QuantMatrix.from_blocks(random_k_blocks(qtype, n, k, rng), qtype, k).interleaved()
+        base = QuantMatrix.from_blocks(random_k_blocks(qtype, n, k, rng), qtype, k).interleaved(wide=wide)
         copies = args.copies * (1 if qtype in (T.Q4_K, T.Q6_K) else 4)
         mats = [tuple(a.copy() for a in base.arrays()) for _ in range(copies)]
         nbytes = sum(m[0].nbytes for m in mats)

@@ -89,15 +89,19 @@ def test_quantized_product_rows_have_the_bits_of_a_row_alone(qtype):
 X8_TYPES = (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1)
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["x8", "x16"])
 @pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
-def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype):
-    """Groups of 8 rows packed at load (Q4KX8, Q6KX8, Q80X8, Q50X8, Q40X8, Q41X8): the same values (a row
-    not in a whole group keeps its layout), products within the activations' rounding of the dense
-    product, and every row's bits those of its product alone at every pass width and tile position."""
+def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype, wide):
+    """Groups of 8 rows packed at load (Q4KX8, Q6KX8, Q80X8, Q50X8, Q40X8, Q41X8; wide: pairs of K-quant
+    groups as Q4KX16 / Q6KX16): the same values (a row not in a whole group keeps its layout), products
+    within the activations' rounding of the dense product, and every row's bits those of its product
+    alone at every pass width and tile position."""
     rng = np.random.default_rng(300 + int(qtype))
     data = _random_blocks(qtype, 45, 512, rng)
-    qm = QuantMatrix.from_blocks(data, qtype, 512).interleaved()
-    assert np.count_nonzero(np.isin(qm.fmt, quant.X8_LAYOUTS)) == 40  # 5 whole groups
+    qm = QuantMatrix.from_blocks(data, qtype, 512).interleaved(wide=wide)
+    assert np.count_nonzero(np.isin(qm.fmt, quant.INTERLEAVED)) == 40  # 5 whole groups of 8
+    if wide and qtype in (T.Q4_K, T.Q6_K):  # 2 of 16 at rows 0 and 16, 1 of 8 at 32
+        assert list(np.unique(qm.fmt[:40], return_counts=True)[1]) == [8, 32]
     dense = quants.dequantize(data, qtype).reshape(45, 512)
     assert np.array_equal(qm.dense(), dense)
     x = rng.standard_normal((13, 512)).astype(np.float32)
@@ -112,7 +116,7 @@ def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype):
         for r in range(m):
             kernels.qmatmul(*qm.arrays(), np.ascontiguousarray(x[r : r + 1]), alone)
             assert np.array_equal(alone[0], wide[r])
-    with pytest.raises(ValueError, match="groups of 8"):
+    with pytest.raises(ValueError, match="groups of 8 or 16"):
         qm.permute_rows(np.arange(45)[::-1])
 
 
@@ -124,8 +128,10 @@ from specdec.model.quant import QuantMatrix
 from tests.test_quant import _random_blocks
 clib.load_qkernels()
 rng, out = np.random.default_rng(9), []
-for qtype in (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1):
-    qm = QuantMatrix.from_blocks(_random_blocks(qtype, 64, 1024, rng), qtype, 1024).interleaved()
+# the 16-row K-quant layouts too (AVX-512's; every other build multiplies them in portable C)
+for qtype, wide in [(T.Q4_K, False), (T.Q4_K, True), (T.Q6_K, False), (T.Q6_K, True), (T.Q8_0, False),
+                    (T.Q5_0, False), (T.Q4_0, False), (T.Q4_1, False)]:
+    qm = QuantMatrix.from_blocks(_random_blocks(qtype, 64, 1024, rng), qtype, 1024).interleaved(wide=wide)
     assert qm.fmt[0] >= 7, (qtype, qm.fmt[0])  # interleaved
     x = rng.standard_normal((17, 1024)).astype(np.float32)
     for rows in (1, 11, 17):  # 1 row; tiles of 8 + 3 (AVX-512) or 4 + 4 + 3; AMX tiles of 16 + 1 (Q4_K)
@@ -167,8 +173,11 @@ def test_mixed_layouts_in_one_matrix():
     rng = np.random.default_rng(7)
     parts = [(T.Q4_K, 16), (T.Q6_K, 8), (T.Q8_0, 8)]
     blocks = [(_random_blocks(t, n, 256, rng), t) for t, n in parts]
-    fused = QuantMatrix.concat([QuantMatrix.from_blocks(b, t, 256) for b, t in blocks]).interleaved()
+    fused = QuantMatrix.concat([QuantMatrix.from_blocks(b, t, 256) for b, t in blocks]).interleaved(wide=False)
     assert list(fused.fmt) == [quant.Q4KX8] * 16 + [quant.Q6KX8] * 8 + [quant.Q80X8] * 8
+    wide = QuantMatrix.concat([QuantMatrix.from_blocks(b, t, 256) for b, t in blocks]).interleaved(wide=True)
+    assert list(wide.fmt) == [quant.Q4KX16] * 16 + [quant.Q6KX8] * 8 + [quant.Q80X8] * 8  # 8 Q6_K rows: no pair
+    assert np.array_equal(wide.dense(), fused.dense())
     dense = np.concatenate([quants.dequantize(b, t).reshape(-1, 256) for b, t in blocks])
     assert np.array_equal(fused.dense(), dense)
     x = rng.standard_normal((3, 256)).astype(np.float32)
@@ -351,7 +360,8 @@ def test_k_quant_model_verify_rows_bit_identical(tmp_path, arch):
     assert list(runner.fused.weights.wqkv[5]) == [210, 210]
     assert list(runner.fused.weights.w_down[5]) == [2 * 148, 2 * 176]
     assert runner.fused.weights.w_down[0].nbytes == 256 * (2 * 148 + 2 * 176)
-    assert set(runner.fused.weights.w_down[3][0]) == {quant.Q4KX8}  # interleaved at load
+    # interleaved at load: 16 rows a group for the AVX-512 kernels
+    assert set(runner.fused.weights.w_down[3][0]) == {quant.Q4KX16 if clib.wide_groups() else quant.Q4KX8}
     logits = runner.run([SeqInput(runner.allocate(), [3, 40, 500])]).logits[0]
     assert torch.isfinite(logits).all() and logits.std() > 0
     runner.free(0)

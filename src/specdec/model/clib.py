@@ -24,7 +24,7 @@ from specdec.errors import ModelLoadError
 
 SOURCE = Path(__file__).with_name("qkernels.c")
 # included by SOURCE: part of the build's key
-HEADERS = (Path(__file__).with_name("qkernels_x8.h"), Path(__file__).with_name("qkernels_amx.h"))
+HEADERS = tuple(Path(__file__).with_name(f"qkernels_{h}.h") for h in ("x8", "amx", "x16"))
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
 EXTRA_FLAGS = "SPECDEC_QKERNELS_CFLAGS"  # e.g. "-mno-avx512f" to measure the AVX2 path on an AVX-512 CPU
 
@@ -80,6 +80,12 @@ def load_qkernels() -> ctypes.CDLL:
     handle = ctypes.CDLL(str(lib))
     handle.sd_isa.restype = ctypes.c_char_p
     return handle
+
+
+def wide_groups() -> bool:
+    """Whether the K-quant matrices pack 16 rows a group (qkernels_x16.h): the AVX-512 kernels' layout
+    (the AMX tiles pair 8-row groups, and the narrower paths read 16-row ones in portable C)."""
+    return isa() == "avx512-vnni"
 
 
 def isa() -> str:

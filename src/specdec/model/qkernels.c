@@ -587,6 +587,7 @@ INLINE void ktile6_512(const int R, const uint8_t *q, int64_t k, const int8_t *x
 
 #include "qkernels_x8.h"
 #include "qkernels_amx.h"
+#include "qkernels_x16.h"
 
 /* the kernels' instruction set; "+amx" where the tiles are built and this process may use them */
 const char *sd_isa(void) {
@@ -641,7 +642,7 @@ TILES(tiles_i8, FMT_I8)
 
 /* out[r, n] = sum_k W[n, k] x[r, k] for weight rows n0 <= n < n1 and every activation row r.
  * q [N, q_stride] bytes, s and m [N, s_stride] floats, fmt [N] (a layout per row: a fused
- * q/k/v matrix may mix them; an interleaved group of 8 rows starts at a multiple of 8, and so must n0); xq/dx8/bs32/nxl and xk/dk/bk from sd_prepare; out [rows, out_stride]. */
+ * q/k/v matrix may mix them; an interleaved group of 8 or 16 rows starts at a multiple of 8 or 16, and so must n0); xq/dx8/bs32/nxl and xk/dk/bk from sd_prepare; out [rows, out_stride]. */
 void sd_qmatmul(const uint8_t *q, const float *s, const float *m, const int8_t *fmt, int64_t q_stride,
                 int64_t s_stride, int64_t k, const int8_t *xq, const float *dx8, const float *bs32,
                 const int32_t *nxl, const int8_t *xk, const float *dk, const int16_t *bk, int64_t rows,
@@ -655,6 +656,11 @@ void sd_qmatmul(const uint8_t *q, const float *s, const float *m, const int8_t *
             continue;
         }
 #endif
+        if (x16_layout(fmt[n])) {  /* rows n .. n + 15, interleaved (n % 16 == 0) */
+            x16_group(fmt[n], qn, k, xk, dk, bk, rows, out + n, out_stride);
+            n += X16 - 1;
+            continue;
+        }
         if (x8_layout(fmt[n])) {  /* rows n .. n + 7, interleaved (n % 8 == 0) */
             x8_group(fmt[n], qn, k, xq, dx8, bs32, xk, dk, bk, rows, out + n, out_stride);
             n += X8 - 1;
@@ -692,6 +698,10 @@ void sd_dequantize_rows(const uint8_t *q, const float *s, const float *m, const 
         const uint8_t *qn = q + n * q_stride;
         const float *sn = s + n * s_stride, *mn = m + n * s_stride;
         float *o = out + i * k;
+        if (x16_layout(fmt[n])) {
+            x16_dequantize(fmt[n], q + (n & ~(int64_t)(X16 - 1)) * q_stride, (int)(n & (X16 - 1)), k, o);
+            continue;
+        }
         if (x8_layout(fmt[n])) {
             x8_dequantize(fmt[n], q + (n & ~(int64_t)(X8 - 1)) * q_stride, (int)(n & (X8 - 1)), k, o);
             continue;

@@ -13,7 +13,8 @@ the caller (one notice line).
 interleaved layout (qkernels_x8.h: one 32-bit lane per weight row): Q4_K and Q6_K into Q4KX8 /
 Q6KX8, Q8_0, Q5_0, Q4_0 and Q4_1 into Q80X8 / Q50X8 / Q40X8 / Q41X8 (each at GGUF's own bytes,
 where U8M spent 10 bits on a 5-bit weight), which the model does once at load for the matrices its
-passes multiply by.
+passes multiply by. Where the kernels run AVX-512 (without AMX), two K-quant groups at a multiple of 16
+rows pack as one group of 16 (Q4KX16 / Q6KX16, qkernels_x16.h: a zmm per step, no permutes).
 """
 
 from __future__ import annotations
@@ -27,10 +28,15 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants
 
 U4M, U8M, I8, Q4K, Q5K, Q6K, Q4KX8, Q6KX8, Q80X8, Q50X8, Q40X8, Q41X8 = 0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12
-SUPER_BLOCK = {Q4K: 144, Q5K: 176, Q6K: 210, Q4KX8: 148, Q6KX8: 210}  # bytes per 256 values and row
+Q4KX16, Q6KX16 = 13, 14  # qkernels_x16.h: the K-quant layouts 16 rows wide, for AVX-512
+# bytes per 256 values and row
+SUPER_BLOCK = {Q4K: 144, Q5K: 176, Q6K: 210, Q4KX8: 148, Q6KX8: 210, Q4KX16: 148, Q6KX16: 210}
 BLOCK = {Q80X8: 34, Q50X8: 22, Q40X8: 18, Q41X8: 20}  # bytes per 32 values and row: GGUF's own
-X8 = 8  # weight rows per interleaved group
+X8 = 8  # weight rows per interleaved group (X16: 16)
 X8_LAYOUTS = (Q4KX8, Q6KX8, *BLOCK)
+WIDE = {Q4KX8: Q4KX16, Q6KX8: Q6KX16}  # an 8-row layout -> its 16-row one
+INTERLEAVED = (*X8_LAYOUTS, *WIDE.values())
+GROUP_ROWS = {**dict.fromkeys(X8_LAYOUTS, X8), **dict.fromkeys(WIDE.values(), 2 * X8)}
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)  # super-blocks of 256 values
 SUPPORTED = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, *K_QUANTS)
 # types a float checkpoint can be quantized to at load (gguf's own quantizers; it has none for K-quants)
@@ -91,24 +97,36 @@ class QuantMatrix:
         return out
 
     def permute_rows(self, order: np.ndarray) -> QuantMatrix:
-        if np.isin(self.fmt, X8_LAYOUTS).any():
-            raise ValueError("interleaved rows move in groups of 8: permute before ``interleaved``")
+        if np.isin(self.fmt, INTERLEAVED).any():
+            raise ValueError("interleaved rows move in groups of 8 or 16: permute before ``interleaved``")
         return QuantMatrix(self.q[order], self.s[order], self.m[order], self.fmt[order], self.k, self.types)
 
-    def interleaved(self) -> QuantMatrix:
+    def interleaved(self, wide: bool | None = None) -> QuantMatrix:
         """The same matrix with every group of 8 rows (at a multiple of 8) that shares a type packed into its
-        interleaved layout (``x8_layouts``); other rows as they are. Bytes per row grow by 4 per Q4_K
-        super-block (its 12 packed scale bytes unpacked); the other layouts keep GGUF's bytes."""
+        interleaved layout (``x8_layouts``); other rows as they are. With ``wide`` (default: where the
+        kernels run AVX-512 without AMX, ``clib.wide_groups``) two such K-quant groups at a multiple of 16
+        pack as one of 16 rows (``WIDE``). Bytes per row grow by 4 per Q4_K super-block (its 12 packed
+        scale bytes unpacked); the other layouts keep GGUF's bytes."""
         groups = x8_layouts(self)[: len(self.fmt) // X8 * X8].reshape(-1, X8)
         # a group of Q4_0 rows beside Q4_1 ones is Q4_1 with m = -8 d
         groups = np.where((groups == Q41X8).any(axis=1, keepdims=True) & (groups == Q40X8), Q41X8, groups)
         todo = {f: np.flatnonzero((groups == f).all(axis=1)) for f in X8_LAYOUTS}
+        if wide is None:
+            from specdec.model import clib  # builds the kernels: only where a matrix is packed
+
+            wide = clib.wide_groups()
+        for narrow, wider in WIDE.items() if wide else ():
+            idx = todo[narrow]
+            pairs = idx[(idx % 2 == 0) & np.isin(idx + 1, idx)]  # groups 2p and 2p + 1: rows 16p .. 16p + 15
+            todo[wider] = pairs // 2
+            todo[narrow] = idx[~np.isin(idx // 2, todo[wider])]
         todo = {f: g for f, g in todo.items() if len(g)}
         if not todo:
             return self
         packed = np.zeros(len(self.fmt), dtype=bool)
-        for idx in todo.values():
-            packed[(idx[:, None] * X8 + np.arange(X8)).reshape(-1)] = True
+        for layout, idx in todo.items():
+            n = GROUP_ROWS[layout]
+            packed[(idx[:, None] * n + np.arange(n)).reshape(-1)] = True
         # rows as wide as the widest layout left: a Q5_0 group is 616 bytes a row where U8M took 896, and
         # rows padded to the old width streamed at 14 GB/s against 20 without the holes
         width = max(x8_row_bytes(f, self.k) for f in todo)
@@ -117,12 +135,12 @@ class QuantMatrix:
             q[~packed, : self.q.shape[1]] = self.q[~packed]
         fmt = self.fmt.copy()
         for layout, idx in todo.items():
-            per_row = x8_row_bytes(layout, self.k)
-            for chunk in np.array_split(idx, max(1, len(idx) // 1024)):  # bounded scratch on a 152K-row head
-                rows = (chunk[:, None] * X8 + np.arange(X8)).reshape(-1)
+            per_row, n = x8_row_bytes(layout, self.k), GROUP_ROWS[layout]
+            for chunk in np.array_split(idx, max(1, len(idx) * n // 8192)):  # bounded scratch on a 152K-row head
+                rows = (chunk[:, None] * n + np.arange(n)).reshape(-1)
                 blobs = _PACK[layout](self, rows, len(chunk))
-                # a group's 8 rows are one contiguous run of 8 x width bytes: its blob fills the first ones
-                at = chunk[:, None] * (X8 * q.shape[1]) + np.arange(X8 * per_row)
+                # a group's n rows are one contiguous run of n x width bytes: its blob fills the first ones
+                at = chunk[:, None] * (n * q.shape[1]) + np.arange(n * per_row)
                 q.reshape(-1)[at] = blobs.reshape(len(chunk), -1)
                 fmt[rows] = layout
         return QuantMatrix(q, self.s, self.m, fmt, self.k, self.types)
@@ -288,15 +306,16 @@ def _k4_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _q4k_x8(b: np.ndarray) -> np.ndarray:
-    """Q4_K super-blocks of groups of 8 rows [G, 8, nsb, 144] -> Q4KX8 [G, nsb, 1184] (qkernels_x8.h)."""
+    """Q4_K super-blocks of groups of n = 8 or 16 rows [G, n, nsb, 144] -> Q4KX8 [G, nsb, 8 x 148] or
+    Q4KX16 [G, nsb, 16 x 148] (qkernels_x8.h, qkernels_x16.h)."""
     b = b.transpose(0, 2, 1, 3)  # [G, nsb, row, 144]
-    G, nsb = b.shape[:2]
+    G, nsb, n = b.shape[:3]
     sc, mn = _k4_scales(b[..., 4:16])  # [G, nsb, row, 8]
-    qs = b[..., 16:].reshape(G, nsb, X8, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)  # [.., pair, step, row, 4]
+    qs = b[..., 16:].reshape(G, nsb, n, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)  # [.., pair, step, row, 4]
     return np.concatenate([
-        b[..., 0:2].reshape(G, nsb, 16), b[..., 2:4].reshape(G, nsb, 16),
-        sc.transpose(0, 1, 3, 2).reshape(G, nsb, 64), mn.transpose(0, 1, 3, 2).reshape(G, nsb, 64),
-        qs.reshape(G, nsb, 1024),
+        b[..., 0:2].reshape(G, nsb, 2 * n), b[..., 2:4].reshape(G, nsb, 2 * n),
+        sc.transpose(0, 1, 3, 2).reshape(G, nsb, 8 * n), mn.transpose(0, 1, 3, 2).reshape(G, nsb, 8 * n),
+        qs.reshape(G, nsb, 128 * n),
     ], axis=-1)
 
 
@@ -314,10 +333,11 @@ def _q6k_values(b: np.ndarray) -> np.ndarray:
 
 
 def _q6k_x8(b: np.ndarray) -> np.ndarray:
-    """Q6_K super-blocks of groups of 8 rows [G, 8, nsb, 210] -> Q6KX8 [G, nsb, 1680] (qkernels_x8.h)."""
+    """Q6_K super-blocks of groups of n = 8 or 16 rows [G, n, nsb, 210] -> Q6KX8 [G, nsb, 8 x 210] or
+    Q6KX16 [G, nsb, 16 x 210] (qkernels_x8.h, qkernels_x16.h)."""
     b = b.transpose(0, 2, 1, 3)  # [G, nsb, row, 210]
-    G, nsb = b.shape[:2]
-    v = _q6k_values(b).reshape(G, nsb, X8, 2, 4, 8, 4)  # [.., row, quad, chunk in quad, step, 4]
+    G, nsb, n = b.shape[:3]
+    v = _q6k_values(b).reshape(G, nsb, n, 2, 4, 8, 4)  # [.., row, quad, chunk in quad, step, 4]
     low, high = v & 15, v >> 4
     l0 = low[:, :, :, :, 0] | (low[:, :, :, :, 1] << 4)  # [G, nsb, row, quad, step, 4]
     l1 = low[:, :, :, :, 2] | (low[:, :, :, :, 3] << 4)
@@ -325,8 +345,8 @@ def _q6k_x8(b: np.ndarray) -> np.ndarray:
     body = np.stack([l0, l1, h], axis=4)  # [G, nsb, row, quad, part, step, 4]
     body = body.transpose(0, 1, 3, 5, 4, 2, 6)  # [G, nsb, quad, step, part, row, 4]
     return np.concatenate([
-        b[..., 208:210].reshape(G, nsb, 16), b[..., 192:208].transpose(0, 1, 3, 2).reshape(G, nsb, 128),
-        body.reshape(G, nsb, 1536).astype(np.uint8),
+        b[..., 208:210].reshape(G, nsb, 2 * n), b[..., 192:208].transpose(0, 1, 3, 2).reshape(G, nsb, 16 * n),
+        body.reshape(G, nsb, 192 * n).astype(np.uint8),
     ], axis=-1)
 
 
@@ -376,7 +396,7 @@ def x8_layouts(mat: QuantMatrix) -> np.ndarray:
 def _x8_k_quant(kind: int, pack):
     def packed(mat: QuantMatrix, rows: np.ndarray, groups: int) -> np.ndarray:
         nsb = mat.k // 256
-        return pack(mat.q[rows, : SUPER_BLOCK[kind] * nsb].reshape(groups, X8, nsb, SUPER_BLOCK[kind]))
+        return pack(mat.q[rows, : SUPER_BLOCK[kind] * nsb].reshape(groups, len(rows) // groups, nsb, SUPER_BLOCK[kind]))
 
     return packed
 
@@ -422,6 +442,7 @@ def _x8_blocks(layout: int):
 
 
 _PACK = {Q4KX8: _x8_k_quant(Q4K, _q4k_x8), Q6KX8: _x8_k_quant(Q6K, _q6k_x8),
+         Q4KX16: _x8_k_quant(Q4K, _q4k_x8), Q6KX16: _x8_k_quant(Q6K, _q6k_x8),
          **{layout: _x8_blocks(layout) for layout in BLOCK}}
 
 _REPACK = {

@@ -1,0 +1,266 @@
+/* 16-row interleaved K-quant layouts for AVX-512 (included by qkernels.c after qkernels_x8.h).
+ *
+ * Q4KX8 / Q6KX8 put 8 rows in a 32-byte vector; a zmm then holds two steps, and every product pays a
+ * vpermd (vpermt2d for Q6_K) to give each half its step's activations, and the sub-block scales, mins and
+ * the float epilogue run on 8 lanes. Here 16 rows share each step: one 64-byte load is one step of 16
+ * rows, a step's 4 activation bytes reach every lane by a broadcast load (no permute), and the scale
+ * products, min sums and epilogue cover 16 rows per instruction. Measured on Zen 4 (one thread, weights
+ * in L3): Q4_K 8 activation rows 105 -> 159 GMAC/s, 1 row 50 -> 67. The layouts are the X8 ones with
+ * every per-row run 16 rows wide (quant.QuantMatrix.interleaved packs them where the kernels are
+ * AVX-512 without AMX: clib.wide_groups):
+ *
+ *   Q4KX16, per super-block of 16 rows (16 x 148 bytes):
+ *     [0, 32) d (f16)   [32, 64) dmin   [64, 192) scale[j][row]   [192, 320) min[j][row]
+ *     [320, 2368) for pair p < 4, step t < 8: 64 bytes, row i's 4 bytes at 4 i (Q4KX8's nibbles)
+ *   Q6KX16, per super-block of 16 rows (16 x 210 bytes):
+ *     [0, 32) d (f16)   [32, 288) scale[g][row] (int8)
+ *     [288, 3648) for quad h < 2, step t < 8: 192 bytes = L0, L1, H (Q6KX8's, 64 bytes each)
+ *
+ * Bits: the same exact integers and, per lane, the same fused float steps as the X8 kernels and the
+ * portable C below (which every other build runs), so a row's bits never depend on its layout either.
+ */
+enum { FMT_Q4KX16 = 13, FMT_Q6KX16 = 14 };
+enum { X16 = 16, Q4KX16_BYTES = 16 * 148, Q6KX16_BYTES = 16 * 210 };
+
+INLINE int x16_layout(int fmt) { return fmt == FMT_Q4KX16 || fmt == FMT_Q6KX16; }
+
+/* value e (0..255) of row i of a super-block, unsigned (Q6_K: before its -32) */
+INLINE int q4x16_value(const uint8_t *blk, int i, int e) {
+    const int j = e / 32, l = e % 32;
+    const uint8_t byte = blk[320 + 512 * (j / 2) + 64 * (l / 4) + 4 * i + l % 4];
+    return (j & 1) ? byte >> 4 : byte & 15;
+}
+
+INLINE int q6x16_value(const uint8_t *blk, int i, int e) {
+    const int c = e / 32, l = e % 32, cc = c % 4;
+    const uint8_t *base = blk + 288 + 1536 * (c / 4) + 192 * (l / 4) + 4 * i + l % 4;
+    const int low = (cc & 1) ? base[cc >= 2 ? 64 : 0] >> 4 : base[cc >= 2 ? 64 : 0] & 15;
+    return low | (((base[128] >> (2 * cc)) & 3) << 4);
+}
+
+/* row i of a group as float32 (the embedding look-up; GGUF's dequantization formula) */
+static void x16_dequantize(int fmt, const uint8_t *grp, int i, int64_t k, float *o) {
+    for (int64_t b = 0; b < k / QK; b++)
+        if (fmt == FMT_Q4KX16) {
+            const uint8_t *blk = grp + Q4KX16_BYTES * b;
+            const float d = f16_to_f32(blk + 2 * i), dmin = f16_to_f32(blk + 32 + 2 * i);
+            for (int e = 0; e < QK; e++) {
+                const int j = e / 32;
+                o[QK * b + e] = (d * (float)blk[64 + 16 * j + i]) * (float)q4x16_value(blk, i, e) - dmin * (float)blk[192 + 16 * j + i];
+            }
+        } else {
+            const uint8_t *blk = grp + Q6KX16_BYTES * b;
+            const float d = f16_to_f32(blk + 2 * i);
+            for (int e = 0; e < QK; e++)
+                o[QK * b + e] = (d * (float)(int8_t)blk[32 + 16 * (e / 16) + i]) * (float)(q6x16_value(blk, i, e) - 32);
+        }
+}
+
+#if defined(SD_AVX512) && defined(__AVX512VL__)
+#define X16ROWS 8 /* activation rows per tile: 3 zmm each (products, super-block sums, float sums) */
+#ifndef Q6_X16ROWS
+#define Q6_X16ROWS 4 /* Q6_K's two product sums a row: 8 rows spilled (Zen 4: 4 rows 91-96 GMAC/s, 8 rows 72-74) */
+#endif
+#ifndef Q6_NA1
+#define Q6_NA1 1
+#endif
+
+/* the weights X16_PF_AHEAD bytes on, lines first .. first + n - 1 of this super-block's: a few per
+ * sub-block, not prefetch_ahead's burst a super-block (37 or 53 lines here: the burst left 8-row Q4_K
+ * passes out of cache at 0.8x the 8-row layout's speed, spread 1.37x; Zen 4) */
+#ifndef X16_PF_AHEAD
+#define X16_PF_AHEAD 2048
+#endif
+INLINE void x16_prefetch(const uint8_t *blk, int first, int n) {
+    for (int i = first; i < first + n; i++) _mm_prefetch((const char *)(blk + X16_PF_AHEAD + 64 * i), PF_HINT);
+}
+
+INLINE __m512i x16_bcast(const int8_t *p) {  /* 4 activation bytes to every lane: a broadcast load */
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* R activation rows against one Q4KX16 group: out[r * os + i], i < 16 */
+INLINE void x16_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                    float *out, int64_t os) {
+    const int64_t nsb = k / QK;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[X16ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t *blk = grp + Q4KX16_BYTES * b;
+
+        __m512i sumi[X16ROWS];
+        for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            x16_prefetch(blk, 5 * j, 5);
+            const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 64 + 16 * j)));
+            const uint8_t *qs = blk + 320 + 512 * (j / 2);
+            /* NA independent sums a row (exact, so the same bits): one chain of 8 vpdpbusd a sub-block bound
+             * a 1-row pass by its latency */
+            const int NA = R == 1 ? 4 : R == 2 ? 2 : 1;
+            __m512i a[X16ROWS];
+            for (int r = 0; r < R * NA; r++) a[r] = _mm512_setzero_si512();
+            for (int t = 0; t < 8; t++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * t));
+                const __m512i w = _mm512_and_si512((j & 1) ? _mm512_srli_epi16(v, 4) : v, m4);
+                for (int r = 0; r < R; r++)
+                    a[r + R * (t % NA)] = _mm512_dpbusd_epi32(a[r + R * (t % NA)], w, x16_bcast(xk + r * k + QK * b + 32 * j + 4 * t));
+            }
+            for (int r = R; r < R * NA; r++) a[r % R] = _mm512_add_epi32(a[r % R], a[r]);
+            for (int r = 0; r < R; r++) sumi[r] = _mm512_add_epi32(sumi[r], _mm512_mullo_epi32(a[r], sc));
+        }
+        /* the min term, sum_j min_j x (the sums of sub-block j's two 16-value halves): q4x8_min_sums' */
+        __m512i msum[X16ROWS];
+        for (int r = 0; r < R; r++) msum[r] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            const __m512i mn = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192 + 16 * j)));
+            const __m512i mn2 = _mm512_or_si512(mn, _mm512_slli_epi32(mn, 16));  /* in both 16-bit halves */
+            for (int r = 0; r < R; r++)
+                msum[r] = _mm512_dpwssd_epi32(msum[r], mn2, x16_bcast((const int8_t *)(bk + r * (k / 16) + 16 * b + 2 * j)));
+        }
+        /* q4x8_epilogue's fused steps, per lane */
+        const __m512 vd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        const __m512 vm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+        for (int r = 0; r < R; r++) {
+            const __m512 t = _mm512_fmsub_ps(vd, _mm512_cvtepi32_ps(sumi[r]), _mm512_mul_ps(vm, _mm512_cvtepi32_ps(msum[r])));
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(dk[r * nsb + b]), t, acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * os, acc[r]);
+}
+
+/* R activation rows against one Q6KX16 group. A quad's chunk pair (c0, c0 + 1 from L0's nibbles, or
+ * c0 + 2, c0 + 3 from L1's) and half of its steps meet one scale group per chunk: the 4 steps' int32
+ * sums (vpdpbusd) meet their 16 rows' scales in one vpmulld */
+INLINE void x16_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                    float *out, int64_t os) {
+    const int64_t nsb = k / QK;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[X16ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t *blk = grp + Q6KX16_BYTES * b;
+        __m512i sumi[X16ROWS];
+        for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
+        for (int qh = 0; qh < 8; qh++) {  /* quad qh / 4, its chunk pair (qh / 2) % 2, steps 4 (qh % 2) .. + 3 */
+            const int quad = qh / 4, pair = (qh / 2) % 2, half = qh % 2;
+            const int c0 = 4 * quad + 2 * pair;  /* chunks c0, c0 + 1 */
+            x16_prefetch(blk, 7 * qh, 7);
+            const uint8_t *base = blk + 288 + 1536 * quad;
+            const int NA = R == 1 ? Q6_NA1 : 1;  /* independent sums a row, as x16_q4k's */
+            __m512i a0[X16ROWS], a1[X16ROWS];
+            for (int r = 0; r < R * NA; r++) a0[r] = a1[r] = _mm512_setzero_si512();
+            for (int t = 4 * half; t < 4 * half + 4; t++) {
+                const __m512i l = _mm512_loadu_si512((const void *)(base + 192 * t + 64 * pair));
+                const __m512i h = _mm512_loadu_si512((const void *)(base + 192 * t + 128));
+                /* high bits of chunk cc (bits 2 cc .. 2 cc + 1 of H) to bits 4..5 */
+                const __m512i h0 = pair ? h : _mm512_slli_epi16(h, 4);
+                const __m512i h1 = pair ? _mm512_srli_epi16(h, 2) : _mm512_slli_epi16(h, 2);
+                const __m512i w0 = _mm512_ternarylogic_epi32(_mm512_and_si512(l, m4), h0, m30, 0xF8);  /* a | (b & c) */
+                const __m512i w1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), h1, m30, 0xF8);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *x = xk + r * k + QK * b + 32 * c0 + 4 * t;
+                    const int c = r + R * (t % NA);
+                    a0[c] = _mm512_dpbusd_epi32(a0[c], w0, x16_bcast(x));
+                    a1[c] = _mm512_dpbusd_epi32(a1[c], w1, x16_bcast(x + 32));
+                }
+            }
+            for (int r = R; r < R * NA; r++) {
+                a0[r % R] = _mm512_add_epi32(a0[r % R], a0[r]);
+                a1[r % R] = _mm512_add_epi32(a1[r % R], a1[r]);
+            }
+            const uint8_t *sg = blk + 32 + 16 * (2 * c0 + half);  /* scale group of chunk c0 (+ 32: of c0 + 1) */
+            const __m512i s0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sg));
+            const __m512i s1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sg + 32)));
+            for (int r = 0; r < R; r++)
+                sumi[r] = _mm512_add_epi32(sumi[r], _mm512_add_epi32(_mm512_mullo_epi32(a0[r], s0), _mm512_mullo_epi32(a1[r], s1)));
+        }
+        /* q6x8_epilogue per lane: values are q - 32, so 32 x sum_g scale_g x bk_g is taken back */
+        for (int gp = 0; gp < 8; gp++) {
+            const __m128i g0 = _mm_loadu_si128((const __m128i *)(blk + 32 + 32 * gp));
+            const __m128i g1 = _mm_loadu_si128((const __m128i *)(blk + 48 + 32 * gp));
+            const __m512i sc2 = _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(g0, g1), _mm_unpacklo_epi8(g0, g1)));
+            for (int r = 0; r < R; r++) {
+                const __m512i off = _mm512_madd_epi16(sc2, x16_bcast((const int8_t *)(bk + r * (k / 16) + 16 * b + 2 * gp)));
+                sumi[r] = _mm512_sub_epi32(sumi[r], _mm512_slli_epi32(off, 5));
+            }
+        }
+        const __m512 vd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(dk[r * nsb + b]), _mm512_mul_ps(vd, _mm512_cvtepi32_ps(sumi[r])), acc[r]);
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * os, acc[r]);
+}
+#define CALL_Q4KX16(R) x16_q4k(R, g, k, xk, dk, bk, out, os)
+#define CALL_Q6KX16(R) x16_q6k(R, g, k, xk, dk, bk, out, os)
+#define X16SWITCH(CALL)                                                                                     \
+    switch (R) {                                                                                            \
+    case 8: CALL(8); break;                                                                                 \
+    case 7: CALL(7); break;                                                                                 \
+    case 6: CALL(6); break;                                                                                 \
+    case 5: CALL(5); break;                                                                                 \
+    case 4: CALL(4); break;                                                                                 \
+    case 3: CALL(3); break;                                                                                 \
+    case 2: CALL(2); break;                                                                                 \
+    default: CALL(1); break;                                                                                \
+    }
+static void tiles_x16(int fmt, int R, const uint8_t *g, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                      float *out, int64_t os) {
+    if (fmt == FMT_Q4KX16) {
+        X16SWITCH(CALL_Q4KX16)
+    } else {
+        X16SWITCH(CALL_Q6KX16)
+    }
+}
+#else
+/* portable C (every build without AVX-512 VL; the packer picks these layouts only for AVX-512, so here
+ * they are the reference the AVX-512 bits are tested against): Q4KX8's and Q6KX8's integers and fused
+ * float steps at the 16-row offsets */
+#define X16ROWS 1
+#define Q6_X16ROWS 1
+static void tiles_x16(int fmt, int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                      float *out, int64_t os) {
+    const int64_t nsb = k / QK;
+    (void)R;
+    for (int i = 0; i < X16; i++) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < nsb; b++) {
+            const int8_t *x = xk + QK * b;
+            const int16_t *sums = bk + 16 * b;
+            int32_t sumi = 0, msum = 0;
+            if (fmt == FMT_Q4KX16) {
+                const uint8_t *blk = grp + Q4KX16_BYTES * b;
+                for (int j = 0; j < 8; j++) {
+                    int32_t dot = 0;
+                    for (int l = 0; l < 32; l++) dot += q4x16_value(blk, i, 32 * j + l) * x[32 * j + l];
+                    sumi += blk[64 + 16 * j + i] * dot;
+                    msum += blk[192 + 16 * j + i] * (sums[2 * j] + sums[2 * j + 1]);
+                }
+                const float d = f16_to_f32(blk + 2 * i), dmin = f16_to_f32(blk + 32 + 2 * i);
+                acc = fmaf(dk[b], fmaf(d, (float)sumi, -(dmin * (float)msum)), acc);
+            } else {
+                const uint8_t *blk = grp + Q6KX16_BYTES * b;
+                for (int g = 0; g < 16; g++) {
+                    int32_t dot = 0;
+                    for (int l = 0; l < 16; l++) dot += q6x16_value(blk, i, 16 * g + l) * x[16 * g + l];
+                    sumi += (int8_t)blk[32 + 16 * g + i] * (dot - 32 * sums[g]);
+                }
+                acc = fmaf(dk[b], f16_to_f32(blk + 2 * i) * (float)sumi, acc);
+            }
+        }
+        out[i] = acc;
+    }
+}
+#endif
+
+/* one group (weight rows n .. n + 15, at q + n * q_stride) against every activation row */
+static void x16_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                      int64_t rows, float *out, int64_t out_stride) {
+    const int step = fmt == FMT_Q6KX16 ? Q6_X16ROWS : X16ROWS;
+    for (int64_t r0 = 0; r0 < rows; r0 += step) {
+        const int R = rows - r0 < step ? (int)(rows - r0) : step;
+        tiles_x16(fmt, R, grp, k, xk + r0 * k, dk + r0 * (k / QK), bk + r0 * (k / 16), out + r0 * out_stride, out_stride);
+    }
+}
