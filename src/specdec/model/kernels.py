@@ -196,7 +196,7 @@ def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no
 # Declared here, resolved by name when a quantized specialization is compiled: clib.load_qkernels()
 # must have loaded the library first (model.quant does, before any quantized weights exist).
 _i = types.intp
-_sd_prepare = types.ExternalFunction("sd_prepare", types.void(*([_i] * 10)))
+_sd_prepare = types.ExternalFunction("sd_prepare", types.void(*([_i] * 11)))
 _sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 19)))
 _sd_dequantize_rows = types.ExternalFunction("sd_dequantize_rows", types.void(*([_i] * 10)))
 _QCHUNKS = 16  # units of parallel work per quantized product
@@ -205,6 +205,18 @@ _QCHUNKS = 16  # units of parallel work per quantized product
 # 4.80 s on Sapphire Rapids against 16); elsewhere 16 rows keep the activations in a small L2
 _QROWS = 64 if cpu_has_amx() else 16
 _QSWEEP = 32  # a pass up to this wide (decode, verify, a batch's drafts) sweeps the weights once
+
+
+@njit(**_FLAGS)
+def _activation_forms(fmt):  # pragma: no cover - compiled
+    """Which quantized activations sd_prepare must make for rows of these layouts: bit 0 the 32-value
+    blocks (U4M, U8M, I8, the 32-value interleaved), bit 1 q8_K (the K-quant layouts)."""
+    need = 0
+    for f in fmt:
+        need |= 2 if (4 <= f <= 8 or f >= 13) else 1
+        if need == 3:
+            break
+    return need
 
 
 @njit(parallel=True, **_FLAGS)
@@ -229,10 +241,11 @@ def qmatmul(q, s, m, fmt, x, out):  # pragma: no cover - compiled
     dk = np.empty((block, max(1, k // 256)), dtype=np.float32)
     bk = np.empty((block, k // 16), dtype=np.int16)
     per = (n_out + 16 * _QCHUNKS - 1) // (16 * _QCHUNKS) * 16  # interleaved groups stay whole, AMX pairs them
+    need = _activation_forms(fmt)
     for r0 in range(0, rows, block):
         n_rows = min(block, rows - r0)
         _sd_prepare(x[r0:].ctypes.data, n_rows, k, xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data, nxl.ctypes.data,
-                    xk.ctypes.data, dk.ctypes.data, bk.ctypes.data)
+                    xk.ctypes.data, dk.ctypes.data, bk.ctypes.data, need)
         dst = out[r0:]
         for chunk in prange(_QCHUNKS):
             n0, n1 = chunk * per, min(n_out, (chunk + 1) * per)
