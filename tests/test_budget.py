@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.budget import DraftBudget, expected_tokens, plan_draft_lengths
+from specdec.budget import DraftBudget, DraftCost, expected_tokens, plan_draft_lengths
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters.registry import DraftResources
 from specdec.engine import Engine, SequenceState
@@ -57,7 +57,22 @@ def test_bigger_batches_draft_less_and_then_nothing():
 def test_draft_seconds_count_against_drafting():
     cost = cost_model(per_token=0.02)
     assert plan_draft_lengths([0.5], [8], cost, padded=False) != [0]
-    assert plan_draft_lengths([0.5], [8], cost, padded=False, draft_seconds=[5.0]) == [0]
+    assert plan_draft_lengths([0.5], [8], cost, padded=False, token_seconds=[5.0]) == [0]
+
+
+def test_each_drafted_token_pays_its_drafting():
+    """A draft model's tokens cost a pass each: dear ones shorten the draft before they stop it."""
+    cost = cost_model(per_token=0.002)  # verifying is nearly free: only drafting limits the length
+    free, dear = (plan_draft_lengths([0.6], [8], cost, padded=False, token_seconds=[t])[0] for t in (0.0, 0.03))
+    assert free == 8 and 1 <= dear < free
+
+
+def test_draft_cost_per_token():
+    c = DraftCost()
+    assert c.per_token == 0.0  # nothing known yet: the first ask drafts the cap
+    c.observe(0.03, 2)
+    c.observe(0.01, 0)  # an ask that drafted nothing still cost its seconds
+    assert c.per_token == pytest.approx(0.02)
 
 
 def test_user_caps():
@@ -108,3 +123,33 @@ def test_batch_of_four_never_drafts_more_than_the_cost_model_allows(bigram, monk
             assert sum(plan) == 0
     alone = SequenceState(PROMPTS[0], params, drafter=resources.new_drafter())
     assert sum(sum(d) for _, d in run_planned(bigram, engine, [alone])) > 0  # the same sequence alone drafts
+
+
+class CountingDrafter:
+    """Wraps a drafter and counts its asks."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.asks = inner, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def propose(self, context, max_tokens):
+        self.asks += 1
+        return self.inner.propose(context, max_tokens)
+
+
+def test_a_requests_first_ask_is_not_priced_into_its_steps(bigram):
+    """The engine's per-token price of drafting leaves out the first ask of a request (its setup) and
+    counts every later ask; the stats still hold all of the drafting time."""
+    resources = DraftResources(SpecConfig(), bigram.runner, bigram.tokenizer)
+    engine = Engine(bigram.runner, draft_n_max=4, plan_drafts=False)
+    seq = SequenceState(PROMPTS[0], SamplingParams(max_new_tokens=12, ignore_eos=True),
+                        drafter=CountingDrafter(resources.new_drafter()))
+    engine.start([seq])
+    first = engine.step([seq])[0]
+    assert seq.stats.draft_asks == 1 and first.draft_seconds > 0 and first.num_drafted > 0
+    assert seq.draft_cost.seconds == 0.0 and seq.draft_cost.tokens == first.num_drafted
+    engine.step([seq])
+    assert seq.stats.draft_asks == 2 and seq.drafter.asks == 2
+    assert 0.0 < seq.draft_cost.seconds < seq.stats.draft_seconds

@@ -70,14 +70,36 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+@dataclass
+class DraftCost:
+    """What one sequence's drafting has cost per drafted token, a catch-up apart (the engine's plan
+    prices a draft of k tokens at k times it). A catch-up (a draft model's first pass over the
+    prompt) is paid once per request: priced into every step, it made a 0.5B draft's 1-token
+    drafts look 10x their 12 ms (Qwen2.5-Coder-1.5B on MT-bench): the plan then held drafting
+    off, and each probe paid a longer catch-up than the last."""
+
+    seconds: float = 0.0  # drafting seconds, catch-ups excluded
+    tokens: int = 0  # tokens those asks drafted
+
+    def observe(self, seconds: float, tokens: int) -> None:
+        self.seconds += seconds
+        self.tokens += tokens
+
+    @property
+    def per_token(self) -> float:
+        """Seconds per drafted token (an ask that drafted nothing still counts its seconds); 0 before any."""
+        return self.seconds / self.tokens if self.tokens else 0.0
+
+
 def plan_draft_lengths(
     alphas: Sequence[float | None], caps: Sequence[int], cost: PassCost, padded: bool,
-    draft_seconds: Sequence[float] | None = None,
+    token_seconds: Sequence[float] | None = None,
 ) -> list[int]:
     """Draft length per sequence maximising the step's expected committed tokens per second.
 
     alphas: each sequence's per-token acceptance (None: it does not draft this step).
-    caps:   most tokens each may draft. draft_seconds: what drafting costs each (0 if unknown).
+    caps:   most tokens each may draft. token_seconds: what drafting one token costs each (0 if
+            unknown; ``DraftCost.per_token``): a draft model's pass, a look-up's few microseconds.
 
     Token j of sequence i is kept with probability alpha_i^j, so adding it gains that many
     tokens in expectation; gains fall along a sequence, so taking tokens best-gain-first
@@ -105,14 +127,13 @@ def plan_draft_lengths(
         # proposing its cap every step left plain unmeasured for a whole first request, and adaptive
         # asked it at full depth throughout: Qwen2.5-Coder 0.5B for the 1.5B on chat, 0.75x)
         return lengths
-    seconds = list(draft_seconds) if draft_seconds is not None else [0.0] * n
+    seconds = list(token_seconds) if token_seconds is not None else [0.0] * n
     gains = sorted(((alphas[i] ** j, i) for i in drafting for j in range(1, caps[i] + 1)),
                    key=lambda g: -g[0])
     best, best_rate = list(lengths), n / plain
     tokens, extra, rows, widest_row = float(n), 0.0, n, 1
     for gain, i in gains:
-        if lengths[i] == 0:
-            extra += seconds[i]
+        extra += seconds[i]
         lengths[i] += 1
         tokens += gain
         rows += 1

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from specdec.budget import plan_draft_lengths
+from specdec.budget import DraftCost, plan_draft_lengths
 from specdec.config import SamplingParams
 from specdec.drafters.base import Drafter, DraftProposal
 from specdec.errors import ContextOverflowError
@@ -52,6 +52,7 @@ class SequenceState:
     processors: SequenceProcessors | None = None  # penalties, logit_bias, grammar, ... (None: none asked)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, when params.logprobs is set
     prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (the first None), when asked
+    draft_cost: DraftCost = field(default_factory=DraftCost)  # what its drafting costs a token (the plan's price)
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt_ids)
@@ -76,6 +77,7 @@ class Draft:
     cache_len: int  # the sequence's cache length before this pass
     drafter: str | None  # who proposed it (a chain's member), None without a draft
     seconds: float  # spent drafting
+    catch_up: float  # the part of ``seconds`` spent catching up on the prompt (once a request)
     budget: int  # most tokens it was allowed (0: held off by the monitor or the cost of the batch)
 
 
@@ -260,8 +262,8 @@ class Engine:
             return [cap if s.drafter is not None else 0 for s in seqs]
         caps = [s.monitor.draft_cap(cap) if s.drafter is not None and s.monitor.allows_draft else 0 for s in seqs]
         alphas = [s.drafter.planned_alpha(s.monitor.alpha) if c else None for s, c in zip(seqs, caps, strict=True)]
-        draft_seconds = [s.stats.draft_seconds / max(s.stats.decode_passes, 1) for s in seqs]
-        return plan_draft_lengths(alphas, caps, self.runner.pass_cost, self.runner.pads_batches, draft_seconds)
+        token_seconds = [s.draft_cost.per_token for s in seqs]
+        return plan_draft_lengths(alphas, caps, self.runner.pass_cost, self.runner.pads_batches, token_seconds)
 
     def _draft(self, seq: SequenceState, k: int) -> Draft:
         cache_len = self.runner.lengths[seq.slot]
@@ -270,7 +272,7 @@ class Engine:
             seq.params.max_new_tokens - seq.num_output - 1,  # the bonus token needs a place too
             self.runner.max_seq_len - cache_len - 2,
         )
-        proposal, seconds = DraftProposal([]), 0.0
+        proposal, seconds, catch_up = DraftProposal([]), 0.0, 0.0
         # n-min is decided twice, both times without looking at a sampled token (verify.py's rule):
         # before drafting, from the room alone; after, for deterministic drafts only. A draft with
         # q is verified however short it came out: its length follows its own tokens (p-min stops
@@ -279,10 +281,17 @@ class Engine:
         # gave P(a) = .25, not .2). A deterministic draft is a function of the context, and the
         # verifier is exact given its tokens, so dropping it by length is safe.
         if seq.drafter is not None and room > 0 and room >= self.draft_n_min:
+            first = seq.stats.draft_asks == 0
+            catch_up = seq.drafter.catch_up_seconds(seq.tokens)
             t0 = time.perf_counter()
             proposal = seq.drafter.propose(seq.tokens, room)
             seconds = time.perf_counter() - t0
+            # a request's first ask carries the drafter's setup (a draft model's prompt pass, whose
+            # cost its runner may not know yet): all of it is catch-up, later ones what was predicted
+            catch_up = seconds if first else min(seconds, catch_up)
             seq.stats.draft_seconds += seconds
+            seq.stats.draft_asks += 1
+            seq.draft_cost.observe(seconds - catch_up, len(proposal))
             if len(proposal) > room:
                 raise RuntimeError(f"drafter {seq.drafter.name} proposed {len(proposal)} > {room} tokens")
             if not self.runner.supports_trees:
@@ -293,7 +302,7 @@ class Engine:
                 proposal = DraftProposal([])
             elif not proposal.drafter:
                 proposal = replace(proposal, drafter=seq.drafter.name)
-        return Draft(seq, proposal, cache_len, proposal.drafter if len(proposal) else None, seconds, room)
+        return Draft(seq, proposal, cache_len, proposal.drafter if len(proposal) else None, seconds, catch_up, room)
 
     @staticmethod
     def _parents(proposal: DraftProposal) -> list[int] | None:
@@ -357,7 +366,8 @@ class Engine:
         stats.record_draft(num_drafted, result.num_accepted, drafted_by, origins)
         tested = result.num_accepted + int(bool(tree.children[result.path[-1]]))
         seq.monitor.observe(draft_sample(num_drafted, result.num_accepted, tested,
-                                         d.seconds + timing.share(tree.num_nodes), timing.plain_seconds_per_token))
+                                         d.seconds - d.catch_up + timing.share(tree.num_nodes),
+                                         timing.plain_seconds_per_token))
         return origins, drafted_by
 
     def _truncate(self, seq: SequenceState, tokens: list[int]) -> list[int]:

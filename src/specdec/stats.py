@@ -20,6 +20,7 @@ class SpecStats:
     accepted: int = 0  # drafted tokens kept
     accepted_per_pos: list[int] = field(default_factory=list)  # [i]: drafts whose token i was kept
     drafted_per_pos: list[int] = field(default_factory=list)  # [i]: drafts that reached position i
+    draft_asks: int = 0  # steps that asked the drafter for a draft
     draft_seconds: float = 0.0
     target_seconds: float = 0.0  # target passes (prefill included)
     prefill_seconds: float = 0.0
