@@ -65,56 +65,59 @@ enum { QK = 256 };  /* values per K-quant super-block */
  * the matrix reads (bit 0: the 32-value blocks, bit 1: q8_K): a product runs this on one thread while
  * the other waits, and a K-quant model's 8-token pass spent 4% of its time here. -- */
 
-/* one 256-value block of q8_K: its scale and its 16 sums; AVX2 gives the same bits (max, the product
- * v * id and round-to-nearest-even are exact or correctly rounded the same way; a NaN is skipped by
- * both maxima) */
-INLINE void quantize_k_block(const float *v, int8_t *q, float *d, int16_t *sums) {
+/* the largest |v[i]| of n (a multiple of 8); a NaN is skipped by both paths */
+INLINE float abs_max(const float *v, int n) {
 #if defined(SD_AVX2)
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 mx = _mm256_setzero_ps();
-    for (int i = 0; i < QK; i += 8) mx = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)), mx);
+    for (int i = 0; i < n; i += 8) mx = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)), mx);
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float amax = _mm_cvtss_f32(m4);
+    return _mm_cvtss_f32(m4);
 #else
     float amax = 0.0f;
-    for (int i = 0; i < QK; i++) {
+    for (int i = 0; i < n; i++) {
         float a = fabsf(v[i]);
         amax = a > amax ? a : amax;
     }
+    return amax;
 #endif
-    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    *d = amax / 127.0f;
+}
+
+/* q[i] = clamp(round-to-nearest-even(v[i] * id), -127, 127) for n values (a multiple of 16) */
+INLINE void quantize_values(const float *v, int n, float id, int8_t *q) {
 #if defined(SD_AVX2)
     const __m256 vid = _mm256_set1_ps(id), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int g = 0; g < QK / 16; g++) {
-        __m256 a = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + 16 * g), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m256 b = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + 16 * g + 8), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    for (int i = 0; i < n; i += 16) {
+        __m256 a = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 b = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i + 8), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         a = _mm256_min_ps(_mm256_max_ps(a, lo), hi);
         b = _mm256_min_ps(_mm256_max_ps(b, lo), hi);
-        /* 16 int16 in order (packs interleaves the 128-bit lanes; the permute puts them back) */
         const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b)), 0xD8);
-        _mm_storeu_si128((__m128i *)(q + 16 * g), _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
-        const __m256i s8 = _mm256_madd_epi16(w, ones);
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-        sums[g] = (int16_t)_mm_cvtsi128_si32(s4);
+        _mm_storeu_si128((__m128i *)(q + i), _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
     }
 #else
-    for (int i = 0; i < QK; i++) {
+    for (int i = 0; i < n; i++) {
         float t = nearbyintf(v[i] * id);
         t = t > 127.0f ? 127.0f : (t < -127.0f ? -127.0f : t);
         q[i] = (int8_t)t;
     }
+#endif
+}
+
+/* one 256-value block of q8_K: its scale and its 16 sums. AVX2 gives the scalar loops' bits: the
+ * maximum, the product v * id and round-to-nearest-even are exact or correctly rounded alike */
+INLINE void quantize_k_block(const float *v, int8_t *q, float *d, int16_t *sums) {
+    const float amax = abs_max(v, QK);
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    *d = amax / 127.0f;
+    quantize_values(v, QK, id, q);
     for (int g = 0; g < QK / 16; g++) {
         int32_t sum = 0;
         for (int i = 0; i < 16; i++) sum += q[16 * g + i];
         sums[g] = (int16_t)sum;
     }
-#endif
 }
 
 void sd_prepare(const float *x, int64_t rows, int64_t k, int8_t *xq, float *dx8, float *bs32, int32_t *nxl,
@@ -124,18 +127,10 @@ void sd_prepare(const float *x, int64_t rows, int64_t k, int8_t *xq, float *dx8,
         for (int64_t b = 0; b < nb; b++) {
             const float *v = x + r * k + 32 * b;
             int8_t *q = xq + r * k + 32 * b;
-            float amax = 0.0f;
-            for (int i = 0; i < 32; i++) {
-                float a = fabsf(v[i]);
-                amax = a > amax ? a : amax;
-            }
+            const float amax = abs_max(v, 32);
             const float d = amax / 127.0f;
             const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-            for (int i = 0; i < 32; i++) {
-                float t = nearbyintf(v[i] * id);
-                t = t > 127.0f ? 127.0f : (t < -127.0f ? -127.0f : t);
-                q[i] = (int8_t)t;
-            }
+            quantize_values(v, 32, id, q);
             int32_t sum = 0;
             for (int i = 0; i < 8; i++) {
                 const int32_t lane = q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3];
