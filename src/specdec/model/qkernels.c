@@ -615,6 +615,20 @@ INLINE void ktile6_512(const int R, const uint8_t *q, int64_t k, const int8_t *x
 #define ktile6 ktile6_512
 #endif
 
+/* a tile function's switch from its run-time row count R (1..8) to the kernel's compile-time one; CALL(R)
+ * names the kernel and its arguments */
+#define ROWS_SWITCH(CALL)                                                                                   \
+    switch (R) {                                                                                            \
+    case 8: CALL(8); break;                                                                                 \
+    case 7: CALL(7); break;                                                                                 \
+    case 6: CALL(6); break;                                                                                 \
+    case 5: CALL(5); break;                                                                                 \
+    case 4: CALL(4); break;                                                                                 \
+    case 3: CALL(3); break;                                                                                 \
+    case 2: CALL(2); break;                                                                                 \
+    default: CALL(1); break;                                                                                \
+    }
+
 #include "qkernels_x8.h"
 #include "qkernels_amx.h"
 #include "qkernels_x16.h"
@@ -638,16 +652,7 @@ const char *sd_isa(void) {
 #define KTILES(NAME, CALL)                                                                                  \
     static void NAME(int R, const uint8_t *q, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk, \
                      float *out, int64_t os) {                                                              \
-        switch (R) {                                                                                        \
-        case 8: CALL(8); break;                                                                             \
-        case 7: CALL(7); break;                                                                             \
-        case 6: CALL(6); break;                                                                             \
-        case 5: CALL(5); break;                                                                             \
-        case 4: CALL(4); break;                                                                             \
-        case 3: CALL(3); break;                                                                             \
-        case 2: CALL(2); break;                                                                             \
-        default: CALL(1); break;                                                                            \
-        }                                                                                                   \
+        ROWS_SWITCH(CALL)                                                                                   \
     }
 #define CALL_Q4K(R) ktile45(R, 0, q, k, xk, dk, bk, out, os)
 #define CALL_Q5K(R) ktile45(R, 1, q, k, xk, dk, bk, out, os)
@@ -728,8 +733,10 @@ void sd_dequantize_rows(const uint8_t *q, const float *s, const float *m, const 
         const uint8_t *qn = q + n * q_stride;
         const float *sn = s + n * s_stride, *mn = m + n * s_stride;
         float *o = out + i * k;
-        if (x16_layout(fmt[n])) {
-            x16_dequantize(fmt[n], q + (n & ~(int64_t)(X16 - 1)) * q_stride, (int)(n & (X16 - 1)), k, o);
+        if (x16_layout(fmt[n]) || fmt[n] == FMT_Q4KX8 || fmt[n] == FMT_Q6KX8) {
+            const int G = x16_layout(fmt[n]) ? X16 : X8;
+            kgroup_dequantize(G, fmt[n] == FMT_Q4KX8 || fmt[n] == FMT_Q4KX16, q + (n & ~(int64_t)(G - 1)) * q_stride,
+                              (int)(n & (G - 1)), k, o);
             continue;
         }
         if (x8_layout(fmt[n])) {

@@ -38,21 +38,24 @@ INLINE int q6x16_value(const uint8_t *blk, int i, int e) {
     return low | (((base[128] >> (2 * cc)) & 3) << 4);
 }
 
-/* row i of a group as float32 (the embedding look-up; GGUF's dequantization formula) */
-static void x16_dequantize(int fmt, const uint8_t *grp, int i, int64_t k, float *o) {
+/* row i of a K-quant group of G = 8 or 16 rows as float32 (the embedding look-up; GGUF's formula): the
+ * two widths differ only in where a row's values sit and in the stride of the per-row fields */
+static void kgroup_dequantize(int G, int q4, const uint8_t *grp, int i, int64_t k, float *o) {
     for (int64_t b = 0; b < k / QK; b++)
-        if (fmt == FMT_Q4KX16) {
-            const uint8_t *blk = grp + Q4KX16_BYTES * b;
-            const float d = f16_to_f32(blk + 2 * i), dmin = f16_to_f32(blk + 32 + 2 * i);
+        if (q4) {
+            const uint8_t *blk = grp + (int64_t)G * 148 * b;
+            const float d = f16_to_f32(blk + 2 * i), dmin = f16_to_f32(blk + 2 * G + 2 * i);
             for (int e = 0; e < QK; e++) {
-                const int j = e / 32;
-                o[QK * b + e] = (d * (float)blk[64 + 16 * j + i]) * (float)q4x16_value(blk, i, e) - dmin * (float)blk[192 + 16 * j + i];
+                const int j = e / 32, u = G == X8 ? q4x8_value(blk, i, e) : q4x16_value(blk, i, e);
+                o[QK * b + e] = (d * (float)blk[4 * G + G * j + i]) * (float)u - dmin * (float)blk[12 * G + G * j + i];
             }
         } else {
-            const uint8_t *blk = grp + Q6KX16_BYTES * b;
+            const uint8_t *blk = grp + (int64_t)G * 210 * b;
             const float d = f16_to_f32(blk + 2 * i);
-            for (int e = 0; e < QK; e++)
-                o[QK * b + e] = (d * (float)(int8_t)blk[32 + 16 * (e / 16) + i]) * (float)(q6x16_value(blk, i, e) - 32);
+            for (int e = 0; e < QK; e++) {
+                const int u = G == X8 ? q6x8_value(blk, i, e) : q6x16_value(blk, i, e);
+                o[QK * b + e] = (d * (float)(int8_t)blk[2 * G + G * (e / 16) + i]) * (float)(u - 32);
+            }
         }
 }
 
@@ -195,23 +198,12 @@ INLINE void x16_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
 }
 #define CALL_Q4KX16(R) x16_q4k(R, g, k, xk, dk, bk, out, os)
 #define CALL_Q6KX16(R) x16_q6k(R, g, k, xk, dk, bk, out, os)
-#define X16SWITCH(CALL)                                                                                     \
-    switch (R) {                                                                                            \
-    case 8: CALL(8); break;                                                                                 \
-    case 7: CALL(7); break;                                                                                 \
-    case 6: CALL(6); break;                                                                                 \
-    case 5: CALL(5); break;                                                                                 \
-    case 4: CALL(4); break;                                                                                 \
-    case 3: CALL(3); break;                                                                                 \
-    case 2: CALL(2); break;                                                                                 \
-    default: CALL(1); break;                                                                                \
-    }
 static void tiles_x16(int fmt, int R, const uint8_t *g, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
                       float *out, int64_t os) {
     if (fmt == FMT_Q4KX16) {
-        X16SWITCH(CALL_Q4KX16)
+        ROWS_SWITCH(CALL_Q4KX16)
     } else {
-        X16SWITCH(CALL_Q6KX16)
+        ROWS_SWITCH(CALL_Q6KX16)
     }
 }
 #else

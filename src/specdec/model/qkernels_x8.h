@@ -582,33 +582,16 @@ static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xq, c
     }
 }
 
-/* row i of an interleaved group as float32 (the embedding look-up; GGUF's dequantization formula) */
+/* row i of a 32-value interleaved group as float32 (the embedding look-up; GGUF's dequantization formula;
+ * the K-quant groups: qkernels_x16.h's kgroup_dequantize) */
 static void x8_dequantize(int fmt, const uint8_t *grp, int i, int64_t k, float *o) {
-    if (bx8_layout(fmt)) {  /* d (u - OFF), Q4_1 d u + m, Q8_0 d q */
-        for (int64_t b = 0; b < k / 32; b++) {
-            const uint8_t *blk = grp + (int64_t)bx8_bytes(fmt) * b;
-            const float d = f16_to_f32(blk + 2 * i);
-            for (int l = 0; l < 32; l++) {
-                const float v = (float)bx8_value(fmt, blk, i, l);
-                o[32 * b + l] = fmt == FMT_Q80X8 ? d * v : fmt == FMT_Q41X8 ? d * v + f16_to_f32(blk + 16 + 2 * i)
-                              : d * (v + bx8_offset(fmt));
-            }
-        }
-        return;
-    }
-    for (int64_t b = 0; b < k / QK; b++) {
-        if (fmt == FMT_Q4KX8) {
-            const uint8_t *blk = grp + Q4KX8_BYTES * b;
-            const float d = f16_to_f32(blk + 2 * i), dmin = f16_to_f32(blk + 16 + 2 * i);
-            for (int e = 0; e < QK; e++) {
-                const int j = e / 32;
-                o[QK * b + e] = (d * (float)blk[32 + 8 * j + i]) * (float)q4x8_value(blk, i, e) - dmin * (float)blk[96 + 8 * j + i];
-            }
-        } else {
-            const uint8_t *blk = grp + Q6KX8_BYTES * b;
-            const float d = f16_to_f32(blk + 2 * i);
-            for (int e = 0; e < QK; e++)
-                o[QK * b + e] = (d * (float)(int8_t)blk[16 + 8 * (e / 16) + i]) * (float)(q6x8_value(blk, i, e) - 32);
+    for (int64_t b = 0; b < k / 32; b++) {  /* d (u - OFF), Q4_1 d u + m, Q8_0 d q */
+        const uint8_t *blk = grp + (int64_t)bx8_bytes(fmt) * b;
+        const float d = f16_to_f32(blk + 2 * i);
+        for (int l = 0; l < 32; l++) {
+            const float v = (float)bx8_value(fmt, blk, i, l);
+            o[32 * b + l] = fmt == FMT_Q80X8 ? d * v : fmt == FMT_Q41X8 ? d * v + f16_to_f32(blk + 16 + 2 * i)
+                          : d * (v + bx8_offset(fmt));
         }
     }
 }
