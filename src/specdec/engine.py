@@ -281,14 +281,14 @@ class Engine:
         # gave P(a) = .25, not .2). A deterministic draft is a function of the context, and the
         # verifier is exact given its tokens, so dropping it by length is safe.
         if seq.drafter is not None and room > 0 and room >= self.draft_n_min:
+            # a request's first ask carries the drafter's setup (a draft model's prompt pass, whose
+            # cost its runner may not know yet): all of it is catch-up, later ones what was predicted
             first = seq.stats.draft_asks == 0
-            catch_up = seq.drafter.catch_up_seconds(seq.tokens)
+            predicted = 0.0 if first else seq.drafter.catch_up_seconds(seq.tokens)
             t0 = time.perf_counter()
             proposal = seq.drafter.propose(seq.tokens, room)
             seconds = time.perf_counter() - t0
-            # a request's first ask carries the drafter's setup (a draft model's prompt pass, whose
-            # cost its runner may not know yet): all of it is catch-up, later ones what was predicted
-            catch_up = seconds if first else min(seconds, catch_up)
+            catch_up = seconds if first else min(seconds, predicted)
             seq.stats.draft_seconds += seconds
             seq.stats.draft_asks += 1
             seq.draft_cost.observe(seconds - catch_up, len(proposal))
