@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from specdec.errors import ModelLoadError
 from specdec.log import get_logger
 from specdec.model import kernels
+from specdec.model.clib import load_qkernels
 from specdec.model.kernels import as_numpy
 
 logger = get_logger(__name__)
@@ -65,7 +66,9 @@ def make_backend(name: str, dtype: torch.dtype, device: torch.device) -> Backend
 
 
 def kernels_compile() -> None:
-    """Compile (or load from numba's cache) the kernels on a tiny product: raises where they cannot."""
+    """Compile (or load from numba's cache) the kernels on a tiny product: raises where they cannot
+    (attention and the quantized products call qkernels.c: no C compiler, no fused passes)."""
+    load_qkernels()
     w = np.ones((4, 8), dtype=np.float32)
     out = np.empty((1, 4), dtype=np.float32)
     kernels.matmul(w, np.ones((1, 8), dtype=np.float32), out)

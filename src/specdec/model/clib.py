@@ -24,7 +24,7 @@ from specdec.errors import ModelLoadError
 
 SOURCE = Path(__file__).with_name("qkernels.c")
 # included by SOURCE: part of the build's key
-HEADERS = tuple(Path(__file__).with_name(f"qkernels_{h}.h") for h in ("x8", "amx", "x16"))
+HEADERS = tuple(Path(__file__).with_name(f"qkernels_{h}.h") for h in ("x8", "amx", "x16", "attention"))
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
 EXTRA_FLAGS = "SPECDEC_QKERNELS_CFLAGS"  # e.g. "-mno-avx512f" to measure the AVX2 path on an AVX-512 CPU
 

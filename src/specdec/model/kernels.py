@@ -42,7 +42,13 @@ import torch
 from numba import njit, prange, types
 from numba.extending import overload
 
-from specdec.model.clib import cpu_has_amx
+from specdec.errors import ModelLoadError
+from specdec.model.clib import cpu_has_amx, load_qkernels
+
+try:
+    load_qkernels()  # before any caller of its functions compiles
+except ModelLoadError:  # no C compiler: backend.kernels_compile raises it again, and torch runs instead
+    pass
 
 _CHUNKS = 64  # units of parallel work per matmul (each with its own widening buffer)
 _KEY_BLOCK = 16  # keys (and values) consumed by all rows of a KV group while in L1
@@ -193,12 +199,13 @@ def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no
 
 
 # -- quantized products (GGUF blocks, qkernels.c) ---------------------------------------------
-# Declared here, resolved by name when a quantized specialization is compiled: clib.load_qkernels()
-# must have loaded the library first (model.quant does, before any quantized weights exist).
+# qkernels.c's functions (the products here, attention's jobs below), resolved by name when numba
+# compiles or loads a caller: the library is loaded at import (``_load_library``).
 _i = types.intp
 _sd_prepare = types.ExternalFunction("sd_prepare", types.void(*([_i] * 11)))
 _sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 19)))
 _sd_dequantize_rows = types.ExternalFunction("sd_dequantize_rows", types.void(*([_i] * 10)))
+_sd_attend = types.ExternalFunction("sd_attend", types.void(*([_i] * 9), types.float64, *([_i] * 4)))
 _QCHUNKS = 16  # units of parallel work per quantized product
 # activation rows per sweep over the weights in a long pass (a prompt's hundreds of rows): AMX tiles
 # share each unpacked weight block among 64 rows (Qwen2.5-Coder-1.5B prefill of 512 tokens 5.47 ->
@@ -402,50 +409,23 @@ def attention(
 def _attend_part(q, k_cache, v_cache, slot, kvh, first, n_rows, group, row_pos, mask, window, scale,
                  k_start, k_end, top, total, acc):  # pragma: no cover - compiled
     """Softmax parts of keys k_start:k_end for n_rows row-heads: max score, sum of weights and
-    weighted values relative to that max (combined across key chunks by ``attention``)."""
+    weighted values relative to that max (combined across key chunks by ``attention``); the
+    arithmetic is qkernels_attention.h's (sd_attend)."""
     dim, n_keys = q.shape[2], k_end - k_start
-    # q . k for every row-head and key through the 4x4 product block (keys as weight rows)
     qg = np.empty((n_rows, dim), dtype=np.float32)
     for i in range(n_rows):
         qg[i] = q[first + i // group, kvh * group + i % group]
-    keys = k_cache[slot, kvh, k_start:]
-    scores = np.empty((n_rows, n_keys), dtype=np.float32)
-    buf = np.empty((4, dim), dtype=np.float32)
-    for k0 in range(0, n_keys, 4):
-        wb, r0, r1, r2, r3 = _weight_block(keys, k0, buf)
-        for m0 in range(0, n_rows, 4):
-            _block4x4(wb, r0, r1, r2, r3, qg, m0, scores, k0)
-    for i in range(n_rows):
-        r = first + i // group
-        top[i] = -np.inf
+    seen = np.empty((n_rows // group, n_keys), dtype=np.uint8)  # which keys each query row sees
+    for i in range(n_rows // group):
+        r = first + i
         for j in range(n_keys):
             key = k_start + j
-            if mask[r, key] and (window <= 0 or row_pos[r] - key < window):
-                scores[i, j] *= np.float32(scale)
-                top[i] = max(top[i], scores[i, j])
-            else:
-                scores[i, j] = -np.inf  # never used: keeps exp's input defined
-    kv = np.empty((_KEY_BLOCK, dim), dtype=np.float32)
-    bits = np.empty(_KEY_BLOCK, dtype=np.int32)
-    weight = np.empty(_KEY_BLOCK, dtype=np.float32)
-    for i in range(n_rows):
-        total[i] = 0.0
-        for d in range(dim):
-            acc[i, d] = 0.0
-    for k0 in range(0, n_keys, _KEY_BLOCK):
-        k1 = min(k0 + _KEY_BLOCK, n_keys)
-        for j in range(k0, k1):
-            _widen(v_cache[slot, kvh, k_start + j], kv[j - k0])
-        for i in range(n_rows):
-            r = first + i // group
-            exp_shifted(scores[i, k0:k1], top[i], weight, bits)
-            for j in range(k0, k1):
-                key = k_start + j
-                if mask[r, key] and (window <= 0 or row_pos[r] - key < window):
-                    e = weight[j - k0]
-                    total[i] += e
-                    for d in range(dim):
-                        acc[i, d] += e * kv[j - k0, d]
+            seen[i, j] = mask[r, key] and (window <= 0 or row_pos[r] - key < window)
+    scores = np.empty((n_rows, (n_keys + 7) // 8 * 8), dtype=np.float32)
+    keys, values = k_cache[slot, kvh, k_start:], v_cache[slot, kvh, k_start:]
+    _sd_attend(qg.ctypes.data, n_rows, group, dim, keys.ctypes.data, values.ctypes.data,
+               1 if k_cache.itemsize == 2 else 0, n_keys, seen.ctypes.data, scale, scores.ctypes.data,
+               top.ctypes.data, total.ctypes.data, acc.ctypes.data)
 
 
 # -- the fused decoder stack ------------------------------------------------------------------
@@ -484,23 +464,49 @@ def _add_rows(x: np.ndarray, y: np.ndarray) -> None:  # pragma: no cover
             x[r, i] += y[r, i]
 
 
-@njit(inline="always", **_FLAGS)
-def _act(g: np.float32, gelu: bool) -> np.float32:  # pragma: no cover
-    if gelu:  # tanh approximation, as Gemma's gelu_pytorch_tanh
-        return np.float32(0.5) * g * (np.float32(1.0) + np.tanh(np.float32(0.7978845608028654) * (
-            g + np.float32(0.044715) * g * g * g)))
-    return g / (np.float32(1.0) + np.exp(-g))
+_PARALLEL_ACTIVATIONS = 64  # rows from which the gated activation runs on every core (a prompt's)
+
+
+@njit(**_FLAGS)
+def _gated_row(gate_up: np.ndarray, gelu: bool, out: np.ndarray, z: np.ndarray, bits: np.ndarray) -> None:  # pragma: no cover
+    """out = act(gate) * up for one row; z, bits: scratch of out's length.
+
+    Both activations are gate x sigmoid(c z): silu z = g, c = 1; gelu (tanh approximation, as Gemma's
+    gelu_pytorch_tanh, since 0.5 (1 + tanh y) = sigmoid(2 y)) z = g + 0.044715 g^3, c = 2 sqrt(2 / pi).
+    exp through ``exp_shifted``, vectorised: libm's expf a value at a time was 214 us of an 8-row
+    layer (Qwen2.5-Coder-1.5B's 8960 values a row), 6 ms of its 8-token pass.
+    """
+    inter = out.shape[0]
+    gate, up = gate_up[:inter], gate_up[inter:]  # slices: an index like inter + i would not vectorise
+    if gelu:
+        for i in range(inter):
+            g = gate[i]
+            z[i] = np.float32(-1.5957691216057308) * (g + np.float32(0.044715) * g * g * g)
+    else:
+        for i in range(inter):
+            z[i] = -gate[i]
+    exp_shifted(z, 0.0, out, bits)  # out = exp(-c z) (into another array than z: aliasing stops vectorising)
+    for i in range(inter):
+        out[i] = gate[i] / (np.float32(1.0) + out[i]) * up[i]
 
 
 @njit(parallel=True, **_FLAGS)
 def gated_activation(gate_up: np.ndarray, gelu: bool, out: np.ndarray) -> None:  # pragma: no cover
-    """out = act(gate) * up for gate_up = [gate | up] [N, 2 I], on every core (exp is dear)."""
-    inter = out.shape[1]
-    per_chunk = (inter + _CHUNKS - 1) // _CHUNKS
-    for job in prange(out.shape[0] * _CHUNKS):
-        r, c = job // _CHUNKS, job % _CHUNKS
-        for i in range(c * per_chunk, min(inter, (c + 1) * per_chunk)):
-            out[r, i] = _act(gate_up[r, i], gelu) * gate_up[r, inter + i]
+    """out = act(gate) * up for gate_up = [gate | up] [N, 2 I] (``_gated_row``): a decode or verify
+    pass's few rows on this thread (a parallel region costs more than they do), a prompt's on every core."""
+    rows, inter = out.shape
+    if rows < _PARALLEL_ACTIVATIONS:
+        z = np.empty(inter, dtype=np.float32)
+        bits = np.empty(inter, dtype=np.int32)
+        for r in range(rows):
+            _gated_row(gate_up[r], gelu, out[r], z, bits)
+        return
+    per_chunk = (rows + _CHUNKS - 1) // _CHUNKS
+    for chunk in prange(_CHUNKS):
+        z = np.empty(inter, dtype=np.float32)
+        bits = np.empty(inter, dtype=np.int32)
+        for r in range(chunk * per_chunk, min(rows, (chunk + 1) * per_chunk)):
+            _gated_row(gate_up[r], gelu, out[r], z, bits)
 
 
 class RowLayout(NamedTuple):

@@ -632,6 +632,7 @@ INLINE void ktile6_512(const int R, const uint8_t *q, int64_t k, const int8_t *x
 #include "qkernels_x8.h"
 #include "qkernels_amx.h"
 #include "qkernels_x16.h"
+#include "qkernels_attention.h"
 
 /* the kernels' instruction set; "+amx" where the tiles are built and this process may use them */
 const char *sd_isa(void) {
