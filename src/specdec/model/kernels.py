@@ -468,7 +468,8 @@ _PARALLEL_ACTIVATIONS = 64  # rows from which the gated activation runs on every
 
 
 @njit(**_FLAGS)
-def _gated_row(gate_up: np.ndarray, gelu: bool, out: np.ndarray, z: np.ndarray, bits: np.ndarray) -> None:  # pragma: no cover
+def _gated_row(gate_up: np.ndarray, gelu: bool, out: np.ndarray, z: np.ndarray,
+               bits: np.ndarray) -> None:  # pragma: no cover
     """out = act(gate) * up for one row; z, bits: scratch of out's length.
 
     Both activations are gate x sigmoid(c z): silu z = g, c = 1; gelu (tanh approximation, as Gemma's
