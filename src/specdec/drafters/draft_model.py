@@ -50,9 +50,7 @@ from specdec.drafters.frequent_vocab import DraftVocab
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator, probs_from_logits, sample
 
-# tokens a drafting step leaves the draft to run at the next ask: the last kept one and the target's own
-# (the chain ran every drafted token but the last); any more were decoded while drafting was held off
-STEP_CATCH_UP = 2
+STEP_CATCH_UP = 16  # tokens a draft catches up on after one verify step, at most (a draft's budget and the bonus)
 
 
 class DraftModelDrafter(Drafter):
@@ -209,17 +207,13 @@ class DraftModelDrafter(Drafter):
         return self._run(list(context[keep:]))
 
     def catch_up_seconds(self, context: Sequence[int]) -> float:
-        """What the draft's next pass costs beyond a drafting step's own (``STEP_CATCH_UP`` tokens, part of
-        drafting): tokens decoded while the plan or the monitor held drafting off, or the prompt, priced by
-        the runner's measured pass costs (``_run`` times every pass into them). Charged to drafting, a
-        held-off stretch made the probe that ends it look too slow (a 9-token catch-up of the 0.5B is 75 ms
-        against 14 for 2): the monitor switched off again, 22 times and on 48% of the steps over eight
-        MT-bench answers of Qwen2.5-Coder-1.5B."""
+        """The draft's pass over a context it has not cached (a prompt), priced by its runner's
+        measured pass costs (``_run`` times every pass into them). A step's own catch-up (the
+        accepted tokens and the bonus one) is part of drafting and is not counted here."""
         todo = len(context) - self.offset - len(self.cached)
         if todo <= STEP_CATCH_UP:
             return 0.0
-        cost = self.runner.pass_cost
-        return max(0.0, (cost.estimate(todo) or 0.0) - (cost.estimate(STEP_CATCH_UP) or 0.0))
+        return self.runner.pass_cost.estimate(todo) or 0.0
 
     def _run(self, tokens: list[int]) -> torch.Tensor:
         out = self.runner.run([SeqInput(self.slot, tokens, all_logits=False)])
