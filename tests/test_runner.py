@@ -92,6 +92,46 @@ def test_few_rows_matmul_matches_blas_and_keeps_row_bits():
             assert np.array_equal(alone[0], out[-1])
 
 
+@pytest.mark.parametrize("dim", [16, 12])  # 12: not a multiple of 8, qkernels_attention.h's portable loops
+@pytest.mark.parametrize("bf16", [False, True])
+def test_attention_is_softmax_attention_over_the_keys_a_row_sees_wherever_they_sit(dim, bf16):
+    """kernels.attention (its jobs in qkernels_attention.h) against float64 softmax attention, 4 query heads on
+    2 KV heads, rows that see different keys; then one row's keys moved to other cache entries, in the same
+    order (a tree node's path): the same bits, since the sums run over the keys seen, one after another."""
+    rng = np.random.default_rng(3)
+    n_heads, n_kv, length, scale = 4, 2, 40, 0.3
+    k, v = (rng.standard_normal((1, n_kv, 64, dim)).astype(np.float32) for _ in range(2))
+    if bf16:  # the cache holds bfloat16 bits; the reference reads the values they stand for
+        k_cache, v_cache = (kernels.as_numpy(torch.from_numpy(a).bfloat16()) for a in (k, v))
+        k, v = (torch.from_numpy(a).bfloat16().float().numpy() for a in (k, v))
+    else:
+        k_cache, v_cache = k, v
+    q = rng.standard_normal((3, n_heads, dim)).astype(np.float32)
+    mask = np.zeros((3, length), dtype=bool)
+    mask[0, :30], mask[1, :35], mask[2, [0, 5, 9, 33]] = True, True, True
+    positions = np.array([29, 34, 39], dtype=np.int64)
+
+    def attend(q, k_cache, v_cache, mask, positions):
+        out = np.empty_like(q)
+        kernels.attention(q, k_cache, v_cache, np.zeros(len(q), dtype=np.int64), positions,
+                          np.array([0, len(q)], dtype=np.int64), mask, 0, scale, out)
+        return out
+
+    out = attend(q, k_cache, v_cache, mask, positions)
+    for r in range(3):
+        for h in range(n_heads):
+            kvh = h // (n_heads // n_kv)
+            s = k[0, kvh, :length].astype(np.float64) @ q[r, h] * scale
+            s[~mask[r]] = -np.inf
+            w = np.exp(s - s.max())
+            np.testing.assert_allclose(out[r, h], w / w.sum() @ v[0, kvh, :length], rtol=1e-4, atol=1e-5)
+    moved_k, moved_v = k_cache.copy(), v_cache.copy()
+    moved_k[:, :, 1:5], moved_v[:, :, 1:5] = k_cache[:, :, [0, 5, 9, 33]], v_cache[:, :, [0, 5, 9, 33]]
+    seen = np.zeros((1, 8), dtype=bool)
+    seen[0, 1:5] = True
+    assert np.array_equal(attend(q[2:], moved_k, moved_v, seen, np.array([7], dtype=np.int64))[0], out[2])
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("arch", list(TINY_CONFIGS))
 def test_verify_rows_are_bit_identical_to_decoding_alone(tiny_model_factory, arch, dtype):
