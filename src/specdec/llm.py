@@ -132,7 +132,8 @@ class LLM:
             spec = SpecConfig(types=parse_spec_types(spec))
         self.spec = spec
         self.drafts = drafts or DraftResources(spec, self.runner, self.tokenizer, self._max_num_seqs,
-                                               self._dtype, self._device, target_model=self._model)
+                                               self._dtype, self._device, target_model=self._model,
+                                               plan_drafts=self.plan_drafts)
         self.engine = Engine(self.runner, spec.draft_n_max, spec.draft_n_min, plan_drafts=self.plan_drafts,
                              min_acceptance=spec.min_acceptance, logprobs_mode=self.logprobs_mode)
         return self.drafts

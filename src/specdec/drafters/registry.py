@@ -75,7 +75,10 @@ class DraftResources:
     drafter its kind's state; ``forget`` and ``close`` call every state's hooks.
 
     target_model: what the target was loaded from (``load_runner``'s model): draft-mtp reads the MTP
-    module shipped in that checkpoint."""
+    module shipped in that checkpoint. plan_drafts: False (``LLM(plan_drafts=False)``) builds adaptive
+    without the target's measured pass cost, so no choice of member or length follows wall-clock time
+    (the engine's plan is off then too): a server test of adaptive's windows once saw no member asked
+    when the machine was busy."""
 
     def __init__(
         self,
@@ -86,9 +89,11 @@ class DraftResources:
         dtype: str = "float32",
         device: str | None = None,
         target_model: str | None = None,
+        plan_drafts: bool = True,
     ) -> None:
         self.spec = spec
         self.target = target
+        self.plan_drafts = plan_drafts
         setup = DraftSetup(spec, target, tokenizer, max_num_seqs, dtype, device, target_model)
         types = drafting_types(spec)
         states = ((kind, cls.shared_state(setup)) for kind, cls in DRAFTERS.items() if kind in types)
@@ -116,7 +121,8 @@ class DraftResources:
         """A new drafter of ``kind``, handed its kind's shared state."""
         if kind is SpecType.ADAPTIVE:  # built from its members, as a chain is
             members = [self._build(t) for t in adaptive_members(self.spec)]
-            return AdaptiveDrafter.from_config(self.spec, members=members, target=self.target,
+            return AdaptiveDrafter.from_config(self.spec, members=members,
+                                               target=self.target if self.plan_drafts else None,
                                                ledger=self.state(SpecType.ADAPTIVE))
         return DRAFTERS[kind].from_shared(self.spec, self.state(kind), self.target)
 
