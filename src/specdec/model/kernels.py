@@ -13,17 +13,16 @@ pass and each load feeds 2 FMAs; the two cores split the weight rows. Blocks
 beyond the last weight or token row *clamp* to it (the duplicate results are
 dropped), so every output element comes from the same 4x4 code.
 
-``attention`` works per (8 rows of a sequence, KV head, 512-key chunk): every
-query head of the KV group computes q.k through the same 4x4 block (keys as the
-weight rows), then consumes the values 16 keys at a time while they sit in L1,
-so a chunk of the cache is read once per 8 rows, not once per row and head.
-Long contexts split into fixed key chunks that both cores share; each row's
-chunks are combined in key order (softmax rescaling), so the split never
-depends on the pass either.
+``attention`` works per (8 rows of a sequence, KV head, 512-key chunk), each job
+in C (qkernels_attention.h): every query head of the KV group meets the chunk's
+keys and values while they sit in L1, so a chunk of the cache is read once per
+8 rows, not once per row and head. Long contexts split into fixed key chunks that
+both cores share; each row's chunks are combined in key order (softmax
+rescaling), so the split never depends on the pass either.
 
 Bit-identity. Each output element is one dot product whose summation order
 depends only on its weight row and input row (for attention: its query and its
-visible keys, in key order; a key a row cannot see adds an exact zero), never on
+visible keys, one after another in key order, wherever they sit in the cache), never on
 how many rows share the pass or where a row sits in its 4-row block; so a token's logits in a K-token verification pass
 are bit-identical to the same token decoded alone
 (``test_verify_rows_are_bit_identical_to_decoding_alone`` pins it).
@@ -51,7 +50,6 @@ except ModelLoadError:  # no C compiler: backend.kernels_compile raises it again
     pass
 
 _CHUNKS = 64  # units of parallel work per matmul (each with its own widening buffer)
-_KEY_BLOCK = 16  # keys (and values) consumed by all rows of a KV group while in L1
 _ATTENTION_ROWS = 8  # query rows per attention job: more jobs for two cores, few re-reads of the cache
 _KEY_CHUNK = 512  # keys per attention job (split-K); fixed boundaries keep every row's bits
 _FLAGS = dict(fastmath=True, cache=True, boundscheck=False, error_model="numpy")
@@ -200,7 +198,7 @@ def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no
 
 # -- quantized products (GGUF blocks, qkernels.c) ---------------------------------------------
 # qkernels.c's functions (the products here, attention's jobs below), resolved by name when numba
-# compiles or loads a caller: the library is loaded at import (``_load_library``).
+# compiles or loads a caller: the library is loaded at import (above).
 _i = types.intp
 _sd_prepare = types.ExternalFunction("sd_prepare", types.void(*([_i] * 11)))
 _sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 19)))
@@ -317,7 +315,8 @@ def _rows_impl(w):
 # -- attention --------------------------------------------------------------------------------
 @njit(fastmath={"nnan", "ninf", "nsz", "arcp", "contract"}, cache=True, boundscheck=False, error_model="numpy")
 def exp_shifted(x: np.ndarray, shift: float, out: np.ndarray, scale: np.ndarray) -> None:  # pragma: no cover
-    """out[i] = exp(x[i] - shift) for i < len(x), vectorised (libm's exp is one call per key).
+    """out[i] = exp(x[i] - shift) for i < len(x), vectorised (libm's exp is one call per value; the
+    gated activation's exp; qkernels_attention.h's exp8 has the same constants).
 
     Cephes' expf: 2^n * p(r) with x = n ln2 + r, |r| <= ln2 / 2; about 1 ulp. Elementwise
     and without reassociation, so a value's bits never depend on where it sits in the block.

@@ -75,9 +75,10 @@ INLINE void attend_dots(const int R, const int J, const float *q, int64_t dim, c
     default: CALL_DOTS(1); break;                                                                           \
     }
 
-/* rows i (and i + 1 where R == 2) of a [., dim], d0 .. d0 + 8 NV: add the sum over the keys seen, in key
- * order, of w[j] x values[j][d0 ..] (a key block's: the sums go on in key order across blocks) (w: the row-heads' weights, stride pad). Two row-heads of one query row
- * share each value load; NV, R and BF compile-time, so the sums stay in registers */
+/* rows i (and i + 1 where R == 2) of a [., dim], dims d0 .. d0 + 8 NV, and of total: add one key block's
+ * sum over the keys seen, in key order, of w[j] x values[j][d0 ..] (w: the row-heads' weights, stride pad;
+ * the sums go on in key order across blocks). Two row-heads of one query row share each value load; NV,
+ * R and BF are compile-time, so the sums stay in registers */
 INLINE void attend_values(const int NV, const int R, const int BF, const float *w, int64_t pad, const uint8_t *seen,
                           int64_t n_keys, const void *values, int64_t dim, int64_t d0, float *a, float *total) {
     __m256 v[2][4];
@@ -126,12 +127,11 @@ void sd_attend(const float *q, int64_t n, int64_t group, int64_t dim, const void
 #if defined(SD_AVX2)
     if (dim % 8 == 0) {
         /* keys in blocks that stay in L1 while every row-head meets them */
-        const int64_t kb = 8192 / (dim * (int64_t)esize) > 8 ? 8192 / (dim * (int64_t)esize) : 8;
+        const int64_t kstride = dim * (int64_t)esize, kb = 8192 / kstride > 8 ? 8192 / kstride : 8;
         for (int64_t j0 = 0; j0 < n_keys; j0 += kb)
         for (int64_t i0 = 0; i0 < n; i0 += 4) {
             const int R = n - i0 < 4 ? (int)(n - i0) : 4;
             const float *qi = q + i0 * dim;
-            const int64_t kstride = dim * (int64_t)esize;
             for (int64_t j = j0; j < n_keys && j < j0 + kb; j += 2) {
                 const void *key = (const char *)keys + (size_t)(j * kstride);
                 if (j + 1 < n_keys && j + 1 < j0 + kb) {
