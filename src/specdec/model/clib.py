@@ -57,18 +57,38 @@ def _build_flags(cpu: dict[str, str]) -> list[str]:
     return FLAGS + vendor + os.environ.get(EXTRA_FLAGS, "").split()
 
 
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+@functools.cache
+def build_key() -> str:
+    """The library's build: its source, compiler, flags and CPU ("none" without a compiler)."""
+    cc = _compiler()
+    if cc is None:
+        return "none"
+    source = SOURCE.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
+    cpu = _cpu_lines()
+    cpu_id = cpu.get("flags", platform.processor())
+    flags = " ".join(_build_flags(cpu))
+    return hashlib.sha256(source + cc.encode() + flags.encode() + cpu_id.encode()).hexdigest()[:16]
+
+
+def numba_cache_dir() -> Path:
+    """Where numba caches the code that calls this build: one folder per build, so a process that
+    loads another build (SPECDEC_QKERNELS_CFLAGS, a new compiler) never loads code compiled beside a
+    different library (a shared cache once segfaulted the portable build's process)."""
+    return _cache_dir() / f"numba-{build_key()}"
+
+
 @functools.cache
 def load_qkernels() -> ctypes.CDLL:
     """The compiled library (built once per source, compiler and CPU); raises ModelLoadError."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    cc = _compiler()
     if cc is None:
         raise ModelLoadError("no C compiler (cc) to build the quantized kernels")
-    source = SOURCE.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
-    cpu = _cpu_lines()
-    flags = _build_flags(cpu)
-    cpu_id = cpu.get("flags", platform.processor())
-    key = hashlib.sha256(source + cc.encode() + " ".join(flags).encode() + cpu_id.encode()).hexdigest()[:16]
-    lib = _cache_dir() / f"qkernels-{key}.so"
+    flags = _build_flags(_cpu_lines())
+    lib = _cache_dir() / f"qkernels-{build_key()}.so"
     if not lib.is_file():
         lib.parent.mkdir(parents=True, exist_ok=True)
         tmp = lib.with_name(f"{lib.name}.tmp{os.getpid()}")

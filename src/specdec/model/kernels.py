@@ -36,13 +36,17 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numba
 import numpy as np
 import torch
 from numba import njit, prange, types
 from numba.extending import overload
 
 from specdec.errors import ModelLoadError
-from specdec.model.clib import cpu_has_amx, load_qkernels
+from specdec.model.clib import cpu_has_amx, load_qkernels, numba_cache_dir
+
+if not numba.config.CACHE_DIR:  # unless the user chose one (NUMBA_CACHE_DIR): one folder per C build
+    numba.config.CACHE_DIR = str(numba_cache_dir())
 
 try:
     load_qkernels()  # before any caller of its functions compiles
