@@ -103,7 +103,7 @@ class DraftModelDrafter(Drafter):
         context = context[self.offset :] if self.offset else context  # what the draft reads
         if max_tokens <= 0 or len(context) + max_tokens + 1 >= self.runner.max_seq_len:
             return EMPTY
-        logits = self._catch_up(context)  # [V]: the draft's prediction after the root
+        logits = self._catch_up(context)  # the draft's prediction after the root (``_run``)
         if self.p_split is not None and self.branches > 1:
             return self._tree(len(context), logits, max_tokens)
         tokens, q_rows = self._chain(logits, max_tokens)
@@ -117,7 +117,14 @@ class DraftModelDrafter(Drafter):
         tokens: list[int] = []
         q_rows: list[torch.Tensor] = []
         for i in range(max_tokens):
-            q = self._q(logits if mask is None else logits.float()[: len(mask)] + mask)
+            if self.params.greedy and mask is None:  # the draft's own rows: no full-vocabulary q to build
+                if i > 0 and self.p_min > 0 and float(torch.softmax(logits.float(), dim=-1).max()) < self.p_min:
+                    break
+                tokens.append(self._top(logits))
+                if i + 1 < max_tokens:
+                    logits = self._run([tokens[-1]])
+                continue
+            q = self._q(self._full(logits) if mask is None else logits.float()[: len(mask)] + mask)
             if i > 0 and float(q.max()) < self.p_min:
                 break
             if self.params.greedy:
@@ -129,6 +136,16 @@ class DraftModelDrafter(Drafter):
             if i + 1 < max_tokens:
                 logits = self._run([token])
         return tokens, q_rows
+
+    def _top(self, logits: torch.Tensor) -> int:
+        """The draft's argmax as a target id, from its own row ([N] under a cut head: ids ascend, so the
+        first of equal maxima is the one the expanded row's argmax would pick)."""
+        top = int(logits.argmax())
+        return top if self.vocab is None else int(self.vocab.ids[top])
+
+    def _full(self, logits: torch.Tensor) -> torch.Tensor:
+        """[V] logits over the whole vocabulary: a cut head's row expanded (-inf outside its ids)."""
+        return logits if self.vocab is None else self.vocab.expand(logits)
 
     def _q(self, logits: torch.Tensor) -> torch.Tensor:
         """[V] the draft's distribution: plain softmax under greedy (p-min, p-split read it), else q."""
@@ -153,7 +170,7 @@ class DraftModelDrafter(Drafter):
         count = 0
         while count < max_tokens:
             depth = len(main) + 1
-            q = self._q(logits)
+            q = self._q(self._full(logits))
             if depth > 1 and float(q.max()) < self.p_min:
                 break
             extend = [b for b in branches if b.end == depth - 1][: max_tokens - count - 1]
@@ -180,7 +197,7 @@ class DraftModelDrafter(Drafter):
             self.runner.truncate(self.slot, len(self.cached))
             logits = self._run([b.first.token])
             for depth in range(b.depth + 1, b.end + 1):
-                q = self._q(logits)
+                q = self._q(self._full(logits))
                 if float(q.max()) < self.p_min:
                     break
                 child = self._pick(q, 1)[0]
@@ -220,7 +237,7 @@ class DraftModelDrafter(Drafter):
         self.cached.extend(tokens)
         if out.seconds:
             self.runner.pass_cost.observe(len(tokens), out.seconds)
-        return out.logits[0][-1] if self.vocab is None else self.vocab.expand(out.logits[0][-1])
+        return out.logits[0][-1]  # [V], or [N] over ``vocab.ids`` under a cut head (``_full``)
 
 
 @dataclass
