@@ -89,6 +89,47 @@ def test_quantized_product_rows_have_the_bits_of_a_row_alone(qtype):
 X8_TYPES = (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1)
 
 
+@pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
+def test_argmax_epilogue_is_the_products_argmax_with_ties_to_the_lower_id(qtype):
+    """``qmatmul_argmax`` (the LM head's greedy epilogue) gives torch.argmax of ``qmatmul``'s product
+    for 1 to 9 rows; a row copied to a lower and a higher id, in other chunks, ties: the lowest wins."""
+    rng = np.random.default_rng(300 + int(qtype))
+    data = _random_blocks(qtype, 4096, 256, rng)
+    x = rng.standard_normal((9, 256)).astype(np.float32)
+    out = np.empty((9, 4096), dtype=np.float32)
+    kernels.qmatmul(*QuantMatrix.from_blocks(data, qtype, 256).interleaved(wide=clib.wide_groups()).arrays(), x, out)
+    top = int(out[0].argmax())
+    data[[3, 4090]] = data[top]  # row 0's maximum three times: ids 3, top and 4090
+    arrays = QuantMatrix.from_blocks(data, qtype, 256).interleaved(wide=clib.wide_groups()).arrays()
+    kernels.qmatmul(*arrays, x, out)
+    for m in (1, 2, 9):
+        best = np.empty(m, dtype=np.int64)
+        kernels.qmatmul_argmax(*arrays, x[:m], best)
+        assert list(best) == torch.from_numpy(out[:m]).argmax(-1).tolist()
+    assert best[0] == 3 and out[0, 3] == out[0, 4090] == out[0].max()
+
+
+@pytest.mark.parametrize("quantization", ["none", "q8_0"])
+def test_a_pass_asked_for_argmax_gives_its_logits_argmax(tiny_model_factory, quantization):
+    """``run(argmax=True)`` (greedy verification: the LM head keeps row maxima only) gives the tokens the
+    same pass's logits would, on a chain, a tree and a batch, float and quantized heads."""
+    runner, _ = load_runner(str(tiny_model_factory("qwen2")), max_seq_len=256, num_slots=2, quantization=quantization)
+    a, b = runner.allocate(), runner.allocate()
+    for slot in (a, b):
+        runner.run([SeqInput(slot, [5, 17, 99, 4, 61], all_logits=False)])
+    passes = ([SeqInput(a, [7, 31, 32, 33])], [SeqInput(a, [7, 31, 32, 33, 34], [-1, 0, 1, 0, 3])],
+              [SeqInput(a, [7, 8]), SeqInput(b, [9, 10, 11])])
+    for seqs in passes:
+        want = runner.run(seqs).logits
+        for s in seqs:
+            runner.truncate(s.slot, 5)
+        got = runner.run(seqs, argmax=True)
+        for s in seqs:
+            runner.truncate(s.slot, 5)
+        assert got.logits == [] and got.argmax is not None
+        assert [g.tolist() for g in got.argmax] == [w.argmax(-1).tolist() for w in want]
+
+
 @pytest.mark.parametrize("wide", [False, True], ids=["x8", "x16"])
 @pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
 def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype, wide):

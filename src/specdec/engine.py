@@ -28,7 +28,7 @@ from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator
 from specdec.stats import SpecStats
 from specdec.tree import DraftTree
-from specdec.verify import VerifyResult, verify
+from specdec.verify import VerifyResult, verify, verify_argmax
 
 # Prompt tokens per prefill pass of a sequence that asked for prompt logprobs: its [rows, V]
 # float32 logits and their log-softmax stay near 2 x 256 x V x 4 bytes (100 MB at V = 49K).
@@ -241,11 +241,11 @@ class Engine:
             for d in drafts
         ]
         layers = hidden_layers(seqs)
-        out = self.runner.run(inputs, layers)
+        out = self.runner.run(inputs, layers, argmax=all(_argmax_suffices(s) for s in seqs))
         timing = self._measure([len(i.token_ids) for i in inputs], out.seconds)
         hidden = out.hidden if layers else [[] for _ in drafts]
-        return [self._commit(d, logits, h, layers, timing)
-                for d, logits, h in zip(drafts, out.logits, hidden, strict=True)]
+        rows = out.argmax if out.argmax is not None else out.logits
+        return [self._commit(d, r, h, layers, timing) for d, r, h in zip(drafts, rows, hidden, strict=True)]
 
     def _measure(self, counts: list[int], seconds: float) -> PassTiming:
         """Time the pass into the runner's ``PassCost``, by the width it computed."""
@@ -310,11 +310,15 @@ class Engine:
 
     def _commit(self, d: Draft, logits: torch.Tensor, hidden: list[torch.Tensor], layers: tuple[int, ...],
                 timing: PassTiming) -> StepResult:
+        """``logits``: the pass's [T, V] rows for this sequence, or their argmax [T] (``_argmax_suffices``)."""
         seq, stats = d.seq, d.seq.stats
         tree = d.proposal.to_tree(seq.tokens[-1])
-        # Penalties and grammar masks act on each row with the drafted path before it as history.
-        target = logits if seq.processors is None else seq.processors.apply(logits, tree, seq.tokens)
-        result = verify(tree, target, seq.params, d.proposal.probs, seq.generator)
+        if logits.dim() == 1:
+            result = verify_argmax(tree, logits.tolist())
+        else:
+            # Penalties and grammar masks act on each row with the drafted path before it as history.
+            target = logits if seq.processors is None else seq.processors.apply(logits, tree, seq.tokens)
+            result = verify(tree, target, seq.params, d.proposal.probs, seq.generator)
         self.runner.commit(seq.slot, d.cache_len, result.path)
         _observe(seq, layers, hidden, result.path)
         new = self._truncate(seq, result.token_ids)
@@ -433,6 +437,12 @@ def _rejected(tree: DraftTree, node: int) -> list[int]:
         node = tree.children[node][0]
         out.append(tree.tokens[node])
     return out
+
+
+def _argmax_suffices(seq: SequenceState) -> bool:
+    """Whether verifying ``seq`` reads nothing of the target's logits but each row's argmax: greedy, no
+    logprobs, no processors (penalties, grammar, bias). Then the runner need not write [T, V] floats."""
+    return seq.params.greedy and seq.params.logprobs is None and seq.processors is None
 
 
 def hidden_layers(seqs: list[SequenceState]) -> tuple[int, ...]:

@@ -81,7 +81,11 @@ def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
     Example: chain r -> a -> b -> c with argmax [a, b, x, y]: a and b are
     accepted, c is rejected, the recovered token is x: tokens [a, b, x].
     """
-    best = target_logits.argmax(dim=-1).tolist()  # the one host sync
+    return verify_argmax(tree, target_logits.argmax(dim=-1).tolist())  # the one host sync
+
+
+def verify_argmax(tree: DraftTree, best: list[int]) -> VerifyResult:
+    """``verify_greedy`` given each node's argmax token (a runner's ``run(argmax=True)``)."""
     path = tree.walk(lambda node: tree.child_with(node, best[node]))
     return VerifyResult([tree.tokens[n] for n in path[1:]] + [best[path[-1]]], path)
 

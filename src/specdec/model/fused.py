@@ -89,6 +89,44 @@ class FusedDecoder:
 
         Hidden states and ``layers`` as in ``Transformer.forward``, per row: [N, H] float32 each.
         """
+        normed, out_hidden = self._final(rows, cache, hidden_layers, layers)
+        if logits_rows is not None:
+            normed = np.ascontiguousarray(normed[logits_rows])
+        logits = np.empty((normed.shape[0], self.config.vocab_size), dtype=np.float32)
+        if isinstance(self.head, QuantArrays):
+            kernels.qmatmul(*self.head, normed, logits)
+        else:
+            kernels.matmul(self.head, normed, logits)
+        out = torch.from_numpy(logits)
+        if self.config.final_logit_softcapping:
+            cap = self.config.final_logit_softcapping
+            out = torch.tanh(out / cap) * cap
+        return out, out_hidden
+
+    @property
+    def has_argmax(self) -> bool:
+        """Whether ``forward_argmax`` gives what ``forward``'s logits' argmax would: not under a soft cap,
+        whose tanh can round two logits to one value and so move a tie."""
+        return not self.config.final_logit_softcapping
+
+    def forward_argmax(
+        self, rows: Rows, cache: KVCache, hidden_layers: tuple[int, ...] = (), layers: tuple[int, ...] | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``forward``, but each row's argmax [N] int64 in place of its logits: a quantized head keeps
+        only its chunks' row maxima (``kernels.qmatmul_argmax``), never the [N, V] floats."""
+        normed, out_hidden = self._final(rows, cache, hidden_layers, layers)
+        best = np.empty(normed.shape[0], dtype=np.int64)
+        if isinstance(self.head, QuantArrays):
+            kernels.qmatmul_argmax(*self.head, normed, best)
+        else:
+            logits = np.empty((normed.shape[0], self.config.vocab_size), dtype=np.float32)
+            kernels.matmul(self.head, normed, logits)
+            kernels.argmax_rows(logits, best)
+        return torch.from_numpy(best), out_hidden
+
+    def _final(self, rows: Rows, cache: KVCache, hidden_layers: tuple[int, ...], layers: tuple[int, ...] | None,
+               ) -> tuple[np.ndarray, list[torch.Tensor]]:
+        """The layer stack and the final norm: [N, H] normed rows, and the hidden states asked for."""
         c = self.config
         x = self.model.embed_rows(rows.input_ids)  # [N, H]
         if c.embed_scale:
@@ -109,17 +147,7 @@ class FusedDecoder:
         out_hidden = [torch.from_numpy(hidden[j]) for j in range(int((hidden_at >= 0).sum()))]
         if -1 in hidden_layers:
             out_hidden.append(torch.from_numpy(normed))
-        if logits_rows is not None:
-            normed = np.ascontiguousarray(normed[logits_rows])
-        logits = np.empty((normed.shape[0], c.vocab_size), dtype=np.float32)
-        if isinstance(self.head, QuantArrays):
-            kernels.qmatmul(*self.head, normed, logits)
-        else:
-            kernels.matmul(self.head, normed, logits)
-        out = torch.from_numpy(logits)
-        if c.final_logit_softcapping:
-            out = torch.tanh(out / c.final_logit_softcapping) * c.final_logit_softcapping
-        return out, out_hidden
+        return normed, out_hidden
 
 
 def _arch(c: ModelConfig, model: Transformer) -> Arch:

@@ -246,26 +246,97 @@ def qmatmul(q, s, m, fmt, x, out):  # pragma: no cover - compiled
     rows, k = x.shape
     n_out = q.shape[0]
     block = rows if rows <= _QSWEEP else _QROWS
-    xq = np.empty((block, k), dtype=np.int8)
-    dx8 = np.empty((block, k // 4), dtype=np.float32)
-    bs32 = np.empty((block, k // 32), dtype=np.float32)
-    nxl = np.empty((block, k // 4), dtype=np.int32)
-    xk = np.empty((block, k), dtype=np.int8)  # the q8_K copy for K-quant rows (k % 256 == 0)
-    dk = np.empty((block, max(1, k // 256)), dtype=np.float32)
-    bk = np.empty((block, k // 16), dtype=np.int16)
-    per = (n_out + 16 * _QCHUNKS - 1) // (16 * _QCHUNKS) * 16  # interleaved groups stay whole, AMX pairs them
+    act = _activations(block, k)
+    per = _chunk_rows(n_out, _QCHUNKS)
     need = _activation_forms(fmt)
     for r0 in range(0, rows, block):
         n_rows = min(block, rows - r0)
-        _sd_prepare(x[r0:].ctypes.data, n_rows, k, xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data, nxl.ctypes.data,
-                    xk.ctypes.data, dk.ctypes.data, bk.ctypes.data, need)
+        _prepare(x, r0, n_rows, act, need)
         dst = out[r0:]
         for chunk in prange(_QCHUNKS):
             n0, n1 = chunk * per, min(n_out, (chunk + 1) * per)
             if n0 < n1:
-                _sd_qmatmul(q.ctypes.data, s.ctypes.data, m.ctypes.data, fmt.ctypes.data, q.shape[1], s.shape[1],
-                            k, xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data, nxl.ctypes.data, xk.ctypes.data,
-                            dk.ctypes.data, bk.ctypes.data, n_rows, dst.ctypes.data, out.shape[1], n0, n1)
+                _qchunk(q, s, m, fmt, act, n_rows, dst.ctypes.data, out.shape[1], n0, n1)
+
+
+@njit(**_FLAGS)
+def _activations(rows, k):  # pragma: no cover - compiled
+    """Scratch for ``rows`` activation rows in every quantized form sd_prepare makes: the 32-value
+    blocks (int8 values, scales, block sums, nibble-lane sums) and q8_K (values, scales, 16-value sums)."""
+    return (np.empty((rows, k), dtype=np.int8), np.empty((rows, k // 4), dtype=np.float32),
+            np.empty((rows, k // 32), dtype=np.float32), np.empty((rows, k // 4), dtype=np.int32),
+            np.empty((rows, k), dtype=np.int8), np.empty((rows, max(1, k // 256)), dtype=np.float32),
+            np.empty((rows, k // 16), dtype=np.int16))
+
+
+@njit(**_FLAGS)
+def _prepare(x, r0, n_rows, act, need):  # pragma: no cover - compiled
+    xq, dx8, bs32, nxl, xk, dk, bk = act
+    _sd_prepare(x[r0:].ctypes.data, n_rows, x.shape[1], xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data,
+                nxl.ctypes.data, xk.ctypes.data, dk.ctypes.data, bk.ctypes.data, need)
+
+
+@njit(**_FLAGS)
+def _chunk_rows(n_out, chunks):  # pragma: no cover - compiled
+    """Weight rows per chunk: a multiple of 16, so interleaved groups stay whole and AMX pairs them."""
+    return (n_out + 16 * chunks - 1) // (16 * chunks) * 16
+
+
+@njit(**_FLAGS)
+def _qchunk(q, s, m, fmt, act, n_rows, out_ptr, out_stride, n0, n1):  # pragma: no cover - compiled
+    """Weight rows n0:n1 of the product: out_ptr's element (r, n) at r * out_stride + n."""
+    xq, dx8, bs32, nxl, xk, dk, bk = act
+    _sd_qmatmul(q.ctypes.data, s.ctypes.data, m.ctypes.data, fmt.ctypes.data, q.shape[1], s.shape[1], xq.shape[1],
+                xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data, nxl.ctypes.data, xk.ctypes.data, dk.ctypes.data,
+                bk.ctypes.data, n_rows, out_ptr, out_stride, n0, n1)
+
+
+_HEAD_CHUNKS = 128  # an LM head's chunks in ``qmatmul_argmax``: 1,200 of 151,936 rows, [8, 1200] floats in L1/L2
+
+
+@njit(parallel=True, **_FLAGS)
+def qmatmul_argmax(q, s, m, fmt, x, best):  # pragma: no cover - compiled
+    """best[M] = each row's argmax of x[M, K] @ W.T (``qmatmul``'s product, the same bits) without writing
+    the [M, N] product: each chunk's [M, ~1200] part passes through a small buffer and leaves its row
+    maxima, combined in chunk order. Ties go to the lower column, as torch.argmax (for finite logits)."""
+    rows, k = x.shape
+    n_out = q.shape[0]
+    act = _activations(rows, k)
+    per = _chunk_rows(n_out, _HEAD_CHUNKS)
+    chunks = (n_out + per - 1) // per
+    top = np.empty((chunks, rows), dtype=np.float32)
+    at = np.empty((chunks, rows), dtype=np.int64)
+    _prepare(x, 0, rows, act, _activation_forms(fmt))
+    for chunk in prange(chunks):
+        n0, n1 = chunk * per, min(n_out, (chunk + 1) * per)
+        part = np.empty((rows, n1 - n0), dtype=np.float32)
+        _qchunk(q, s, m, fmt, act, rows, part.ctypes.data - 4 * n0, n1 - n0, n0, n1)  # part[r, n - n0]
+        for r in range(rows):
+            j = _first_max(part[r])
+            top[chunk, r], at[chunk, r] = part[r, j], n0 + j
+    for r in range(rows):
+        c = 0
+        for chunk in range(1, chunks):
+            if top[chunk, r] > top[c, r]:
+                c = chunk
+        best[r] = at[c, r]
+
+
+@njit(**_FLAGS)
+def _first_max(v):  # pragma: no cover - compiled
+    """The first index of v's largest value."""
+    j = 0
+    for i in range(1, v.shape[0]):
+        if v[i] > v[j]:
+            j = i
+    return j
+
+
+@njit(parallel=True, **_FLAGS)
+def argmax_rows(logits, best):  # pragma: no cover - compiled
+    """best[M] = each row's ``_first_max`` of logits [M, N] (a float head's product, written whole)."""
+    for r in prange(logits.shape[0]):
+        best[r] = _first_max(logits[r])
 
 
 @njit(**_FLAGS)

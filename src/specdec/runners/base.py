@@ -61,9 +61,10 @@ class SeqInput:
 
 @dataclass
 class PassOutput:
-    logits: list[torch.Tensor]  # per sequence [T_i or 1, V] float32
+    logits: list[torch.Tensor]  # per sequence [T_i or 1, V] float32; empty where ``argmax`` came instead
     hidden: list[list[torch.Tensor]] = field(default_factory=list)  # per sequence, per layer [T_i, H]
     seconds: float = 0.0
+    argmax: list[torch.Tensor] | None = None  # per sequence [T_i] int64: each row's argmax (``run(argmax=True)``)
 
 
 class ModelRunner(ABC):
@@ -112,10 +113,13 @@ class ModelRunner(ABC):
 
     @abstractmethod
     def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = (),
-            layers: tuple[int, ...] | None = None) -> PassOutput:
+            layers: tuple[int, ...] | None = None, argmax: bool = False) -> PassOutput:
         """Run every sequence's new tokens in one pass; their K/V are appended to the cache.
 
         layers: the decoder layers to run (None = all; see the module docstring).
+        argmax: each row's argmax is all the caller reads (greedy verification, nothing else on the
+        logits): a runner that can returns ``PassOutput.argmax`` instead of logits, the same tokens
+        torch.argmax of its logits would give (ties to the lower id); others return logits.
         """
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:

@@ -71,7 +71,7 @@ class NativeRunner(ModelRunner):
         return self.cache.nbytes
 
     def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = (),
-            layers: tuple[int, ...] | None = None) -> PassOutput:
+            layers: tuple[int, ...] | None = None, argmax: bool = False) -> PassOutput:
         t0 = time.perf_counter()
         if any(s.all_logits for s in seqs) and not all(s.all_logits for s in seqs):
             raise ValueError("a pass returns either all logits or the last ones for every sequence")
@@ -85,6 +85,11 @@ class NativeRunner(ModelRunner):
         elif prompt and num_rows > QUANTIZED_PREFILL_ROWS:  # GGUF blocks (a float prompt went to BLAS)
             out_logits, out_hidden = self._run_prompt_chunks(seqs, hidden_layers, layers)
             return PassOutput(out_logits, out_hidden, time.perf_counter() - t0)
+        elif argmax and not prompt and self.fused.has_argmax:  # the LM head keeps row maxima only
+            best, out_hidden = self._run_rows(seqs, hidden_layers, layers, argmax=True)
+            for s in seqs:
+                self.lengths[s.slot] += len(s.token_ids)
+            return PassOutput([], out_hidden, time.perf_counter() - t0, argmax=best)
         else:
             out_logits, out_hidden = self._run_rows(seqs, hidden_layers, layers)
         for s in seqs:
@@ -157,12 +162,17 @@ class NativeRunner(ModelRunner):
             out_hidden.append([h[i, :n] for h in hidden])
         return out_logits, out_hidden
 
-    def _run_rows(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...], layers: tuple[int, ...] | None):
+    def _run_rows(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...], layers: tuple[int, ...] | None,
+                  argmax: bool = False):
+        """Per sequence its rows' logits (or their argmax [T_i]: ``argmax``, every row's) and hidden states."""
         rows = self._make_rows(seqs)
         seq_rows = rows.layout.seq_rows
         logits_rows = None if seqs[0].all_logits else seq_rows[1:] - 1
         with torch.inference_mode():
-            logits, hidden = self.fused.forward(rows, self.cache, logits_rows, hidden_layers, layers)
+            if argmax:
+                logits, hidden = self.fused.forward_argmax(rows, self.cache, hidden_layers, layers)
+            else:
+                logits, hidden = self.fused.forward(rows, self.cache, logits_rows, hidden_layers, layers)
         out_logits, out_hidden = [], []
         for i, s in enumerate(seqs):
             r0, r1 = int(seq_rows[i]), int(seq_rows[i + 1])
