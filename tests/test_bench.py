@@ -189,6 +189,19 @@ def test_overall_sums_before_dividing():
     assert metrics.acceptance_by_pos([3], [4, 2]) == [0.75, 0.0]
 
 
+def test_decode_speedup_table_divides_by_plain_decodings_rate_in_the_same_workload():
+    from specdec.bench.report import decode_table
+
+    def rec(method, workload, decode_tps, kind="specdec"):
+        return {"kind": kind, "method": method, "workload": workload, "batch_size": 1, "temperature": 0.0,
+                "decode_tokens_per_s": decode_tps}
+
+    records = [rec("none", "qa", 20.0), rec("none", "rag", 10.0), rec("suffix", "qa", 25.0),
+               rec("suffix", "rag", 13.0), rec("llama-server", "qa", 22.0, kind="peer")]
+    table = decode_table(records, 0.0, 1)
+    assert table[2:] == ["| `none` | 1.00× | 1.00× |", "| `suffix` | 1.25× | 1.30× |", "| `llama-server` | 1.10× | — |"]
+
+
 # -- end to end ---------------------------------------------------------------------------------
 
 

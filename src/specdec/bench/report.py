@@ -110,6 +110,22 @@ def throughput_table(records: list[dict], temperature: float, batch: int) -> lis
     return _table(["Method (tok/s)", *[TITLES.get(w, w) for w in workloads]], rows)
 
 
+def decode_table(records: list[dict], temperature: float, batch: int) -> list[str]:
+    """Decode tok/s (after prefill) over plain decoding's in the same workload: what speculation does to
+    the decoding alone, where a short answer after a long prompt hides it under the prefill both share."""
+    runs = [r for r in records if r["temperature"] == temperature and r["batch_size"] == batch
+            and r["kind"] in ("specdec", "peer")]
+    workloads = list(dict.fromkeys(r["workload"] for r in runs if r["kind"] == "specdec"))
+    plain = {r["workload"]: r.get("decode_tokens_per_s") for r in runs if r["kind"] == "specdec"
+             and r["method"] == "none"}
+    rows = []
+    for name in _rows_order(runs):
+        cells = {r["workload"]: r.get("decode_tokens_per_s") for r in runs if r["method"] == name}
+        rows.append([f"`{name}`", *[_x(cells[w] / plain[w]) if cells.get(w) and plain.get(w) else "—"
+                                    for w in workloads]])
+    return _table(["Method (decode ÷ plain's)", *[TITLES.get(w, w) for w in workloads]], rows)
+
+
 def detail_table(records: list[dict], temperature: float, batch: int, usd_per_hour: float) -> list[str]:
     runs = [r for r in records if r["temperature"] == temperature and r["batch_size"] == batch
             and r["kind"] in ("specdec", "peer")]
@@ -294,6 +310,8 @@ def render(records: list[dict], meta: dict, notes: list[str], plots: list[str]) 
         out += [f"## Leaderboard: temperature {temp:g}, batch size {batch}", "",
                 *leaderboard(runs, temp, batch), "", "Throughput (tokens/s):", "",
                 *throughput_table(runs, temp, batch), "",
+                "Decode speedup (decode tok/s after prefill ÷ specdec plain's, same workload):", "",
+                *decode_table(runs, temp, batch), "",
                 "Details (all workloads of this table):", "",
                 *detail_table(runs, temp, batch, meta["usd_per_hour"]), ""]
     for temp in dict.fromkeys(t for t, _ in settings):
