@@ -208,7 +208,8 @@ _sd_prepare = types.ExternalFunction("sd_prepare", types.void(*([_i] * 11)))
 _sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 19)))
 _sd_dequantize_rows = types.ExternalFunction("sd_dequantize_rows", types.void(*([_i] * 10)))
 _sd_attend = types.ExternalFunction("sd_attend", types.void(*([_i] * 9), types.float64, *([_i] * 4)))
-_QCHUNKS = 16  # units of parallel work per quantized product
+_sd_take = types.ExternalFunction("sd_take", types.int64(_i, _i, _i))
+_QCHUNKS = 32  # units of parallel work per quantized product (each thread's run, then the others' tails)
 # activation rows per sweep over the weights in a long pass (a prompt's hundreds of rows): AMX tiles
 # share each unpacked weight block among 64 rows (Qwen2.5-Coder-1.5B prefill of 512 tokens 5.47 ->
 # 4.80 s on Sapphire Rapids against 16); elsewhere 16 rows keep the activations in a small L2
@@ -253,10 +254,24 @@ def qmatmul(q, s, m, fmt, x, out):  # pragma: no cover - compiled
         n_rows = min(block, rows - r0)
         _prepare(x, r0, n_rows, act, need)
         dst = out[r0:]
-        for chunk in prange(_QCHUNKS):
-            n0, n1 = chunk * per, min(n_out, (chunk + 1) * per)
-            if n0 < n1:
-                _qchunk(q, s, m, fmt, act, n_rows, dst.ctypes.data, out.shape[1], n0, n1)
+        threads = numba.get_num_threads()
+        runs = _runs(_QCHUNKS, threads)
+        for t in prange(threads):  # one iteration a thread (sd_take: its own run of chunks, then others' tails)
+            chunk = _sd_take(runs.ctypes.data, t, threads)
+            while chunk >= 0:
+                n0 = chunk * per
+                if n0 < n_out:
+                    _qchunk(q, s, m, fmt, act, n_rows, dst.ctypes.data, out.shape[1], n0, min(n_out, n0 + per))
+                chunk = _sd_take(runs.ctypes.data, t, threads)
+
+
+@njit(**_FLAGS)
+def _runs(units, threads):  # pragma: no cover - compiled
+    """sd_take's state: thread t's contiguous run of the units, its next (low 32 bits) and end (high 32)."""
+    runs = np.empty(threads, dtype=np.int64)
+    for t in range(threads):
+        runs[t] = ((t + 1) * units // threads) << 32 | (t * units // threads)
+    return runs
 
 
 @njit(**_FLAGS)
@@ -307,13 +322,18 @@ def qmatmul_argmax(q, s, m, fmt, x, best):  # pragma: no cover - compiled
     top = np.empty((chunks, rows), dtype=np.float32)
     at = np.empty((chunks, rows), dtype=np.int64)
     _prepare(x, 0, rows, act, _activation_forms(fmt))
-    for chunk in prange(chunks):
-        n0, n1 = chunk * per, min(n_out, (chunk + 1) * per)
-        part = np.empty((rows, n1 - n0), dtype=np.float32)
-        _qchunk(q, s, m, fmt, act, rows, part.ctypes.data - 4 * n0, n1 - n0, n0, n1)  # part[r, n - n0]
-        for r in range(rows):
-            j = _first_max(part[r])
-            top[chunk, r], at[chunk, r] = part[r, j], n0 + j
+    threads = numba.get_num_threads()
+    runs = _runs(chunks, threads)
+    for t in prange(threads):  # as qmatmul: each thread's run of chunks, then the others' tails
+        chunk = _sd_take(runs.ctypes.data, t, threads)
+        while chunk >= 0:
+            n0, n1 = chunk * per, min(n_out, (chunk + 1) * per)
+            part = np.empty((rows, n1 - n0), dtype=np.float32)
+            _qchunk(q, s, m, fmt, act, rows, part.ctypes.data - 4 * n0, n1 - n0, n0, n1)  # part[r, n - n0]
+            for r in range(rows):
+                j = _first_max(part[r])
+                top[chunk, r], at[chunk, r] = part[r, j], n0 + j
+            chunk = _sd_take(runs.ctypes.data, t, threads)
     for r in range(rows):
         c = 0
         for chunk in range(1, chunks):

@@ -726,6 +726,27 @@ void sd_qmatmul(const uint8_t *q, const float *s, const float *m, const int8_t *
     }
 }
 
+/* The next unit of work for thread t of n: each thread owns a contiguous run of units (ranges[t] packs
+   its next unit in the low 32 bits and its end in the high 32) and takes them front to back, so its
+   weights stream as one sequence; a thread whose run is done takes the other runs' last units. A VM's
+   two cores run at different speeds from moment to moment: an even split made the faster one wait at
+   every join, and units dealt out in turn (a shared counter) broke the streams. -1: none left. */
+int64_t sd_take(int64_t *ranges, int64_t t, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t *r = ranges + (t + i) % n;
+        int64_t v = __atomic_load_n(r, __ATOMIC_RELAXED);
+        for (;;) {
+            const int64_t front = v & 0xffffffff, back = v >> 32;
+            if (front >= back)
+                break;
+            const int64_t want = i == 0 ? (back << 32) | (front + 1) : ((back - 1) << 32) | front;
+            if (__atomic_compare_exchange_n(r, &v, want, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+                return i == 0 ? front : back - 1;
+        }
+    }
+    return -1;
+}
+
 /* rows of the dequantized matrix (the token embedding lookup): out [len(ids), k] */
 void sd_dequantize_rows(const uint8_t *q, const float *s, const float *m, const int8_t *fmt, int64_t q_stride,
                         int64_t s_stride, int64_t k, const int64_t *ids, int64_t n_ids, float *out) {
