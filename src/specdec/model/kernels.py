@@ -209,7 +209,9 @@ _sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 19)))
 _sd_dequantize_rows = types.ExternalFunction("sd_dequantize_rows", types.void(*([_i] * 10)))
 _sd_attend = types.ExternalFunction("sd_attend", types.void(*([_i] * 9), types.float64, *([_i] * 4)))
 _sd_take = types.ExternalFunction("sd_take", types.int64(_i, _i, _i))
-_QCHUNKS = 32  # units of parallel work per quantized product (each thread's run, then the others' tails)
+# units of parallel work per quantized product: each thread's run, then the others' tails (sd_take);
+# 32 slowed the 0.5B draft's 8-token pass
+_QCHUNKS = 16
 # activation rows per sweep over the weights in a long pass (a prompt's hundreds of rows): AMX tiles
 # share each unpacked weight block among 64 rows (Qwen2.5-Coder-1.5B prefill of 512 tokens 5.47 ->
 # 4.80 s on Sapphire Rapids against 16); elsewhere 16 rows keep the activations in a small L2
