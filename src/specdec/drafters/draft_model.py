@@ -120,18 +120,16 @@ class DraftModelDrafter(Drafter):
             if self.params.greedy and mask is None:  # the draft's own rows: no full-vocabulary q to build
                 if i > 0 and self.p_min > 0 and float(torch.softmax(logits.float(), dim=-1).max()) < self.p_min:
                     break
-                tokens.append(self._top(logits))
-                if i + 1 < max_tokens:
-                    logits = self._run([tokens[-1]])
-                continue
-            q = self._q(self._full(logits) if mask is None else logits.float()[: len(mask)] + mask)
-            if i > 0 and float(q.max()) < self.p_min:
-                break
-            if self.params.greedy:
-                token = int(q.argmax())
+                token = self._top(logits)
             else:
-                token = int(sample(q.unsqueeze(0), self.generator)[0])
-                q_rows.append(q)
+                q = self._q(self._full(logits) if mask is None else logits.float()[: len(mask)] + mask)
+                if i > 0 and float(q.max()) < self.p_min:
+                    break
+                if self.params.greedy:
+                    token = int(q.argmax())
+                else:
+                    token = int(sample(q.unsqueeze(0), self.generator)[0])
+                    q_rows.append(q)
             tokens.append(token)
             if i + 1 < max_tokens:
                 logits = self._run([token])

@@ -33,6 +33,7 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec")) / "kernels"
 
 
+@functools.cache
 def _cpu_lines() -> dict[str, str]:
     """/proc/cpuinfo's first vendor_id and flags lines (what -march=native reads, and the vendor,
     which decides the weights' prefetch: qkernels_x8.h's PF_HINT)."""

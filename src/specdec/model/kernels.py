@@ -252,12 +252,12 @@ def qmatmul(q, s, m, fmt, x, out):  # pragma: no cover - compiled
     act = _activations(block, k)
     per = _chunk_rows(n_out, _QCHUNKS)
     need = _activation_forms(fmt)
+    threads = numba.get_num_threads()
     for r0 in range(0, rows, block):
         n_rows = min(block, rows - r0)
         _prepare(x, r0, n_rows, act, need)
         dst = out[r0:]
-        threads = numba.get_num_threads()
-        runs = _runs(_QCHUNKS, threads)
+        runs = _runs(_QCHUNKS, threads)  # each block's sweep takes the chunks afresh
         for t in prange(threads):  # one iteration a thread (sd_take: its own run of chunks, then others' tails)
             chunk = _sd_take(runs.ctypes.data, t, threads)
             while chunk >= 0:
