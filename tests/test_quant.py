@@ -311,10 +311,13 @@ def test_default_model_blocks_close_to_the_float_model():
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.75
 
 
-def test_long_prompt_runs_in_chunks_with_the_bits_of_one_pass(tiny_model_factory):
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_long_prompt_runs_in_chunks_with_the_bits_of_one_pass(tiny_model_factory, arch):
     """A prompt longer than QUANTIZED_PREFILL_ROWS is prefilled in passes of that many tokens: the
-    last token's logits equal decoding it after the rest, and hidden states cover every token."""
-    runner, _ = load_runner(str(tiny_model_factory("llama")), max_seq_len=1024, quantization="q8_0")
+    last token's logits equal decoding it after the rest, and hidden states cover every token. Its
+    rows' attention skips the keys no row of a job sees (the causal future, past a sliding window):
+    the seen keys' bits are unchanged."""
+    runner, _ = load_runner(str(tiny_model_factory(arch)), max_seq_len=1024, quantization="q8_0")
     ids = [(37 * i) % 40000 + 3 for i in range(601)]
     slot = runner.allocate()
     out = runner.run([SeqInput(slot, ids, all_logits=False)], hidden_layers=(0, -1))

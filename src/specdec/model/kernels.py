@@ -507,7 +507,17 @@ def _attend_part(q, k_cache, v_cache, slot, kvh, first, n_rows, group, row_pos, 
     """Softmax parts of keys k_start:k_end for n_rows row-heads: max score, sum of weights and
     weighted values relative to that max (combined across key chunks by ``attention``); the
     arithmetic is qkernels_attention.h's (sd_attend)."""
-    dim, n_keys = q.shape[2], k_end - k_start
+    dim = q.shape[2]
+    lo, hi = k_end, k_start  # the span of keys some row sees: a prompt's causal rows (and a batch's shorter
+    for i in range(n_rows // group):  # sequences) see no key past their own, and no score outside it is needed
+        r = first + i
+        for key in range(k_start, k_end):
+            if mask[r, key] and (window <= 0 or row_pos[r] - key < window):
+                lo, hi = min(lo, key), max(hi, key + 1)
+    if hi <= lo:  # no row sees a key of this chunk: it adds nothing (kernels.attention skips total 0)
+        top[:n_rows], total[:n_rows] = -np.inf, 0.0
+        return
+    k_start, n_keys = lo, hi - lo
     qg = np.empty((n_rows, dim), dtype=np.float32)
     for i in range(n_rows):
         qg[i] = q[first + i // group, kvh * group + i % group]
