@@ -41,17 +41,35 @@ def _filter(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor,
     probs = torch.softmax(logits, dim=-1)
     drop = None
     if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        # Drop a token when the mass strictly before it already reaches top_p (the top one stays).
-        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        drop_sorted = before >= params.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        drop = _top_p_drop(probs, params.top_p)
     if params.min_p > 0.0:
         # The top token is never dropped by top_p, so its probability is the same either way.
         top = probs.max(dim=-1, keepdim=True).values
         below = probs < params.min_p * top
         drop = below if drop is None else drop | below
     return logits, probs, drop
+
+
+def _top_p_drop(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """[N, V] bool, True where top-p drops a token: in descending order of probability, a token whose
+    predecessors' mass already reaches top_p (the top one stays).
+
+    Only the head of that order decides, so a row sorts just the tokens above a threshold whose mass
+    reaches top_p (a few hundred of 152K; the threshold falls 1000-fold until it does) instead of its
+    whole vocabulary (13 ms a row on a CPU, more than a 1.5B model's pass). Every token below the
+    threshold comes after the head in the full order, so the prefix sums, and the kept set, are the
+    full sort's (ties ordered as a stable sort orders them).
+    """
+    drop = torch.ones_like(probs, dtype=torch.bool)
+    for row, p in enumerate(probs):
+        theta = float(p.max()) * 1e-3
+        while theta > 0 and float(p[p > theta].sum()) < top_p:
+            theta = theta * 1e-3 if theta > 1e-30 else 0.0  # then: every token of positive mass
+        ids = torch.nonzero(p > theta).squeeze(-1) if theta > 0 else torch.arange(p.shape[0], device=p.device)
+        head, order = torch.sort(p[ids], descending=True, stable=True)
+        keep = torch.cumsum(head, dim=-1) - head < top_p
+        drop[row, ids[order[keep]]] = False
+    return drop
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
