@@ -178,6 +178,22 @@ def test_a_catch_up_is_repaid_no_faster_than_the_members_drafts_realized(realize
     assert (dear.asked == 1) == asked
 
 
+def test_a_catch_up_waits_for_the_targets_costs():
+    """Before the target's pass costs are measured nothing prices what a catch-up could buy back: a member
+    that must first catch up is not asked (a process's first RAG prompt had a 0.5B draft spend 1.9 s on it to
+    draft 4 tokens), while one that need not is; once two widths are timed, the catch-up is priced."""
+    truth = list(range(100, 300))
+    cost = PassCost(max_age=1 << 30)
+    dear, free = Dear(truth, 0.1), Dear(truth, 0.0)
+    drafter = AdaptiveDrafter([dear, free], cost)
+    drafter.begin(truth[:1], SamplingParams(max_new_tokens=100))
+    drafter.propose(truth[:2], 4)
+    assert (dear.asked, free.asked) == (0, 1)
+    cost.seconds = {1: 1.0, 5: 1.4}
+    drafter.propose(truth[:3], 4)
+    assert dear.asked == 1
+
+
 def test_with_every_member_off_no_rows_are_planned_and_the_back_offs_still_run_out():
     truth = list(range(100, 300))
     drafter = AdaptiveDrafter([Script("wrong", truth, right=False)], cost_model(per_token=0.1))

@@ -154,6 +154,17 @@ def test_prompt_tail_bounds_what_the_draft_reads(tiny, tiny_llama):
     assert drafter.catch_up_seconds([*prompt, *seq.output_ids]) == 0.0
 
 
+def test_a_first_catch_up_is_priced_before_it_is_paid(tiny_llama):
+    """A fresh draft has timed no pass, so its first prompt's catch-up would read as free: it times a 1- and a
+    32-token pass on its slot first (their cache entries dropped), and prices the prompt from them."""
+    draft, _ = load_runner(str(tiny_llama), max_seq_len=512)
+    drafter = DraftModelDrafter(draft)
+    drafter.begin(list(range(100, 300)), greedy(4))
+    assert not draft.pass_cost.measured
+    assert drafter.catch_up_seconds(list(range(100, 300))) > 0.0
+    assert draft.pass_cost.measured and draft.lengths[drafter.slot] == 0 and drafter.cached == []
+
+
 @pytest.fixture(scope="module")
 def smol() -> LLM:
     return LLM(None, max_model_len=1024)

@@ -404,6 +404,8 @@ class AdaptiveDrafter(Drafter):
         if not m.verified or k == 0:
             return 0
         probe = m.monitor.mode is Mode.PROBE
+        if catch_up > 0.0 and self.cost is not None and not self.cost.measured:
+            return 0  # a prompt pass waits for the target's costs (a step or two), which price what it buys back
         if not measured(self.cost) or (probe and catch_up == 0.0):
             return k
         cost, alpha = self.cost, m.monitor.alpha
