@@ -190,8 +190,25 @@ def test_a_catch_up_waits_for_the_targets_costs():
     drafter.propose(truth[:2], 4)
     assert (dear.asked, free.asked) == (0, 1)
     cost.seconds = {1: 1.0, 5: 1.4}
-    drafter.propose(truth[:3], 4)
+    alone = AdaptiveDrafter([dear], cost)
+    alone.begin(truth[:1], SamplingParams(max_new_tokens=100))
+    alone.propose(truth[:3], 4)
     assert dear.asked == 1
+
+
+@pytest.mark.parametrize("free_alpha, asked", [(0.9, False), (0.1, True)])
+def test_a_catch_up_must_beat_what_the_other_members_already_draft(free_alpha, asked):
+    """The catch-up buys back only what its drafts add over the members that need none: 0.1 s of catch-up
+    after 50 of 100 tokens pays against plain decoding, not beside a look-up that drafts at alpha 0.9
+    (suffix drafting on code edits), but beside one at alpha 0.1 it does."""
+    truth = list(range(100, 300))
+    dear, free = Dear(truth, 0.1), Dear(truth, 0.0)
+    drafter = AdaptiveDrafter([dear, free], cost_model(per_token=0.1))
+    drafter.begin(truth[:1], SamplingParams(max_new_tokens=100))
+    for member, alpha in zip(drafter.members, (0.6, free_alpha), strict=True):  # as if measured
+        member.monitor.__class__ = type("Measured", (type(member.monitor),), {"alpha": property(lambda _, a=alpha: a)})
+    drafter.propose(truth[:51], 4)
+    assert (dear.asked == 1) == asked
 
 
 def test_with_every_member_off_no_rows_are_planned_and_the_back_offs_still_run_out():

@@ -408,20 +408,8 @@ class AdaptiveDrafter(Drafter):
             return 0  # a prompt pass waits for the target's costs (a step or two), which price what it buys back
         if not measured(self.cost) or (probe and catch_up == 0.0):
             return k
-        cost, alpha = self.cost, m.monitor.alpha
-        plain = cost.estimate(1)
-        # an ask that drafts nothing still pays its drafting (a draft model stopping on low confidence pays
-        # its pass: Qwen2.5-Coder 0.5B on translation drafted 12 tokens over ~56 asks), so a model
-        # member's expected tokens and verify width are weighed by the share of its asks that drafted
-        share = 1.0 if m.lookup or m.drafted_share is None else m.drafted_share
-
-        def rate(n: int) -> float:
-            # (before its first ask: free; its first ask prices it)
-            drafting = (m.draft_seconds or 0.0) if m.lookup or m.token_seconds is None else n * m.token_seconds
-            return (1.0 + share * (expected_tokens(alpha, n) - 1.0)) \
-                / (share * cost.estimate(n + 1) + (1.0 - share) * plain + drafting)
-
-        best, n = max((rate(n), n) for n in range(1, k + 1))
+        plain = self.cost.estimate(1)
+        best, n = self._best_rate(m, k, plain)
         # at best every remaining token comes at the best rate: the most a catch-up could buy back. How many
         # remain is unknown (most answers stop well before their budget): expect as many again as the answer
         # has made, so a draft model's pass over the prompt waits until the answer shows it can repay it
@@ -430,14 +418,36 @@ class AdaptiveDrafter(Drafter):
         # ...and no faster than its drafts realized in earlier requests, when known: a probe is priced at
         # the probe's hopeful alpha, and three 0.4-0.9 s prompt passes of the 0.5B draft in 64-token math
         # answers, each let through by it, cost what its 1.1-1.3x steps saved
+        # ...and against what the members that need no catch-up already draft: on code edits, where suffix
+        # drafting makes 2.7 tokens a pass, a 0.5B draft was let through to spend 1.0 s of prompt passes on
+        # three answers against plain's 1/plain
         if catch_up > 0.0:
             realized = self.ledger.speedup(m.drafter.name, m.monitor.min_samples)
             repays = best if realized is None else min(best, realized / plain)
-            if catch_up >= min(self._ends_at - len(context), made) * (plain - 1.0 / repays):
+            others = [self._best_rate(o, k, plain)[0] for o in self.members
+                      if o is not m and o.verified and o.drafter.catch_up_seconds(context) == 0.0]
+            now = max([1.0 / plain, *others])
+            if catch_up >= min(self._ends_at - len(context), made) * (1.0 / now - 1.0 / repays):
                 return 0
         if probe:
             return k
         return 0 if best <= 1.0 / plain else k if m.lookup else n
+
+    def _best_rate(self, m: Member, k: int, plain: float) -> tuple[float, int]:
+        """The most tokens per second asking ``m`` for n <= k tokens is expected to give (drafting included),
+        and that n. An ask that drafts nothing still pays its drafting (a draft model stopping on low
+        confidence pays its pass: Qwen2.5-Coder 0.5B on translation drafted 12 tokens over ~56 asks), so a
+        model member's expected tokens and verify width are weighed by the share of its asks that drafted."""
+        cost, alpha = self.cost, m.monitor.alpha
+        share = 1.0 if m.lookup or m.drafted_share is None else m.drafted_share
+
+        def rate(n: int) -> float:
+            # (before its first ask: free; its first ask prices it)
+            drafting = (m.draft_seconds or 0.0) if m.lookup or m.token_seconds is None else n * m.token_seconds
+            return (1.0 + share * (expected_tokens(alpha, n) - 1.0)) \
+                / (share * cost.estimate(n + 1) + (1.0 - share) * plain + drafting)
+
+        return max((rate(n), n) for n in range(1, k + 1))
 
     def accept(self, context: Sequence[int], num_accepted: int) -> None:
         committed = context[self._root_at :] if self._root_at is not None else ()
