@@ -237,6 +237,8 @@ class DraftModelDrafter(Drafter):
         its slot, then drop their cache entries: a process's first prompt would otherwise read as free to
         catch up on (nothing timed yet), and the adaptive drafter let a 0.5B draft spend 1.9 s on a
         741-token RAG prompt to draft 4 tokens."""
+        if self.slot < 0:  # not begun: no slot to time on
+            return
         start = self.runner.lengths[self.slot]
         if start + 34 >= self.runner.max_seq_len:
             return
