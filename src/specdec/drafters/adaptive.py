@@ -418,9 +418,9 @@ class AdaptiveDrafter(Drafter):
         # ...and no faster than its drafts realized in earlier requests, when known: a probe is priced at
         # the probe's hopeful alpha, and three 0.4-0.9 s prompt passes of the 0.5B draft in 64-token math
         # answers, each let through by it, cost what its 1.1-1.3x steps saved
-        # ...and against what the members that need no catch-up already draft: on code edits, where suffix
-        # drafting makes 2.7 tokens a pass, a 0.5B draft was let through to spend 1.0 s of prompt passes on
-        # three answers against plain's 1/plain
+        # ...and against what the members that need no catch-up already draft, not plain decoding: on code
+        # edits, where suffix drafting makes 2.7 tokens a pass, a 0.5B draft was let through to spend 1.0 s
+        # of prompt passes on three answers
         if catch_up > 0.0:
             realized = self.ledger.speedup(m.drafter.name, m.monitor.min_samples)
             repays = best if realized is None else min(best, realized / plain)
