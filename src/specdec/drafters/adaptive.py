@@ -360,9 +360,10 @@ class AdaptiveDrafter(Drafter):
         self._root_at = len(context)
         drafting = 0.0
         offers = []
-        for m in self.members:
-            catch_up = m.drafter.catch_up_seconds(context)
-            k = self._ask_length(m, m.monitor.draft_cap(max_tokens), context, catch_up)
+        catch_ups = [m.drafter.catch_up_seconds(context) for m in self.members]
+        free = [m for m, c in zip(self.members, catch_ups, strict=True) if c == 0.0]  # need no catch-up
+        for m, catch_up in zip(self.members, catch_ups, strict=True):
+            k = self._ask_length(m, m.monitor.draft_cap(max_tokens), context, catch_up, free)
             # A sampled member is asked for what ``choose`` will keep of it, known before it draws.
             k = planned_length(m.monitor.alpha, k, self.cost)[0] if m.sampled else k
             m.offered, m.asked = None, k > 0
@@ -391,7 +392,8 @@ class AdaptiveDrafter(Drafter):
         alphas = [m.monitor.alpha for m in self.members if m.verified]
         return min(alpha, max(alphas)) if alphas else None
 
-    def _ask_length(self, m: Member, k: int, context: Sequence[int], catch_up: float) -> int:
+    def _ask_length(self, m: Member, k: int, context: Sequence[int], catch_up: float, free: Sequence[Member],
+                    ) -> int:
         """How many tokens to ask ``m`` for (0: not asked): all ``k`` before pass costs are measured or
         while it probes (its alpha is what the probe measures); else the n <= k whose expected tokens per second,
         drafting included, beat plain decoding most, 0 when none does. A look-up member's ask costs
@@ -400,7 +402,8 @@ class AdaptiveDrafter(Drafter):
         must first catch up on the context (a draft model's pass over the whole prompt) is asked only
         where the rest of the request could repay that: on Qwen2.5-Coder-1.5B a 0.5B draft spent 4-5 s
         on a RAG prompt to draft 1-2 of its 18 tokens. The rest is expected to be as long as what the
-        answer has made so far (capped by its budget)."""
+        answer has made so far (capped by its budget), and against what the members in ``free`` (those that
+        need no catch-up) already draft."""
         if not m.verified or k == 0:
             return 0
         probe = m.monitor.mode is Mode.PROBE
@@ -424,8 +427,7 @@ class AdaptiveDrafter(Drafter):
         if catch_up > 0.0:
             realized = self.ledger.speedup(m.drafter.name, m.monitor.min_samples)
             repays = best if realized is None else min(best, realized / plain)
-            others = [self._best_rate(o, k, plain)[0] for o in self.members
-                      if o is not m and o.verified and o.drafter.catch_up_seconds(context) == 0.0]
+            others = [self._best_rate(o, k, plain)[0] for o in free if o.verified]
             now = max([1.0 / plain, *others])
             if catch_up >= min(self._ends_at - len(context), made) * (1.0 / now - 1.0 / repays):
                 return 0
