@@ -143,6 +143,7 @@ class Dear(Script):
 
     def propose(self, context, max_tokens):
         self.asked += 1
+        self.catch_up = 0.0  # caught up
         return super().propose(context, max_tokens)
 
 
@@ -194,6 +195,33 @@ def test_a_catch_up_waits_for_the_targets_costs():
     alone.begin(truth[:1], SamplingParams(max_new_tokens=100))
     alone.propose(truth[:3], 4)
     assert dear.asked == 1
+
+
+def test_a_paid_catch_up_is_charged_to_the_ledger_not_to_the_requests_monitor():
+    """15 s of catch-up after 50 of 100 tokens (the most the rest could repay is 50 x 0.4 s), then three drafts all kept: the request drafts on (its
+    monitor judges the drafts: the catch-up is paid), but the ledger, which decides whether the next request
+    pays it again, prices them with it; a catch-up no draft followed is all cost."""
+    truth = list(range(100, 300))
+    ledger = AdaptiveDrafter.shared_state(None).value
+    dear = Dear(truth, 15.0)
+    drafter = AdaptiveDrafter([dear], cost_model(per_token=0.1), ledger=ledger)
+    drafter.begin(truth[:1], SamplingParams(max_new_tokens=100))
+    context, plain, seconds = truth[:51], 0.0, 15.0
+    for _ in range(3):
+        n = len(drafter.propose(context, 4))
+        context = truth[: len(context) + n + 1]
+        drafter.accept(context, n)
+        plain, seconds = plain + n + 1, seconds + 1.0 + 0.1 * n
+    monitor = drafter.members[0].monitor
+    assert dear.asked == 3 and monitor.mode is Mode.ON and monitor.sums.speedup > 1.5
+    drafter.end(context)
+    assert ledger.speedup("dear", 3) == pytest.approx(plain / seconds, rel=1e-3) and plain / seconds < 1.0
+    fresh = AdaptiveDrafter.shared_state(None).value
+    unpaid = AdaptiveDrafter([Dear(truth, 15.0)], cost_model(per_token=0.1), ledger=fresh)
+    unpaid.begin(truth[:1], SamplingParams(max_new_tokens=100))
+    assert len(unpaid.propose(truth[:51], 4))
+    unpaid.end(truth[:51])
+    assert (fresh.timed["dear"].sums.seconds, fresh.timed["dear"].sums.plain_seconds) == (15.0, 0.0)
 
 
 @pytest.mark.parametrize("free_alpha, asked", [(0.9, False), (0.1, True)])
