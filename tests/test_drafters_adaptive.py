@@ -198,9 +198,10 @@ def test_a_catch_up_waits_for_the_targets_costs():
 
 
 def test_a_paid_catch_up_is_charged_to_the_ledger_not_to_the_requests_monitor():
-    """15 s of catch-up after 50 of 100 tokens (the most the rest could repay is 50 x 0.4 s), then three drafts all kept: the request drafts on (its
-    monitor judges the drafts: the catch-up is paid), but the ledger, which decides whether the next request
-    pays it again, prices them with it; a catch-up no draft followed is all cost."""
+    """15 s of catch-up after 50 of 100 tokens (the most the rest could repay is 50 x 0.4 s), then three
+    drafts all kept: the request drafts on (its monitor judges the drafts: the catch-up is paid), but the
+    ledger, which decides whether the next request pays it again, prices them with it; a catch-up no draft
+    followed is all cost."""
     truth = list(range(100, 300))
     ledger = AdaptiveDrafter.shared_state(None).value
     dear = Dear(truth, 15.0)
@@ -360,8 +361,8 @@ def test_a_members_draft_verified_alone_is_timed_into_its_monitor():
 def test_a_member_that_did_not_pay_in_earlier_requests_starts_the_next_one_off(right):
     """Each request gets a fresh adaptive drafter; the engine's ``Ledger`` pools what members' drafts
     realized: one below 1x in the first request starts the second held off (its back-off carried
-    over), one that paid starts it on; requests that timed nothing age the ledger, and an emptied one
-    starts it on again."""
+    over), one that paid starts it on; ``fresh_after`` requests in a row that timed nothing empty its samples,
+    and an emptied ledger starts it on again."""
     truth = list(range(100, 300))
     ledger = AdaptiveDrafter.shared_state(None).value
     first = AdaptiveDrafter([Script("model", truth, right=right)], cost_model(per_token=0.1), ledger=ledger)
@@ -380,12 +381,11 @@ def test_a_member_that_did_not_pay_in_earlier_requests_starts_the_next_one_off(r
     if not right:
         assert second.members[0].monitor.backoff == first.members[0].monitor.backoff
     kept = len(ledger.timed["model"])
-    for _ in range(ledger.age_every):  # requests that timed nothing: every age_every-th drops the oldest sample
-        assert len(ledger.timed["model"]) == kept
+    for _ in range(ledger.fresh_after - 1):  # requests that timed nothing keep the verdict...
         second.end(truth[:1])
-    assert len(ledger.timed["model"]) == kept - 1
-    while ledger.timed["model"]:
-        second_request().end(truth[:1])
+    assert len(ledger.timed["model"]) == kept
+    second.end(truth[:1])  # ...until the fresh_after-th in a row empties it
+    assert len(ledger.timed["model"]) == 0
     assert second_request().members[0].monitor.mode is Mode.ON
 
 

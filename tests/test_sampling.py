@@ -5,14 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.sampling import _top_p_drop
-
-
-def _sorted_top_p_drop(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Top-p by its definition: sort the whole row, drop a token once its predecessors' mass reaches top_p."""
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    return torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, before >= top_p)
+from specdec.sampling import _top_p_drop, top_p_drop_by_sort
 
 
 @pytest.mark.parametrize("top_p", [0.1, 0.5, 0.9, 0.95, 0.999999])
@@ -31,7 +24,22 @@ def test_top_p_keeps_the_full_sorts_tokens(top_p):
     ]
     probs = torch.softmax(torch.stack(rows), dim=-1)
     drop = _top_p_drop(probs, top_p)
-    assert torch.equal(drop, _sorted_top_p_drop(probs, top_p))
+    assert torch.equal(drop, top_p_drop_by_sort(probs, top_p))
     assert not drop.gather(-1, probs.argmax(-1, keepdim=True)).any()  # the top token always stays
     kept_mass = (probs * ~drop).sum(-1)
     assert (kept_mass >= min(top_p, 0.999) - 1e-6).all()
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.95])
+def test_top_p_on_a_full_vocabulary_and_a_head_at_the_margin(top_p):
+    """A 152K vocabulary with a peaked head (a model's row), and a row whose head holds top_p to within
+    float32's rounding (8 equal tokens of mass top_p / 8 plus a flat tail: the threshold falls into the
+    tail). A cut compared with <= instead of < fails here; an unstable sort fails the ties above."""
+    gen = torch.Generator().manual_seed(1)
+    vocab = 151936
+    peaked = torch.randn(vocab, generator=gen) * 3
+    peaked[:100] += 12
+    head = torch.full((vocab,), (1 - top_p) / (vocab - 8), dtype=torch.float64)
+    head[:8] = top_p / 8
+    probs = torch.stack([torch.softmax(peaked, dim=-1), head.float()])
+    assert torch.equal(_top_p_drop(probs, top_p), top_p_drop_by_sort(probs, top_p))

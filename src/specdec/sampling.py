@@ -10,13 +10,14 @@ from __future__ import annotations
 import torch
 
 from specdec.config import SamplingParams
+from specdec.top_p import top_p_drop_rows
 
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """[N, V] float logits -> [N, V] probabilities after temperature/top-k/top-p/min-p."""
     scaled, probs, drop = _filter(logits, params)
     if drop is not None:
-        probs = probs.masked_fill(drop, 0.0)
+        probs = torch.where(drop, 0.0, probs)  # (masked_fill: 1.7x slower on a CPU)
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
@@ -29,7 +30,7 @@ def sampling_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     if params.greedy:
         return logits.float()
     scaled, _, drop = _filter(logits, params)
-    return scaled if drop is None else scaled.masked_fill(drop, float("-inf"))
+    return scaled if drop is None else torch.where(drop, float("-inf"), scaled)
 
 
 def _filter(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -37,39 +38,37 @@ def _filter(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor,
     logits = logits.float() / max(params.temperature, 1e-5)
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        logits = torch.where(logits < kth, float("-inf"), logits)
     probs = torch.softmax(logits, dim=-1)
     drop = None
     if params.top_p < 1.0:
         drop = _top_p_drop(probs, params.top_p)
     if params.min_p > 0.0:
         # The top token is never dropped by top_p, so its probability is the same either way.
-        top = probs.max(dim=-1, keepdim=True).values
+        top = probs.amax(dim=-1, keepdim=True)  # (max also finds the index: 20x slower on a CPU)
         below = probs < params.min_p * top
         drop = below if drop is None else drop | below
     return logits, probs, drop
 
 
 def _top_p_drop(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """[N, V] bool, True where top-p drops a token: in descending order of probability, a token whose
-    predecessors' mass already reaches top_p (the top one stays).
+    """[N, V] bool, True where top-p drops a token: in descending order of probability (ties in id
+    order), a token whose predecessors' mass already reaches top_p (the top one stays). On a CPU the
+    same set from each row's head alone (``top_p.top_p_drop_rows``); elsewhere by its definition, a
+    sort of the whole row (fast on a GPU)."""
+    if probs.device.type == "cpu":
+        drop = torch.empty(probs.shape, dtype=torch.bool)
+        top_p_drop_rows(probs.float().contiguous().numpy(), top_p, drop.numpy())
+        return drop
+    return top_p_drop_by_sort(probs, top_p)
 
-    Only the head of that order decides, so a row sorts just the tokens above a threshold whose mass
-    reaches top_p (a few hundred of 152K; the threshold falls 1000-fold until it does) instead of its
-    whole vocabulary (13 ms a row on a CPU, more than a 1.5B model's pass). Every token below the
-    threshold comes after the head in the full order, so the prefix sums, and the kept set, are the
-    full sort's (ties ordered as a stable sort orders them).
-    """
-    drop = torch.ones_like(probs, dtype=torch.bool)
-    for row, p in enumerate(probs):
-        theta = float(p.max()) * 1e-3
-        while theta > 0 and float(p[p > theta].sum()) < top_p:
-            theta = theta * 1e-3 if theta > 1e-30 else 0.0  # then: every token of positive mass
-        ids = torch.nonzero(p > theta).squeeze(-1) if theta > 0 else torch.arange(p.shape[0], device=p.device)
-        head, order = torch.sort(p[ids], descending=True, stable=True)
-        keep = torch.cumsum(head, dim=-1) - head < top_p
-        drop[row, ids[order[keep]]] = False
-    return drop
+
+def top_p_drop_by_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``_top_p_drop`` by its definition: sort each whole row (stable), drop a token once its
+    predecessors' mass reaches top_p."""
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    return torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, before >= top_p)
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:

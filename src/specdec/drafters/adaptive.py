@@ -241,25 +241,28 @@ class Ledger:
     that does not pay on this machine's text (Qwen2.5-Coder 0.5B for the 1.5B on Zen 4's chat
     prompts: 0.8x plain) was asked again in every request until three timed drafts switched it off,
     and again after each back-off. A member whose pooled speedup is below 1x starts a request off,
-    with the back-off it had (a probe that fails again doubles it; one that pays turns it on). Every
-    ``age_every``-th request in which a member was never timed drops its oldest sample, so a member kept
-    off by what it realized gets a fresh look within ``window`` x ``age_every`` requests (after 16, the
-    0.5B was tried again on the bench's code edits, where the suffix drafter needs no help: 1.26x -> 1.15x)."""
+    with the back-off it had (a probe that fails again doubles it; one that pays turns it on). After
+    ``fresh_after`` requests in a row that timed a member nothing, its samples go: a member kept off by
+    what it realized gets a fresh look, as late for one timed 3 times as for one timed 16 (dropping a
+    sample every 4th such request gave the 0.5B draft, timed 3-5 times per prompt catch-up, a new catch-up
+    every 4-8 requests: 0.3-0.8 s of drafting in each of four Spec-Bench groups of 3 requests)."""
 
     window: int = 16
-    age_every: int = 4
+    fresh_after: int = 64
     timed: dict[str, SlidingSums] = field(default_factory=dict)
     backoff: dict[str, int] = field(default_factory=dict)
-    untimed: dict[str, int] = field(default_factory=dict)  # requests that timed nothing, by member
+    untimed: dict[str, int] = field(default_factory=dict)  # requests in a row that timed nothing, by member
 
     def record(self, name: str, sample: WindowSums) -> None:
         self.timed.setdefault(name, SlidingSums(self.window)).append(sample)
+        self.untimed[name] = 0
 
     def age(self, name: str) -> None:
-        """A request ended without timing ``name``: every ``age_every``-th, its oldest sample goes."""
+        """A request ended without timing ``name``: the ``fresh_after``-th in a row empties its samples."""
         self.untimed[name] = self.untimed.get(name, 0) + 1
-        if name in self.timed and self.untimed[name] % self.age_every == 0:
-            self.timed[name].drop_oldest()
+        if name in self.timed and self.untimed[name] >= self.fresh_after:
+            self.timed[name].clear()
+            self.untimed[name] = 0
 
     def speedup(self, name: str, min_samples: int) -> float | None:
         """The member's pooled speedup over its last ``window`` timed drafts; None below ``min_samples``."""
