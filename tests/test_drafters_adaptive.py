@@ -296,11 +296,16 @@ def test_a_sampled_requests_lookup_member_is_verified_only_after_its_dry_runs_ke
     assert len(proposal) and proposal.token_ids == truth[len(context) : len(context) + len(proposal)]
 
 
-def test_a_dry_run_that_keeps_nothing_switches_the_member_off_and_one_that_finds_nothing_waits():
+def test_dry_runs_that_keep_nothing_switch_the_member_off_and_one_that_finds_nothing_waits():
+    """Dry runs cost no pass: a probe of them is judged on min_samples (a first miss does not end it)."""
     truth = list(range(100, 300))
     wrong = sampled_lookup(truth, right=False)
-    wrong.accept(truth[:2], 0)
     monitor = wrong.members[0].monitor
+    context = truth[:1]
+    for _ in range(monitor.min_samples):
+        assert monitor.mode is Mode.PROBE
+        context = truth[: len(context) + 1]
+        wrong.accept(context, 0)
     assert monitor.mode is Mode.OFF and monitor.backoff == 2 * monitor.base_backoff
     assert wrong.planned_alpha(0.9) is None
     silent = sampled_lookup(truth, right=None)
@@ -311,6 +316,28 @@ def test_a_dry_run_that_keeps_nothing_switches_the_member_off_and_one_that_finds
         context = truth[: len(context) + 1]
         silent.accept(context, 0)
     assert monitor.num_probes == 2 and monitor.mode is Mode.OFF and silent.members[0].drafter.proposed == 2
+
+
+class Partly(Lookup):
+    """Right at the first token of every other draft, wrong elsewhere: alpha 1/3, below the 0.4 floor."""
+
+    def propose(self, context, max_tokens):
+        chain = super().propose(context, max_tokens).token_ids
+        return DraftProposal(chain[:1] + [t + 1 for t in chain[1:]] if self.proposed % 2 else [t + 1 for t in chain])
+
+
+@pytest.mark.parametrize("per_token, stays_on", [(0.02, True), (0.5, False)])
+def test_a_lookup_member_is_judged_against_what_its_rows_cost(per_token, stays_on):
+    """A look-up's drafting is free: once pass costs are measured it stays on down to the alpha at which one
+    drafted token repays its row (c(2) / c(1) - 1, at least 0.05), not the fixed 0.4. Alpha 1/3 pays where
+    a row costs 2% of a pass (a CPU's verify), not where it costs half."""
+    truth = list(range(100, 300))
+    drafter = AdaptiveDrafter([Partly(truth, right=True)], cost_model(per_token=per_token))
+    run_script(drafter, truth, 12)
+    monitor = drafter.members[0].monitor
+    assert (monitor.mode is Mode.ON) is stays_on
+    if stays_on:
+        assert monitor.sums.alpha() < 0.4 and monitor.sums.steps >= 6
 
 
 def test_a_greedy_requests_lookup_member_drafts_from_the_first_step():

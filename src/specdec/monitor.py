@@ -161,11 +161,14 @@ class SpecMonitor:
         """The window's alpha shrunk towards the prior; ``probe_alpha`` while probing (a fresh look)."""
         return self.probe_alpha if self.mode is Mode.PROBE else self.sums.alpha(self.prior)
 
-    def observe(self, sample: WindowSums | None, held: bool = True) -> None:
+    def observe(self, sample: WindowSums | None, held: bool = True, dry: bool = False) -> None:
         """After a step: its drafting sample, or None when nothing was drafted.
 
         held: the step had no draft budget (this monitor or the cost model held it), as opposed
         to a drafter that had nothing to propose, which says nothing about speculation.
+        dry: the sample is a dry run's (``AdaptiveDrafter``'s look-up probes: scored, never verified). It
+        cost no pass, so a probe of dry runs is judged on ``min_samples`` of them like a window, not
+        ended by its first miss (at T=0.7 half of suffix's 2-token probes missed on chat text).
         """
         if sample is None:
             if held or self.mode is Mode.OFF:
@@ -178,7 +181,8 @@ class SpecMonitor:
         self.idle = 0
         self._window.append(sample)
         first, self.first_draft_decides = self.first_draft_decides, False
-        if (self.mode is Mode.PROBE or first) and sample.tested and not sample.accepted and self.min_acceptance > 0:
+        if (self.mode is Mode.PROBE or first) and not dry and sample.tested and not sample.accepted \
+                and self.min_acceptance > 0:
             # A probe's draft with nothing kept answers "has the text turned repetitive?" at once:
             # judging it on min_samples drafts made probes at T=1 cost three full drafts each.
             self._switch_off()

@@ -20,7 +20,8 @@ several when their disagreement is worth verifying. Every member is scored on
 every step against what the target committed, verified or not (a proposal that
 agrees with the committed tokens for m tokens and then differs had m accepted
 and 1 rejected; one that agrees all along was never contradicted), and a member
-whose recent alpha falls below ``min_acceptance``, whose draft seconds cost more
+whose recent alpha falls below ``min_acceptance`` (a look-up member: below what
+a row costs once pass costs are measured, ``_lookup_floor``), whose draft seconds cost more
 than its tokens save, or whose drafts verified alone realized less than plain
 decoding (timed steps), is not asked until its back-off ends (``SpecMonitor``).
 What members realized is pooled across an engine's requests (``Ledger``): a member
@@ -313,6 +314,7 @@ class AdaptiveDrafter(Drafter):
         if not members:
             raise ValueError("the adaptive drafter needs at least one member")
         self.members = [Member(d, SpecMonitor(min_acceptance, window)) for d in members]
+        self.min_acceptance = min_acceptance
         self.cost = cost
         self.ledger = ledger if ledger is not None else Ledger()
         self.hidden_layers = tuple(sorted({i for d in members for i in d.hidden_layers}))
@@ -456,8 +458,19 @@ class AdaptiveDrafter(Drafter):
 
         return max((rate(n), n) for n in range(1, k + 1))
 
+    def _lookup_floor(self) -> float:
+        """The acceptance below which a look-up member is switched off: ``min_acceptance``, or lower once the pass
+        costs are measured, down to the alpha at which a 1-token draft repays its row (c(2) / c(1) - 1, at least
+        0.05): its drafting is free. At T=0.7 suffix keeps ~0.4 of its first tokens on chat text, at the 0.4 floor,
+        and with a 3-row verify at ~1.05x a 1-row one those drafts paid 1.19x alone, while inside adaptive it was
+        kept off (0.98x on math)."""
+        if self.min_acceptance == 0.0 or not measured(self.cost):
+            return self.min_acceptance
+        return min(self.min_acceptance, max(0.05, self.cost.estimate(2) / self.cost.estimate(1) - 1.0))
+
     def accept(self, context: Sequence[int], num_accepted: int) -> None:
         committed = context[self._root_at :] if self._root_at is not None else ()
+        floor = self._lookup_floor()
         drafting, draft = self._step if self._step is not None else (0.0, EMPTY)
         self._step = None
         for m in self.members:
@@ -476,7 +489,9 @@ class AdaptiveDrafter(Drafter):
                     sample.timed_steps, sample.seconds = 1, drafting + self.cost.estimate(len(draft) + 1)
                     sample.plain_seconds = (num_accepted + 1) * self.cost.estimate(1)
                     self._charge(m, replace(sample))
-                m.monitor.observe(sample)
+                if m.lookup:
+                    m.monitor.min_acceptance = floor
+                m.monitor.observe(sample, dry=at is not None)
             else:
                 if not m.lookup:  # (indexing every token for look-up members that sat out cost ~1% at batch 4)
                     m.drafter.accept(context, 0)
