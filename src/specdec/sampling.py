@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from specdec.config import SamplingParams
-from specdec.top_p import top_p_drop_rows
 
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -57,6 +56,8 @@ def _top_p_drop(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     same set from each row's head alone (``top_p.top_p_drop_rows``); elsewhere by its definition, a
     sort of the whole row (fast on a GPU)."""
     if probs.device.type == "cpu":
+        from specdec.top_p import top_p_drop_rows  # (numba: loaded where a CPU samples with top-p)
+
         drop = torch.empty(probs.shape, dtype=torch.bool)
         top_p_drop_rows(probs.float().contiguous().numpy(), top_p, drop.numpy())
         return drop
