@@ -12,7 +12,7 @@ import torch
 
 from specdec.config import SamplingParams, SpecConfig, SpecType, parse_spec_types
 from specdec.drafters.adaptive import AdaptiveDrafter, Offer, OfferTrie, choose, planned_length, replay
-from specdec.drafters.base import Drafter, DraftProposal, IndexingDrafter
+from specdec.drafters.base import EMPTY, Drafter, DraftProposal, IndexingDrafter
 from specdec.drafters.registry import adaptive_members
 from specdec.monitor import Mode, WindowSums
 from specdec.pass_cost import PassCost
@@ -223,6 +223,19 @@ def test_a_paid_catch_up_is_charged_to_the_ledger_not_to_the_requests_monitor():
     assert len(unpaid.propose(truth[:51], 4))
     unpaid.end(truth[:51])
     assert (fresh.timed["dear"].sums.seconds, fresh.timed["dear"].sums.plain_seconds) == (15.0, 0.0)
+    stuck = Stuck(truth, 15.0)
+    skipped = AdaptiveDrafter([stuck], cost_model(per_token=0.1))
+    skipped.begin(truth[:1], SamplingParams(max_new_tokens=100))
+    assert not len(skipped.propose(truth[:51], 4))  # returned before catching up: nothing paid, nothing owed
+    assert stuck.asked == 1 and skipped.members[0].owed == 0.0
+
+
+class Stuck(Dear):
+    """A draft model at the end of its context: returns nothing, without catching up."""
+
+    def propose(self, context, max_tokens):
+        self.asked += 1
+        return EMPTY
 
 
 @pytest.mark.parametrize("free_alpha, asked", [(0.9, False), (0.1, True)])

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import pytest
 
+from specdec.drafters.base import DraftProposal
 from specdec.engine import Engine, SequenceState, StepResult
 from specdec.llm import LLM
 from tests.test_lossless import ReplayDrafter, greedy
+from tests.test_pass_cost import FixedCost
 
 PROMPT = [5, 17, 300, 42, 17, 300, 42, 99]
 
@@ -74,3 +76,48 @@ def test_max_new_tokens_cuts_inside_an_accepted_draft(tiny, reference):
     assert seq.output_ids == reference[:5]
     assert seq.finish_reason == "length" and steps[-1].finish_reason == "length"
     assert seq.stats.new_tokens == 5
+
+
+class SelfSwitching(ReplayDrafter):
+    """Always wrong at its first token; says it switches itself off (as adaptive does with its members)."""
+
+    switches_itself = True
+
+
+@pytest.mark.parametrize("switches_itself", [False, True])
+def test_the_sequence_monitor_holds_off_only_drafters_that_do_not_switch_themselves(tiny, reference,
+                                                                                   switches_itself):
+    """A drafter whose first token is always wrong is held off by the sequence's monitor (alpha 0); one that
+    switches its own members is left to do so: a second switch, with its own floor and one-miss probes, held
+    adaptive off at T=0.7 where its members' drafts paid."""
+    kind = SelfSwitching if switches_itself else ReplayDrafter
+    seq = SequenceState(PROMPT, greedy(24), drafter=kind(reference, len(PROMPT), wrong_at=0))
+    steps_of(Engine(tiny.runner, draft_n_max=2), seq)
+    assert seq.output_ids == reference and seq.stats.drafted >= 3  # it drafted, and nothing wrong survived
+    if switches_itself:
+        assert seq.monitor.mode.value == "on" and seq.stats.spec_off_steps == 0 and seq.monitor.sums.steps >= 3
+    else:
+        assert seq.stats.spec_off_steps > 0
+
+
+class RightEveryFourth(ReplayDrafter):
+    """One token a step, right in every fourth: alpha 0.25."""
+
+    def propose(self, context, max_tokens):
+        done = len(context) - self.prompt_len
+        true = self.reference[done : done + 1]
+        if not true or done % 4 == 0:
+            return DraftProposal(true)
+        return DraftProposal([(true[0] + 1) % 49152])
+
+
+@pytest.mark.parametrize("row_cost, stays_on", [(0.02, True), (0.5, False)])
+def test_the_sequence_monitor_judges_alpha_against_what_a_drafted_row_costs(tiny, reference, monkeypatch,
+                                                                            row_cost, stays_on):
+    """Alpha 0.25 repays a row that costs 2% of a pass (a CPU's verify of one more token), not one that costs
+    half: the floor is c(2) / c(1) - 1 (at least 0.05) with drafting free, not a fixed 0.4."""
+    monkeypatch.setattr(tiny.runner, "pass_cost", FixedCost({t: 1.0 + row_cost * (t - 1) for t in (1, 2, 3, 4)}))
+    seq = SequenceState(PROMPT, greedy(24), drafter=RightEveryFourth(reference, len(PROMPT), wrong_at=0))
+    steps_of(Engine(tiny.runner, draft_n_max=1), seq)
+    assert seq.output_ids == reference and seq.stats.drafted >= 3
+    assert (seq.stats.spec_off_steps == 0) is stays_on

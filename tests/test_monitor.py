@@ -86,3 +86,13 @@ def test_a_first_draft_that_keeps_nothing_decides_when_asked():
     lucky.observe(kept())
     lucky.observe(rejected())  # only the first draft decides alone; later ones wait for min_samples
     assert lucky.mode is Mode.ON
+
+
+def test_a_monitor_that_does_not_switch_keeps_its_window_and_stays_on():
+    """The engine's monitor of a drafter that switches its own members (adaptive): counts, never holds off."""
+    monitor = SpecMonitor(min_acceptance=0.4, min_samples=3, switching=False)
+    for _ in range(6):
+        monitor.observe(rejected())
+        monitor.observe(None, held=True)
+    assert monitor.mode is Mode.ON and monitor.num_switch_offs == monitor.num_probes == 0
+    assert monitor.sums.steps == 6 and monitor.sums.alpha() == 0.0 and monitor.draft_cap(8) == 8

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from specdec.budget import plan_draft_lengths
-from specdec.pass_cost import PassCost, pass_width
+from specdec.pass_cost import PassCost, acceptance_floor, pass_width
 
 
 def cost_model(per_token: float, base: float = 1.0) -> PassCost:
@@ -58,3 +58,14 @@ def test_cost_discounts_slow_outliers_and_forgets_widths_not_timed_lately():
 
 def test_pass_width_is_the_rows_a_ragged_or_padded_pass_computes():
     assert pass_width([1, 5, 2], padded=True) == 15 and pass_width([1, 5, 2], padded=False) == 8
+
+
+def test_the_acceptance_floor_is_what_one_drafted_token_costs():
+    """A 1-token draft repays its row at alpha = (c(2) + drafting) / c(1) - 1: the floor falls from
+    min_acceptance to that (at least 0.05) once the costs are measured, and never rises above it."""
+    cost = cost_model(per_token=0.02)  # c(1) = 1, c(2) = 1.02
+    assert acceptance_floor(0.4, None) == acceptance_floor(0.4, PassCost()) == 0.4  # nothing measured yet
+    assert acceptance_floor(0.4, cost) == pytest.approx(0.05)  # a look-up's free token: 0.02, raised to 0.05
+    assert acceptance_floor(0.4, cost, draft_seconds=0.3) == pytest.approx(0.32)  # a draft model's pass
+    assert acceptance_floor(0.4, cost, draft_seconds=0.9) == 0.4  # dearer than min_acceptance: that
+    assert acceptance_floor(0.0, cost) == 0.0  # 0 switches nothing off

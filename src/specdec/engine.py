@@ -22,7 +22,7 @@ from specdec.drafters.base import Drafter, DraftProposal
 from specdec.errors import ContextOverflowError
 from specdec.logprobs import LogprobsMode, TokenLogprob, output_logprobs, token_logprobs
 from specdec.monitor import Mode, SpecMonitor, draft_sample
-from specdec.pass_cost import pass_width
+from specdec.pass_cost import acceptance_floor, pass_width
 from specdec.processors import SequenceProcessors
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator
@@ -159,7 +159,8 @@ class Engine:
             self.check_prompt(seq.prompt_ids)
             seq.slot = self.runner.allocate()
             seq.stats.prompt_tokens = len(seq.prompt_ids)
-            seq.monitor = SpecMonitor(self.min_acceptance)
+            seq.monitor = SpecMonitor(self.min_acceptance,
+                                      switching=seq.drafter is None or not seq.drafter.switches_itself)
             if not seq.params.greedy:
                 seq.generator = make_generator(seq.params.seed, self.runner.device)
             if seq.drafter is not None:
@@ -369,6 +370,9 @@ class Engine:
         drafted_by = tuple(Counter(d.proposal.origin_of(i) for i in range(num_drafted)).items())
         stats.record_draft(num_drafted, result.num_accepted, drafted_by, origins)
         tested = result.num_accepted + int(bool(tree.children[result.path[-1]]))
+        # judged against what a drafted token costs here, not a fixed 0.4 (adaptive's members are too)
+        seq.monitor.min_acceptance = acceptance_floor(self.min_acceptance, self.runner.pass_cost,
+                                                      seq.draft_cost.per_token)
         seq.monitor.observe(draft_sample(num_drafted, result.num_accepted, tested,
                                          d.seconds - d.catch_up + timing.share(tree.num_nodes),
                                          timing.plain_seconds_per_token))

@@ -111,7 +111,7 @@ class SpecMonitor:
 
     def __init__(self, min_acceptance: float = 0.4, window: int = 16, min_samples: int = 3,
                  base_backoff: int = 4, max_backoff: int = 512, prior: float = 0.6,
-                 probe_alpha: float = 0.9, probe_tokens: int = 2) -> None:
+                 probe_alpha: float = 0.9, probe_tokens: int = 2, switching: bool = True) -> None:
         if not 0.0 <= min_acceptance <= 1.0:
             raise ValueError(f"the minimum acceptance must be in [0, 1], got {min_acceptance}")
         self.min_acceptance, self.min_samples, self.prior = min_acceptance, min_samples, prior
@@ -123,6 +123,9 @@ class SpecMonitor:
         # nothing is kept, probes were most of what adaptive lost against plain decoding).
         self.probe_tokens = probe_tokens
         self.base_backoff, self.max_backoff = base_backoff, max_backoff
+        # False: the window is kept (stats, alpha) but the mode stays ON: the engine's monitor of a drafter
+        # that switches its own members (``Drafter.switches_itself``)
+        self.switching = switching
         self._window = SlidingSums(window)
         self.mode = Mode.ON
         self.backoff = base_backoff
@@ -170,6 +173,10 @@ class SpecMonitor:
         cost no pass, so a probe of dry runs is judged on ``min_samples`` of them like a window, not
         ended by its first miss (at T=0.7 half of suffix's 2-token probes missed on chat text).
         """
+        if not self.switching:
+            if sample is not None:
+                self._window.append(sample)
+            return
         if sample is None:
             if held or self.mode is Mode.OFF:
                 self.idle += 1

@@ -62,3 +62,16 @@ def pass_width(counts: Sequence[int], padded: bool) -> int:
     """Rows a pass computes for sequences of ``counts`` tokens each (``PassCost``'s key): a ragged
     pass runs the rows back to back (the sum), a padded one gives each the widest one's rows."""
     return len(counts) * max(counts) if padded else sum(counts)
+
+
+def acceptance_floor(min_acceptance: float, cost: PassCost | None, draft_seconds: float = 0.0) -> float:
+    """The per-token acceptance below which a monitor switches drafting off: ``min_acceptance``, or lower
+    once the pass costs are measured, down to the acceptance at which a 1-token draft repays its row and
+    its drafting, (c(2) + draft_seconds) / c(1) - 1, at least 0.05 (0 stays 0: nothing is ever switched off).
+
+    Example: c(1) = 37 ms, c(2) = 39 ms: a look-up's free drafts pay above 0.054; a 0.5B draft's 10 ms a
+    token above 0.32. At T=0.7 suffix keeps ~0.4 of its first tokens on chat text, and a fixed 0.4 floor
+    held it off in most steps (Qwen2.5-Coder-1.5B on Zen 4)."""
+    if min_acceptance == 0.0 or cost is None or not cost.measured:
+        return min_acceptance
+    return min(min_acceptance, max(0.05, (cost.estimate(2) + draft_seconds) / cost.estimate(1) - 1.0))

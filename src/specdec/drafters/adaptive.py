@@ -59,7 +59,7 @@ from specdec.budget import expected_tokens
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters.base import EMPTY, Drafter, DraftProposal, DraftSetup, SharedState
 from specdec.monitor import Mode, SlidingSums, SpecMonitor, WindowSums
-from specdec.pass_cost import PassCost
+from specdec.pass_cost import PassCost, acceptance_floor
 from specdec.runners.base import ModelRunner
 
 
@@ -308,6 +308,7 @@ class AdaptiveDrafter(Drafter):
     """Asks its members each step and verifies the best pick or merge of their proposals."""
 
     name = "adaptive"
+    switches_itself = True
 
     def __init__(self, members: Sequence[Drafter], cost: PassCost | None = None, min_acceptance: float = 0.4,
                  window: int = 16, ledger: Ledger | None = None) -> None:
@@ -378,7 +379,9 @@ class AdaptiveDrafter(Drafter):
             t0 = time.perf_counter()
             proposal = m.drafter.propose(context, k)
             spent = max(0.0, time.perf_counter() - t0 - catch_up)  # a prompt's catch-up is priced apart
-            m.owed += catch_up
+            # ...and owed as priced, if paid: a draft model within its budget of the context's end returns
+            # before catching up, and the price still stands after such a propose
+            m.owed += max(0.0, catch_up - m.drafter.catch_up_seconds(context)) if catch_up else 0.0
             drafting += spent
             m.draft_seconds = _running_mean(m.draft_seconds, spent)
             m.token_seconds = _running_mean(m.token_seconds, spent / max(1, len(proposal)))
@@ -459,14 +462,11 @@ class AdaptiveDrafter(Drafter):
         return max((rate(n), n) for n in range(1, k + 1))
 
     def _lookup_floor(self) -> float:
-        """The acceptance below which a look-up member is switched off: ``min_acceptance``, or lower once the pass
-        costs are measured, down to the alpha at which a 1-token draft repays its row (c(2) / c(1) - 1, at least
-        0.05): its drafting is free. At T=0.7 suffix keeps ~0.4 of its first tokens on chat text, at the 0.4 floor,
+        """The acceptance below which a look-up member is switched off (its drafting is free: ``acceptance_floor``
+        without drafting seconds). At T=0.7 suffix keeps ~0.4 of its first tokens on chat text, at the 0.4 floor,
         and with a 3-row verify at ~1.05x a 1-row one those drafts paid 1.19x alone, while inside adaptive it was
         kept off (0.98x on math)."""
-        if self.min_acceptance == 0.0 or not measured(self.cost):
-            return self.min_acceptance
-        return min(self.min_acceptance, max(0.05, self.cost.estimate(2) / self.cost.estimate(1) - 1.0))
+        return acceptance_floor(self.min_acceptance, self.cost)
 
     def accept(self, context: Sequence[int], num_accepted: int) -> None:
         committed = context[self._root_at :] if self._root_at is not None else ()

@@ -155,6 +155,10 @@ class Drafter(ABC):
     # context at its next propose, so a step it sat out needs no ``accept`` (the n-gram family, suffix,
     # draft-self, retrieval). The adaptive drafter dry-runs such a member's probes instead of verifying them.
     lookup: bool = False
+    # A drafter that switches its own proposals on and off (adaptive: a monitor per member, dry-run probes,
+    # floors priced by what a row costs). The engine's sequence monitor then keeps its window without
+    # switching: a second switch with a fixed 0.4 floor and its one-miss probes held adaptive off at T=0.7.
+    switches_itself: bool = False
 
     @classmethod
     def from_config(cls, spec: SpecConfig) -> Drafter:
