@@ -348,10 +348,12 @@ class SpecConfig:
         "draft-layerskip too", positive=True, metavar="E"))
     adaptive_layerskip: bool = False  # adaptive asks draft-layerskip too (set by either flag above)
     # speculation pauses (and is re-probed with growing back-off) while the recent per-token acceptance
-    # is below this; also when it measures slower than plain decoding
+    # is below this, lowered to what a drafted token costs once pass costs are measured
+    # (pass_cost.acceptance_floor); also when it measures slower than plain decoding
     min_acceptance: float = field(default=0.4, metadata=flag(
-        "--spec-min-acceptance", "pause speculation while a sequence's recent per-token acceptance is below this "
-        "(re-probed with growing back-off)", type=float))
+        "--spec-min-acceptance", "pause speculation while a sequence's recent per-token acceptance is below this, "
+        "lowered to what a drafted token costs once pass costs are measured (re-probed with growing back-off; "
+        "0: never pause)", type=float))
 
     def __post_init__(self) -> None:
         if self.draft_n_max < 1:

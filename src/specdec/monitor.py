@@ -13,7 +13,8 @@ sliding window of recent drafting steps:
   over the seconds the drafting steps took (known once a plain pass was timed).
 
 Speculation goes off when alpha < ``min_acceptance`` or speedup < 1 (never with min_acceptance 0), and is
-probed again after ``backoff`` steps; each failed probe doubles the back-off, so
+probed again after ``backoff`` steps (its owners lower ``min_acceptance`` to what a drafted token costs once
+pass costs are measured: ``pass_cost.acceptance_floor``); each failed probe doubles the back-off, so
 prose costs little while a repetitive stretch that starts later is still caught.
 
 Example (min_samples 3, base back-off 4): three drafts with nothing kept switch
