@@ -85,11 +85,13 @@ class SelfSwitching(ReplayDrafter):
 
 
 @pytest.mark.parametrize("switches_itself", [False, True])
-def test_the_sequence_monitor_holds_off_only_drafters_that_do_not_switch_themselves(tiny, reference,
+def test_the_sequence_monitor_holds_off_only_drafters_that_do_not_switch_themselves(tiny, reference, monkeypatch,
                                                                                    switches_itself):
     """A drafter whose first token is always wrong is held off by the sequence's monitor (alpha 0); one that
     switches its own members is left to do so: a second switch, with its own floor and one-miss probes, held
-    adaptive off at T=0.7 where its members' drafts paid."""
+    adaptive off at T=0.7 where its members' drafts paid. (Pass costs fixed, a row at 2% of a pass: the
+    planner keeps drafting whatever the machine's load.)"""
+    monkeypatch.setattr(tiny.runner, "pass_cost", FixedCost({t: 1.0 + 0.02 * (t - 1) for t in (1, 2, 3, 4)}))
     kind = SelfSwitching if switches_itself else ReplayDrafter
     seq = SequenceState(PROMPT, greedy(24), drafter=kind(reference, len(PROMPT), wrong_at=0))
     steps_of(Engine(tiny.runner, draft_n_max=2), seq)
