@@ -309,22 +309,6 @@ def test_a_sampled_requests_lookup_member_is_verified_only_after_its_dry_runs_ke
     assert len(proposal) and proposal.token_ids == truth[len(context) : len(context) + len(proposal)]
 
 
-@pytest.mark.parametrize("realized, starts", [(1.3, Mode.ON), (0.9, Mode.OFF), (None, Mode.PROBE)])
-def test_a_sampled_requests_lookup_member_starts_as_its_earlier_requests_left_it(realized, starts):
-    """What its drafts realized in earlier requests (the ledger) decides how a look-up member starts a sampled
-    request: on where they paid (as under greedy decoding: at T=0.7 its three dry runs first held suffix off
-    for much of a 33-token answer), off where they did not, by dry runs where nothing was timed yet."""
-    truth = list(range(100, 300))
-    ledger = AdaptiveDrafter.shared_state(None).value
-    if realized is not None:
-        for _ in range(3):
-            ledger.record("lookup", WindowSums(1, 1, 1, 1, 2, 1, 2.0 / realized, 2.0))
-    drafter = AdaptiveDrafter([Lookup(truth, right=True)], cost_model(per_token=0.1), ledger=ledger)
-    drafter.begin(truth[:1], SamplingParams(temperature=0.7, max_new_tokens=100))
-    assert drafter.members[0].monitor.mode is starts
-    assert (len(drafter.propose(truth[:1], 4)) > 0) is (starts is Mode.ON)
-
-
 def test_dry_runs_that_keep_nothing_switch_the_member_off_and_one_that_finds_nothing_waits():
     """Dry runs cost no pass: a probe of them is judged on min_samples (a first miss does not end it)."""
     truth = list(range(100, 300))

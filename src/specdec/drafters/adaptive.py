@@ -34,8 +34,7 @@ the dry run measures what a verified probe would, without a pass's extra rows
 (at temperature 1 and batch 4 a row costs a fifth of a pass and probes were
 most of what adaptive lost). A sampled request's look-up members start so, as
 probes: nothing of theirs is verified before its dry runs have kept tokens (unless
-``min_acceptance`` is 0, which never switches a member off, or the ledger says its drafts
-paid in earlier requests: then it starts on).
+``min_acceptance`` is 0, which never switches a member off).
 
 Losslessness: the verifier decides, as for any drafter. Deterministic proposals
 (q one-hot) merge freely: siblings are distinct tokens, and recursive rejection
@@ -350,12 +349,9 @@ class AdaptiveDrafter(Drafter):
         self._prompt_len = len(prompt_ids)
         for m in self.members:
             m.sampled, m.dry = False, None
-            speedup = self.ledger.speedup(m.drafter.name, m.monitor.min_samples)
-            # a look-up member whose drafts paid in earlier requests starts on, as under greedy decoding: at T=0.7
-            # its three dry runs first held suffix off for much of a 33-token answer (translation, QA)
-            paid = m.lookup and speedup is not None and speedup >= 1.0
-            if not sampling.greedy and m.monitor.min_acceptance > 0 and not paid:  # (at 0 nothing is switched off)
+            if not sampling.greedy and m.monitor.min_acceptance > 0:  # (at 0 nothing is ever switched off)
                 m.monitor.start_probe() if m.lookup else m.monitor.judge_first_draft()
+            speedup = self.ledger.speedup(m.drafter.name, m.monitor.min_samples)
             if speedup is not None and speedup < 1.0 and m.monitor.min_acceptance > 0:
                 m.monitor.start_off(self.ledger.backoff.get(m.drafter.name, m.monitor.base_backoff))
             m.drafter.begin(prompt_ids, sampling)
