@@ -109,7 +109,8 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     """Set logits [N, V] to -inf where bitmask [N, ceil(V / 32)] (int32, bit j of word w = token 32w + j)
     has a 0 bit. (llguidance's own kernel goes through torch.compile: seconds of compiling per process.)"""
     n, vocab = logits.shape
-    allowed = ((bitmask[:, :, None] >> _BITS) & 1).bool().reshape(n, -1)[:, :vocab]  # [N, V]
+    bits = _BITS.to(bitmask.device)
+    allowed = ((bitmask[:, :, None] >> bits) & 1).bool().reshape(n, -1)[:, :vocab]  # [N, V]
     logits.masked_fill_(~allowed, float("-inf"))
 
 

@@ -72,7 +72,7 @@ def output_logprobs(raw: torch.Tensor, processed: torch.Tensor, token_ids: Seque
 
 def rank_tokens(values: torch.Tensor, token_ids: Sequence[int], k: int) -> list[TokenLogprob]:
     """values [T, V] (logprobs or logits; row t scores token_ids[t]) -> each token's value, rank and top k."""
-    ids = torch.tensor(list(token_ids), dtype=torch.long)
+    ids = torch.tensor(list(token_ids), dtype=torch.long, device=values.device)
     chosen = values.gather(1, ids[:, None])  # [T, 1]
     ranks = ((values > chosen).sum(dim=-1) + 1).tolist()
     top_ids: list[list[int]] = [[] for _ in token_ids]

@@ -65,12 +65,13 @@ class HistoryProcessor:
         """In place on logits [N+1, V]: row i as plain decoding after ``tokens`` + node i's drafted path."""
         p = self.params
         paths = [[tree.tokens[m] for m in tree.path_to(i)[1:]] for i in range(tree.num_nodes)]
+        device = logits.device  # the counts live on the CPU (small updates); the rows where the model ran
         if len(self.bias_ids):
-            logits[:, self.bias_ids] += self.bias_values
+            logits[:, self.bias_ids.to(device)] += self.bias_values.to(device)
         if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0:
-            counts = self._counts(paths)  # [N+1, V]
+            counts = self._counts(paths).to(device)  # [N+1, V]
             if p.repetition_penalty != 1.0:
-                seen = (counts > 0) | self.prompt_mask
+                seen = (counts > 0) | self.prompt_mask.to(device)
                 scaled = torch.where(logits > 0, logits / p.repetition_penalty, logits * p.repetition_penalty)
                 logits.copy_(torch.where(seen, scaled, logits))
             if p.frequency_penalty:
@@ -129,7 +130,7 @@ class SequenceProcessors:
             self.history.apply(out, tree, tokens)
         if self.grammar is None:
             return out
-        bitmask = self.grammar.bitmask(tree)
+        bitmask = self.grammar.bitmask(tree).to(out.device)
         apply_bitmask(out, bitmask)
         dead = torch.isneginf(out).all(dim=-1)
         if bool(dead.any()):
