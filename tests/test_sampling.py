@@ -43,3 +43,29 @@ def test_top_p_on_a_full_vocabulary_and_a_head_at_the_margin(top_p):
     head[:8] = top_p / 8
     probs = torch.stack([torch.softmax(peaked, dim=-1), head.float()])
     assert torch.equal(_top_p_drop(probs, top_p), top_p_drop_by_sort(probs, top_p))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_cpu_draw_is_the_cumulative_sums_token(dtype):
+    # inverse_cdf_rows must pick what searchsorted over torch's float64 cumsum picks, bit for bit: rows
+    # of a 152K vocabulary (peaked, flat, with zero-mass runs, unnormalised), u across [0, 1) and its edges.
+    from specdec.inverse_cdf import inverse_cdf_rows
+    from specdec.sampling import sample_by_cdf
+
+    gen = torch.Generator().manual_seed(0)
+    vocab = 151_936
+    rows = [torch.softmax(torch.randn(vocab, generator=gen) * 4, -1),  # peaked
+            torch.full((vocab,), 1.0 / vocab),  # flat
+            torch.rand(vocab, generator=gen) * 3.0]  # unnormalised
+    zeros = torch.softmax(torch.randn(vocab, generator=gen), -1)
+    zeros[::3] = 0.0
+    zeros[-1000:] = 0.0
+    rows.append(zeros)
+    probs = torch.stack(rows).to(dtype)
+    us = [0.0, 1e-12, 0.5, 1.0 - 1e-16, *torch.rand(60, dtype=torch.float64, generator=gen).tolist()]
+    for value in us:
+        u = torch.full((len(rows), 1), value, dtype=torch.float64)
+        out = torch.empty(len(rows), dtype=torch.long)
+        inverse_cdf_rows(probs.numpy(), u[:, 0].numpy(), out.numpy())
+        assert out.tolist() == sample_by_cdf(probs, u).tolist(), value
+    assert all(zeros[t] > 0 for t in out.tolist()[3:])

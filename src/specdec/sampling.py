@@ -88,8 +88,20 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     [0, 1), so a token of zero mass is never drawn. The running sums are float64 (off by
     ~1e-16 of the total, not float32's ~1e-7 per add). ``torch.multinomial`` draws one
     exponential per vocabulary entry on a CPU: 1-3 ms a token for 49K-152K vocabularies,
-    a tenth of a small model's decode step; this is one cumulative sum and one search.
+    a tenth of a small model's decode step; this is one cumulative sum and one search (on a CPU
+    the same sums in ``inverse_cdf``, stopping at the token: 1.0 -> 0.26 ms a 152K row).
     """
-    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
     u = torch.rand(probs.shape[0], 1, dtype=torch.float64, generator=generator, device=probs.device)
+    if probs.device.type == "cpu" and probs.dtype in (torch.float32, torch.float64):
+        from specdec.inverse_cdf import inverse_cdf_rows  # (numba: the same sums without a cdf tensor)
+
+        out = torch.empty(probs.shape[0], dtype=torch.long)
+        inverse_cdf_rows(probs.contiguous().numpy(), u[:, 0].numpy(), out.numpy())
+        return out
+    return sample_by_cdf(probs, u)
+
+
+def sample_by_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``sample``'s draw given u [N, 1] by its definition: the cumulative sums as a tensor (fast on a GPU)."""
+    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
     return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
