@@ -353,6 +353,39 @@ def test_a_lookup_member_is_judged_against_what_its_rows_cost(per_token, stays_o
         assert monitor.sums.alpha() < 0.4 and monitor.sums.steps >= 6
 
 
+class PartlyModel(Partly):
+    """``Partly`` as a model member: its drafting is priced."""
+
+    lookup = False
+
+
+class Clock:
+    """adaptive's time.perf_counter: each reading ``step`` seconds after the last (a propose is timed by two)."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def perf_counter(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_a_model_member_is_judged_against_what_its_rows_and_its_drafting_cost(monkeypatch):
+    """A model member's floor prices its own seconds a drafted token: (c(2) + seconds) / c(1) - 1. At alpha 1/3,
+    2% rows and ~2.5 ms a token against 1 s passes it stays on (the fixed 0.4 switched it off). (Where its
+    drafting costs more, its timed steps realize < 1x and switch it off too: pass_cost's own test pins the
+    seconds' part of the floor.)"""
+    import specdec.drafters.adaptive as adaptive
+
+    monkeypatch.setattr(adaptive, "time", Clock(0.01))
+    truth = list(range(100, 300))
+    drafter = AdaptiveDrafter([PartlyModel(truth, right=True)], cost_model(per_token=0.02))
+    run_script(drafter, truth, 12)
+    monitor = drafter.members[0].monitor
+    assert monitor.mode is Mode.ON
+    assert monitor.sums.alpha() < 0.4 and monitor.sums.steps >= 6
+
+
 def test_a_greedy_requests_lookup_member_drafts_from_the_first_step():
     truth = list(range(100, 300))
     drafter = AdaptiveDrafter([Lookup(truth, right=True)], cost_model(per_token=0.1))

@@ -20,8 +20,8 @@ several when their disagreement is worth verifying. Every member is scored on
 every step against what the target committed, verified or not (a proposal that
 agrees with the committed tokens for m tokens and then differs had m accepted
 and 1 rejected; one that agrees all along was never contradicted), and a member
-whose recent alpha falls below ``min_acceptance`` (a look-up member: below what
-a row costs once pass costs are measured, ``_lookup_floor``), whose draft seconds cost more
+whose recent alpha falls below ``min_acceptance`` (once pass costs are measured: below
+what a row and the member's drafting cost, ``_floor``), whose draft seconds cost more
 than its tokens save, or whose drafts verified alone realized less than plain
 decoding (timed steps), is not asked until its back-off ends (``SpecMonitor``).
 What members realized is pooled across an engine's requests (``Ledger``): a member
@@ -461,16 +461,16 @@ class AdaptiveDrafter(Drafter):
 
         return max((rate(n), n) for n in range(1, k + 1))
 
-    def _lookup_floor(self) -> float:
-        """The acceptance below which a look-up member is switched off (its drafting is free: ``acceptance_floor``
-        without drafting seconds). At T=0.7 suffix keeps ~0.4 of its first tokens on chat text, at the 0.4 floor,
-        and with a 3-row verify at ~1.05x a 1-row one those drafts paid 1.19x alone, while inside adaptive it was
-        kept off (0.98x on math)."""
-        return acceptance_floor(self.min_acceptance, self.cost)
+    def _floor(self, m: Member) -> float:
+        """The acceptance below which member ``m`` is switched off: ``acceptance_floor`` with its drafting
+        seconds a token, which are none for a look-up (at T=0.7 suffix keeps ~0.4 of its first tokens on chat
+        text, at the fixed 0.4 floor, and with a 3-row verify at ~1.05x a 1-row one those drafts paid 1.19x
+        alone, while inside adaptive it was kept off: 0.98x on math), and what a model member's drafts took
+        (the engine prices a sequence's drafter the same way)."""
+        return acceptance_floor(self.min_acceptance, self.cost, 0.0 if m.lookup else m.token_seconds or 0.0)
 
     def accept(self, context: Sequence[int], num_accepted: int) -> None:
         committed = context[self._root_at :] if self._root_at is not None else ()
-        floor = self._lookup_floor()
         drafting, draft = self._step if self._step is not None else (0.0, EMPTY)
         self._step = None
         for m in self.members:
@@ -489,8 +489,7 @@ class AdaptiveDrafter(Drafter):
                     sample.timed_steps, sample.seconds = 1, drafting + self.cost.estimate(len(draft) + 1)
                     sample.plain_seconds = (num_accepted + 1) * self.cost.estimate(1)
                     self._charge(m, replace(sample))
-                if m.lookup:
-                    m.monitor.min_acceptance = floor
+                m.monitor.min_acceptance = self._floor(m)
                 m.monitor.observe(sample, dry=at is not None)
             else:
                 if not m.lookup:  # (indexing every token for look-up members that sat out cost ~1% at batch 4)
