@@ -132,3 +132,31 @@ def test_verify_dispatches_on_temperature():
     assert verify(tree, logits, SamplingParams()).token_ids == [1, 2]
     sampled = verify(tree, logits * 10, SamplingParams(temperature=0.5), None, torch.Generator().manual_seed(0))
     assert sampled.token_ids == [1, 2]  # one-hot-ish p: accept and bonus are certain
+
+
+def test_sampled_rows_are_made_as_the_walk_reaches_them(monkeypatch):
+    """verify makes the target's p of a node only when the walk reads it (rows past the first rejection never),
+    each as ``probs_from_logits`` of that row alone: the same draws as from every row made up front."""
+    from specdec.sampling import probs_from_logits
+
+    made: list[int] = []
+
+    def counted(logits, params):
+        made.append(len(logits))
+        return probs_from_logits(logits, params)
+
+    monkeypatch.setattr(verify_mod, "probs_from_logits", counted)
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    gen = torch.Generator().manual_seed(3)
+    short = 0
+    for trial in range(200):
+        k = int(torch.randint(1, 6, (1,), generator=gen))
+        logits = torch.randn(k + 1, 50, generator=gen) * 2
+        tree = DraftTree.chain(0, torch.randint(0, 50, (k,), generator=gen).tolist())
+        eager = torch.cat([probs_from_logits(logits[i : i + 1], params) for i in range(k + 1)])
+        made.clear()
+        lazy = verify(tree, logits, params, None, torch.Generator().manual_seed(trial))
+        assert lazy == verify_sampling(tree, eager, None, torch.Generator().manual_seed(trial))
+        assert made == [1] * len(lazy.path)  # the accepted nodes' rows, then the row the last token came from
+        short += len(lazy.path) < k + 1
+    assert short > 100  # most walks stopped before the last row
