@@ -323,12 +323,15 @@ def test_dry_runs_that_keep_nothing_switch_the_member_off_and_one_that_finds_not
     assert wrong.planned_alpha(0.9) is None
     silent = sampled_lookup(truth, right=None)
     monitor = silent.members[0].monitor
-    assert monitor.mode is Mode.OFF and monitor.backoff == monitor.base_backoff  # it did not fail
+    assert monitor.mode is Mode.OFF and monitor.backoff == 2 * monitor.base_backoff  # found nothing: waits longer
     context = truth[:1]
-    for _ in range(monitor.backoff):  # the back-off runs out: a new dry run, which finds nothing again
-        context = truth[: len(context) + 1]
-        silent.accept(context, 0)
-    assert monitor.num_probes == 2 and monitor.mode is Mode.OFF and silent.members[0].drafter.proposed == 2
+    for probes, backoff in ((2, 4), (3, 4)):  # each back-off runs out: a new dry run, which finds nothing again
+        for _ in range(monitor.backoff):
+            context = truth[: len(context) + 1]
+            silent.accept(context, 0)
+        assert monitor.num_probes == probes and monitor.mode is Mode.OFF
+        assert silent.members[0].drafter.proposed == probes
+        assert monitor.backoff == backoff * monitor.base_backoff  # up to 4x: it did not fail
 
 
 class Partly(Lookup):

@@ -143,9 +143,13 @@ class SpecMonitor:
         self.first_draft_decides = True
 
     def skip_probe(self) -> None:
-        """A probe that found nothing to draft: off again for as long as before (it did not fail)."""
+        """A probe that found nothing to draft: off again, each time twice as long up to 4x the base back-off
+        (it did not fail, so no longer: text that repeats nothing yet may start to). Waiting as long as before,
+        three look-up members found nothing every ~5 steps at T=1 on creative text, and their dry proposes
+        took ~2.3% of a batch-4 run (SmolLM2, Zen 4)."""
         if self.mode is Mode.PROBE:
             self.mode, self.idle = Mode.OFF, 0
+            self.backoff = max(self.backoff, min(2 * self.backoff, 4 * self.base_backoff))
 
     @property
     def allows_draft(self) -> bool:
