@@ -77,8 +77,9 @@ def verify(
 
 class RowProbs:
     """The target's p at each node, each row made when the walk first reads it: rows past the first rejection
-    are never needed (at T=0.7 with tau ~1.3, most of a 5-row verify's 152K-wide softmaxes: 1.25 ms a step on
-    Qwen2.5-Coder-1.5B, Zen 4). A row is ``probs_from_logits`` of that row alone, as plain decoding makes it."""
+    are never needed (at T=0.7 with tau ~1.3, most of a 5-row verify's 152K-wide softmaxes: 0.80 -> 0.40 ms a
+    step on Qwen2.5-Coder-1.5B, Zen 4, ``scripts/step_work.py``). A row is ``probs_from_logits`` of that row
+    alone, as plain decoding makes it."""
 
     def __init__(self, logits: torch.Tensor, params: SamplingParams) -> None:
         self.logits, self.params, self.device = logits, params, logits.device

@@ -1,0 +1,82 @@
+"""What a decode step spends beside its target pass, by function (cProfile over the engine), and how often
+adaptive's look-up members dry-run: counts and profiles, which a VM's drifting clock does not move.
+
+    python scripts/step_work.py [--model qwen2.5-coder-1.5b] [--spec adaptive] [--workloads math_reasoning]
+                                [--prompts 3] [--batch 1] [--temperature 0.7] [--tokens 64]
+
+The first ``--prompts`` first-turn prompts of the workloads, in chunks of ``--batch`` sequences (EOS ignored),
+after one warm-up chunk; a fresh drafter state for every chunk. docs/performance.md's twenty-third Zen 4 section:
+    python scripts/step_work.py --workloads math_reasoning --prompts 4                 # the sampled verify's rows
+    python scripts/step_work.py --model smollm2-135m --workloads creative,mt_bench --prompts 16 --batch 4 \\
+        --temperature 1 --tokens 128                                                   # the dry runs at T=1
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+from specdec.bench.report import cpu_info
+from specdec.bench.workloads import load_workload
+from specdec.config import SamplingParams
+from specdec.llm import LLM
+
+# (label, file suffix, function name) of what is reported per step
+PARTS = (("target passes", "runners/native.py", "run"), ("verify", "specdec/verify.py", "verify"),
+         ("  its rows' p", "specdec/sampling.py", "probs_from_logits"), ("  draws", "specdec/sampling.py", "sample"),
+         ("drafter propose", "drafters/adaptive.py", "propose"), ("drafter accept", "drafters/adaptive.py", "accept"),
+         ("  dry runs", "drafters/adaptive.py", "_dry_run"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--spec", default="adaptive")
+    ap.add_argument("--workloads", default="math_reasoning")
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--tokens", type=int, default=64)
+    args = ap.parse_args()
+    llm = LLM(args.model, spec=args.spec, max_num_seqs=args.batch)
+    prompts = [llm.chat_prompt(c.messages(0, [])) for name in args.workloads.split(",")
+               for c in load_workload(name).conversations][: args.prompts]
+    drafts = llm.drafts
+
+    def run(chunk: list[list[int]], seed: int) -> None:
+        drafts.forget()
+        seqs = [llm.new_sequence(list(p), SamplingParams(max_new_tokens=args.tokens, temperature=args.temperature,
+                                                         seed=seed + i, ignore_eos=True))
+                for i, p in enumerate(chunk)]
+        llm.engine.run_batch(seqs)
+
+    cpu = cpu_info()
+    print(f"# {cpu['cpu']}, {cpu['cores']} cores, SIMD {cpu['simd']}; {llm.model_name}, {llm.runner.weights_label}; "
+          f"--spec {args.spec}, T={args.temperature}, batch {args.batch}, {len(prompts)} prompts x {args.tokens} "
+          "tokens")
+    llm.warmup()
+    run(prompts[: args.batch], 0)
+    profile = cProfile.Profile()
+    t0 = time.perf_counter()
+    profile.enable()
+    for s in range(0, len(prompts), args.batch):
+        run(prompts[s : s + args.batch], 100 + s)
+    profile.disable()
+    seconds = time.perf_counter() - t0
+    stats = pstats.Stats(profile).stats  # {(file, line, name): (calls, primitive calls, tottime, cumtime, callers)}
+
+    def cumulative(suffix: str, name: str) -> tuple[int, float]:
+        hits = [(v[0], v[3]) for (f, _, n), v in stats.items() if n == name and f.endswith(suffix)]
+        return (sum(c for c, _ in hits), sum(t for _, t in hits))
+
+    steps = cumulative("specdec/engine.py", "step")[0]
+    print(f"{steps} engine steps in {seconds:.2f} s (under cProfile): {1e3 * seconds / steps:.2f} ms a step")
+    for label, suffix, name in PARTS:
+        calls, cum = cumulative(suffix, name)
+        print(f"{label:16s} {calls:6d} calls  {cum:7.3f} s  {1e3 * cum / steps:6.2f} ms a step")
+
+
+if __name__ == "__main__":
+    main()
