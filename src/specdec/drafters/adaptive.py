@@ -33,8 +33,10 @@ equals its token x with probability p(x), the verifier's chance of keeping x:
 the dry run measures what a verified probe would, without a pass's extra rows
 (at temperature 1 and batch 4 a row costs a fifth of a pass and probes were
 most of what adaptive lost). A sampled request's look-up members start so, as
-probes: nothing of theirs is verified before its dry runs have kept tokens (unless
-``min_acceptance`` is 0, which never switches a member off).
+probes, unless they were on when the last sampled request ended (``Ledger``):
+nothing of theirs is verified before dry runs have kept tokens (unless
+``min_acceptance`` is 0, which never switches a member off). A probe that finds
+nothing looks again as soon as its dry runs stay cheap beside the pass.
 
 Losslessness: the verifier decides, as for any drafter. Deterministic proposals
 (q one-hot) merge freely: siblings are distinct tokens, and recursive rejection
@@ -48,6 +50,7 @@ it is verified follows from its member's alpha, the budget and the pass costs
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -61,6 +64,10 @@ from specdec.drafters.base import EMPTY, Drafter, DraftProposal, DraftSetup, Sha
 from specdec.monitor import Mode, SlidingSums, SpecMonitor, WindowSums
 from specdec.pass_cost import PassCost, acceptance_floor
 from specdec.runners.base import ModelRunner
+
+# The share of a step's pass a look-up member's dry runs may cost while its probes find nothing
+# (``AdaptiveDrafter._probe_wait``).
+DRY_SHARE = 0.003
 
 
 @dataclass(frozen=True)
@@ -253,6 +260,8 @@ class Ledger:
     timed: dict[str, SlidingSums] = field(default_factory=dict)
     backoff: dict[str, int] = field(default_factory=dict)
     untimed: dict[str, int] = field(default_factory=dict)  # requests in a row that timed nothing, by member
+    live: int = 0  # requests begun and not ended: the sequences whose dry runs share a step (``_probe_wait``)
+    sampled_on: dict[str, bool] = field(default_factory=dict)  # look-up members on when a sampled request ended
 
     def record(self, name: str, sample: WindowSums) -> None:
         self.timed.setdefault(name, SlidingSums(self.window)).append(sample)
@@ -276,6 +285,7 @@ class Member:
     drafter: Drafter
     monitor: SpecMonitor
     draft_seconds: float | None = None  # recent seconds per propose (a running mean from its first ask)
+    dry_seconds: float | None = None  # recent seconds per dry run (``AdaptiveDrafter._probe_wait``)
     token_seconds: float | None = None  # a model member's recent seconds per drafted token (an empty ask: one)
     drafted_share: float | None = None  # recent share of its asks that drafted anything (None: not asked yet)
     offered: DraftProposal | None = None  # this step's proposal (None: not asked, or nothing)
@@ -347,10 +357,14 @@ class AdaptiveDrafter(Drafter):
         self.greedy = sampling.greedy
         self._ends_at = len(prompt_ids) + sampling.max_new_tokens
         self._prompt_len = len(prompt_ids)
+        self.ledger.live += 1
         for m in self.members:
             m.sampled, m.dry = False, None
             if not sampling.greedy and m.monitor.min_acceptance > 0:  # (at 0 nothing is ever switched off)
-                m.monitor.start_probe() if m.lookup else m.monitor.judge_first_draft()
+                if not m.lookup:
+                    m.monitor.judge_first_draft()
+                elif not self.ledger.sampled_on.get(m.drafter.name, False):
+                    m.monitor.start_probe()
             speedup = self.ledger.speedup(m.drafter.name, m.monitor.min_samples)
             if speedup is not None and speedup < 1.0 and m.monitor.min_acceptance > 0:
                 m.monitor.start_off(self.ledger.backoff.get(m.drafter.name, m.monitor.base_backoff))
@@ -504,11 +518,28 @@ class AdaptiveDrafter(Drafter):
 
     def _dry_run(self, m: Member, context: Sequence[int]) -> None:
         """A probing look-up member's draft from ``context``, scored at the next ``accept``; one that
-        finds nothing ends the probe (asking it every step until it found something cost ~1%)."""
+        finds nothing waits ``_probe_wait`` steps before the next."""
+        t0 = time.perf_counter()
         m.dry, m.dry_at = m.drafter.propose(context, m.monitor.probe_tokens), len(context)
+        m.dry_seconds = _running_mean(m.dry_seconds, time.perf_counter() - t0)
         if not len(m.dry):
             m.dry = None
-            m.monitor.skip_probe()
+            m.monitor.skip_probe(self._probe_wait(m))
+
+    def _probe_wait(self, m: Member) -> int:
+        """Steps between a look-up member's dry runs while they find nothing: as many as keep them within
+        ``DRY_SHARE`` of the step's pass (every live sequence's dry runs against a pass as wide as them; the
+        base back-off before that pass is timed), at most 4x the base back-off.
+
+        Qwen2.5-Coder-1.5B's ~37 ms pass and suffix's ~0.1 ms dry run: none, it probes every step. SmolLM2-135M
+        at batch 4, T=1, creative text: three members' dry runs every step (~0.1 ms each beside a ~8 ms pass of
+        4 rows) cost ~2.5% of the run; a wait of ~12 steps keeps them under 1% (``scripts/step_work.py``)."""
+        live = max(1, self.ledger.live)
+        step = None if self.cost is None else self.cost.estimate(live)  # (timed at plain steps: no draft needed)
+        if step is None or m.dry_seconds is None:
+            return m.monitor.base_backoff
+        share = live * m.dry_seconds / step
+        return min(4 * m.monitor.base_backoff, math.ceil(share / DRY_SHARE) - 1)
 
     def _charge(self, m: Member, sample: WindowSums) -> None:
         """Record a member's timed draft in the ledger with the catch-up it paid since its last one.
@@ -523,11 +554,14 @@ class AdaptiveDrafter(Drafter):
         self._timed.add(m.drafter.name)
 
     def end(self, context: Sequence[int]) -> None:
+        self.ledger.live = max(0, self.ledger.live - 1)
         for m in self.members:
             m.drafter.end(context)
             if m.owed > 0.0:  # a catch-up that no timed draft followed: all cost
                 self._charge(m, WindowSums(timed_steps=1))
             self.ledger.backoff[m.drafter.name] = m.monitor.backoff
+            if not self.greedy and m.lookup:
+                self.ledger.sampled_on[m.drafter.name] = m.monitor.mode is Mode.ON
             if m.drafter.name not in self._timed:
                 self.ledger.age(m.drafter.name)
 
