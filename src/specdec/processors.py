@@ -36,7 +36,9 @@ class HistoryProcessor:
     """presence/frequency/repetition penalties, logit_bias, min_tokens and bad_words for one sequence.
 
     State: the output tokens' counts ([V] float, updated by ``advance``); the
-    prompt's token set for the repetition penalty.
+    prompt's token set for the repetition penalty. It moves to the logits' device at the first
+    ``apply`` and stays there: on a GPU, copying the counts built for every row ([N+1, V], ~3 MB a
+    5-row step) and the prompt mask to it each verify step cost more than the penalties.
     """
 
     def __init__(self, params: SamplingParams, prompt_ids: Sequence[int], vocab_size: int,
@@ -58,20 +60,26 @@ class HistoryProcessor:
     def advance(self, new_ids: Sequence[int]) -> None:
         """Tokens committed to the output."""
         if new_ids:
-            self.output_counts.index_add_(0, torch.tensor(list(new_ids), dtype=torch.long),
-                                          torch.ones(len(new_ids)))
+            device = self.output_counts.device
+            self.output_counts.index_add_(0, torch.tensor(list(new_ids), dtype=torch.long, device=device),
+                                          torch.ones(len(new_ids), device=device))
+
+    def _move_to(self, device: torch.device) -> None:
+        if self.output_counts.device != device:
+            self.output_counts, self.prompt_mask = self.output_counts.to(device), self.prompt_mask.to(device)
+            self.bias_ids, self.bias_values = self.bias_ids.to(device), self.bias_values.to(device)
 
     def apply(self, logits: torch.Tensor, tree: DraftTree, tokens: Sequence[int]) -> None:
         """In place on logits [N+1, V]: row i as plain decoding after ``tokens`` + node i's drafted path."""
         p = self.params
         paths = [[tree.tokens[m] for m in tree.path_to(i)[1:]] for i in range(tree.num_nodes)]
-        device = logits.device  # the counts live on the CPU (small updates); the rows where the model ran
+        self._move_to(logits.device)
         if len(self.bias_ids):
-            logits[:, self.bias_ids.to(device)] += self.bias_values.to(device)
+            logits[:, self.bias_ids] += self.bias_values
         if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0:
-            counts = self._counts(paths).to(device)  # [N+1, V]
+            counts = self._counts(paths)  # [N+1, V]
             if p.repetition_penalty != 1.0:
-                seen = (counts > 0) | self.prompt_mask.to(device)
+                seen = (counts > 0) | self.prompt_mask
                 scaled = torch.where(logits > 0, logits / p.repetition_penalty, logits * p.repetition_penalty)
                 logits.copy_(torch.where(seen, scaled, logits))
             if p.frequency_penalty:
@@ -91,7 +99,9 @@ class HistoryProcessor:
         rows = [i for i, path in enumerate(paths) for _ in path]
         if rows:
             cols = [t for path in paths for t in path]
-            counts.index_put_((torch.tensor(rows), torch.tensor(cols)), torch.ones(len(rows)), accumulate=True)
+            device = counts.device
+            index = torch.tensor([rows, cols], dtype=torch.long, device=device)
+            counts.index_put_((index[0], index[1]), torch.ones(len(rows), device=device), accumulate=True)
         return counts
 
     def _banned_words(self, output: Sequence[int], path: list[int]) -> list[int]:
