@@ -163,6 +163,31 @@ def test_a_member_is_asked_only_where_the_request_can_repay_its_catch_up(max_new
     assert (dear.asked == 1) == asked
 
 
+class Priced(Dear):
+    """``Dear`` whose drafter knows what a drafted token costs before drafting (a draft model's timed pass)."""
+
+    def __init__(self, truth: list[int], catch_up: float, token_seconds: float | None) -> None:
+        super().__init__(truth, catch_up)
+        self.seconds = token_seconds
+
+    def token_seconds(self):
+        return self.seconds
+
+
+@pytest.mark.parametrize("token_seconds, asked", [(None, True), (0.3, True), (0.5, False)])
+def test_a_members_first_ask_is_priced_by_what_its_drafter_says_a_token_costs(token_seconds, asked):
+    """As above, 5 s of catch-up after 50 of 100 tokens: with free drafts (nothing known before the first ask)
+    it pays; at 0.3 s a drafted token against 1 s passes one token at alpha 0.6 still saves 0.12 s a token
+    (6 s over the 50 to come); at 0.5 s nothing does, so the catch-up is not paid (a 0.5B draft's 0.2-0.4 s
+    prompt passes, let through as if its drafts were free, cost adaptive 0.66 s on three MT-bench answers)."""
+    truth = list(range(100, 300))
+    dear = Priced(truth, 5.0, token_seconds)
+    drafter = AdaptiveDrafter([dear], cost_model(per_token=0.1))
+    drafter.begin(truth[:1], SamplingParams(max_new_tokens=100))
+    drafter.propose(truth[:51], 4)
+    assert (dear.asked == 1) == asked
+
+
 @pytest.mark.parametrize("realized, asked", [(None, True), (1.1, False), (1.5, True)])
 def test_a_catch_up_is_repaid_no_faster_than_the_members_drafts_realized(realized, asked):
     """As above, 5 s of catch-up after 50 of 100 tokens: priced at alpha it pays (0.4 s saved a

@@ -156,13 +156,16 @@ def test_prompt_tail_bounds_what_the_draft_reads(tiny, tiny_llama):
 
 def test_a_first_catch_up_is_priced_before_it_is_paid(tiny_llama):
     """A fresh draft has timed no pass, so its first prompt's catch-up would read as free: it times a 1- and a
-    32-token pass on its slot first (their cache entries dropped), and prices the prompt from them."""
+    32-token pass on its slot first (their cache entries dropped), and prices the prompt and a drafted token
+    from them."""
     draft, _ = load_runner(str(tiny_llama), max_seq_len=512)
     drafter = DraftModelDrafter(draft)
     drafter.begin(list(range(100, 300)), greedy(4))
     assert not draft.pass_cost.measured
+    assert drafter.token_seconds() is None  # nothing timed yet
     assert drafter.catch_up_seconds(list(range(100, 300))) > 0.0
     assert draft.pass_cost.measured and draft.lengths[drafter.slot] == 0 and drafter.cached == []
+    assert drafter.token_seconds() == draft.pass_cost.estimate(1) > 0.0  # a drafted token: its 1-token pass
 
 
 @pytest.fixture(scope="module")

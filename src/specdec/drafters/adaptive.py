@@ -286,7 +286,8 @@ class Member:
     monitor: SpecMonitor
     draft_seconds: float | None = None  # recent seconds per propose (a running mean from its first ask)
     dry_seconds: float | None = None  # recent seconds per dry run (``AdaptiveDrafter._probe_wait``)
-    token_seconds: float | None = None  # a model member's recent seconds per drafted token (an empty ask: one)
+    token_seconds: float | None = None  # a model member's recent seconds per drafted token (an empty ask: one;
+    # before its first ask: ``Drafter.token_seconds``, a draft model's timed pass)
     drafted_share: float | None = None  # recent share of its asks that drafted anything (None: not asked yet)
     offered: DraftProposal | None = None  # this step's proposal (None: not asked, or nothing)
     asked: bool = False
@@ -384,6 +385,8 @@ class AdaptiveDrafter(Drafter):
         catch_ups = [m.drafter.catch_up_seconds(context) for m in self.members]
         free = [m for m, c in zip(self.members, catch_ups, strict=True) if c == 0.0]  # need no catch-up
         for m, catch_up in zip(self.members, catch_ups, strict=True):
+            if m.token_seconds is None and not m.lookup:  # priced before its first ask where its drafter knows
+                m.token_seconds = m.drafter.token_seconds()
             k = self._ask_length(m, m.monitor.draft_cap(max_tokens), context, catch_up, free)
             # A sampled member is asked for what ``choose`` will keep of it, known before it draws.
             k = planned_length(m.monitor.alpha, k, self.cost)[0] if m.sampled else k
@@ -468,7 +471,7 @@ class AdaptiveDrafter(Drafter):
         share = 1.0 if m.lookup or m.drafted_share is None else m.drafted_share
 
         def rate(n: int) -> float:
-            # (before its first ask: free; its first ask prices it)
+            # (before its first ask: what its drafter says a token costs, else free; its first ask prices it)
             drafting = (m.draft_seconds or 0.0) if m.lookup or m.token_seconds is None else n * m.token_seconds
             return (1.0 + share * (expected_tokens(alpha, n) - 1.0)) \
                 / (share * cost.estimate(n + 1) + (1.0 - share) * plain + drafting)

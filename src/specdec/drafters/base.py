@@ -218,6 +218,11 @@ class Drafter(ABC):
         or unknown; the adaptive drafter weighs it against what the request's rest could save."""
         return 0.0
 
+    def token_seconds(self) -> float | None:
+        """What drafting one token costs, where it is known before any was drafted (a draft model: its timed
+        1-token pass); None: unknown, and the adaptive drafter prices the member by what its asks take."""
+        return None
+
     def planned_alpha(self, alpha: float) -> float | None:
         """The acceptance the engine's batch planner should expect of the next draft, given the
         sequence monitor's ``alpha``; None: nothing will be proposed, so plan no rows for it."""

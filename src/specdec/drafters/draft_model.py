@@ -232,6 +232,10 @@ class DraftModelDrafter(Drafter):
             self._time_passes()
         return self.runner.pass_cost.estimate(todo) or 0.0
 
+    def token_seconds(self) -> float | None:
+        # a drafted token is one 1-token pass of the draft (timed by ``_time_passes`` or by drafting)
+        return self.runner.pass_cost.estimate(1)
+
     def _time_passes(self) -> None:
         """Time a 1- and a 32-token pass of the draft (after an untimed one: the weights' first read) on
         its slot, then drop their cache entries: a process's first prompt would otherwise read as free to
