@@ -8,9 +8,10 @@ drifts by +-10% over minutes, a cell timed once per method (`specdec bench`) can
 difference; interleaved runs of the same chunk can. Every run starts with the drafters' shared state
 empty (the suffix cache learns nothing from an earlier run of the same prompts).
 
-Prints the ratio per batch size, and for adaptive where its decode passes went: passes by extra
-rows (drafted tokens verified), their seconds and mean ms, so the cost of verifying rejected drafts
-is read off directly.
+Prints the ratio per batch size; what each method's run spent outside the passes (prompt and decode), per
+decode pass (sampling, drafting, the engine's own work); and for adaptive where its decode passes
+went: passes by extra rows (drafted tokens verified), their seconds and mean ms, so the cost of verifying
+rejected drafts is read off directly.
 """
 
 from __future__ import annotations
@@ -38,12 +39,15 @@ def main() -> None:
     prompts = [llm.chat_prompt(c.messages(0, [])) for name in ("creative", "mt_bench")
                for c in load_workload(name).conversations][:16]
     passes: list[tuple[int, int, float]] = []  # (sequences, rows, seconds) of each decode pass
+    prefill = [0.0]  # seconds of the prompt passes
     run_pass = llm.runner.run
 
     def timed_run(seqs, *a, **k):
         out = run_pass(seqs, *a, **k)
         if seqs[0].all_logits:
             passes.append((len(seqs), sum(len(s.token_ids) for s in seqs), out.seconds))
+        else:
+            prefill[0] += out.seconds
         return out
 
     llm.runner.run = timed_run
@@ -70,19 +74,26 @@ def main() -> None:
         seconds = {"none": 0.0, "adaptive": 0.0}
         tokens = {"none": 0, "adaptive": 0}
         by_extra: dict[int, list] = collections.defaultdict(lambda: [0, 0.0])
+        in_passes = {"none": [0, 0.0], "adaptive": [0, 0.0]}  # decode passes and their seconds
         for r in range(args.rounds):
             for s in range(0, len(prompts), b):
                 for spec in ("none", "adaptive", "adaptive", "none"):
                     passes.clear()
+                    prefill[0] = 0.0
                     dt, n = run(spec, prompts[s:s + b], 1000 * r + s)
                     seconds[spec] += dt
                     tokens[spec] += n
+                    in_passes[spec][0] += len(passes)
+                    in_passes[spec][1] += sum(sec for *_, sec in passes) + prefill[0]
                     if spec == "adaptive":
                         for nseq, rows, sec in passes:
                             by_extra[rows - nseq][0] += 1
                             by_extra[rows - nseq][1] += sec
         plain, adaptive = tokens["none"] / seconds["none"], tokens["adaptive"] / seconds["adaptive"]
         print(f"batch {b}: plain {plain:.1f} tok/s, adaptive {adaptive:.1f} tok/s: {adaptive / plain:.3f}x")
+        for spec, (n, sec) in in_passes.items():
+            print(f"    {spec}: {n} decode passes; the run spent {1e3 * (seconds[spec] - sec) / n:.2f} ms a decode "
+                  "pass outside every pass")
         total = sum(v[1] for v in by_extra.values())
         for extra in sorted(by_extra):
             n, sec = by_extra[extra]
