@@ -536,7 +536,7 @@ class AdaptiveDrafter(Drafter):
 
         Qwen2.5-Coder-1.5B's ~37 ms pass and suffix's ~0.1 ms dry run: none, it probes every step. SmolLM2-135M
         at batch 4, T=1, creative text: three members' dry runs every step (~0.1 ms each beside a ~8 ms pass of
-        4 rows) cost ~2.5% of the run; a wait of ~12 steps keeps them under 1% (``scripts/step_work.py``)."""
+        4 rows) cost ~2.5% of the run; waits of ~14 steps keep them near 1% (``scripts/step_work.py``)."""
         live = max(1, self.ledger.live)
         step = None if self.cost is None else self.cost.estimate(live)  # (timed at plain steps: no draft needed)
         if step is None or m.dry_seconds is None:
