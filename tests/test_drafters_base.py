@@ -276,7 +276,7 @@ class Spy(Drafter):
         if name in _drafter_methods():
             calls = object.__getattribute__(self, "calls")
             answers = {"propose": DraftProposal([7]), "windows": {"spy-member": "window"}, "catch_up_seconds": 2.5,
-                       "planned_alpha": 0.123}
+                       "planned_alpha": 0.123, "token_seconds": 0.01}
             return lambda *args: calls.append(name) or answers.get(name)
         return object.__getattribute__(self, name)
 
@@ -286,7 +286,7 @@ class Spy(Drafter):
 
 CALL_ARGS = {"bind_slot": (3,), "begin": ([1, 2], SamplingParams()), "observe": ({-1: torch.zeros(1, 2)},),
              "propose": ([1, 2], 4), "accept": ([1, 2], 1), "end": ([1, 2],), "windows": (),
-             "catch_up_seconds": ([1, 2],), "planned_alpha": (0.5,)}
+             "catch_up_seconds": ([1, 2],), "planned_alpha": (0.5,), "token_seconds": ()}
 
 
 def _wrapped_spies() -> list[tuple[Drafter, Spy]]:
@@ -316,5 +316,7 @@ def test_wrappers_forward_every_drafter_method(method):
             assert answer == {"spy-member": "window"}
         elif method == "catch_up_seconds":
             assert answer == 2.5
+        elif method == "token_seconds":
+            assert answer == 0.01
         elif method == "planned_alpha":
             assert answer in (0.123, 0.5)  # the chain plans with the monitor's alpha unless no member drafts

@@ -277,6 +277,11 @@ class ChainedDrafter(Drafter):
         # the next propose may ask every member in turn, so each may have to catch up first
         return sum(d.catch_up_seconds(context) for d in self.drafters)
 
+    def token_seconds(self) -> float | None:
+        # what its members' drafted tokens cost, where every one of them knows
+        known = [d.token_seconds() for d in self.drafters]
+        return None if None in known else max(known)
+
     def planned_alpha(self, alpha: float) -> float | None:
         # None only when no member will propose: then the chain proposes nothing either
         plans = [d.planned_alpha(alpha) for d in self.drafters]

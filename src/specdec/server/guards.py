@@ -90,6 +90,9 @@ class GuardedDrafter(GuardedPart, Drafter):
     def planned_alpha(self, alpha: float) -> float | None:
         return self._call(self.inner.planned_alpha, alpha, fallback=None)  # failed: plan no rows
 
+    def token_seconds(self) -> float | None:
+        return self._call(self.inner.token_seconds, fallback=None)
+
 
 class GuardedProcessors(GuardedPart):
     """A request's penalties and grammar; after a failure its rows pass through unprocessed (the
