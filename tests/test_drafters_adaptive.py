@@ -361,7 +361,7 @@ def test_a_probe_that_finds_nothing_waits_as_long_as_its_dry_runs_cost(monkeypat
         monkeypatch.setattr(adaptive, "time", Clock(dry_seconds))
     truth = list(range(100, 300))
     silent = AdaptiveDrafter([Lookup(truth, right=None)], cost_model(per_token=0.1))
-    silent.ledger.live = batch - 1  # the other sequences of the batch
+    silent.ledger.live = batch  # the sequences of the last pass (``Ledger.count_step``)
     silent.begin(truth[:1], SamplingParams(temperature=1.0, max_new_tokens=100))
     monitor, member = silent.members[0].monitor, silent.members[0].drafter
     assert member.proposed == 1 and (monitor.mode is Mode.PROBE) is (wait == 0)
@@ -373,6 +373,22 @@ def test_a_probe_that_finds_nothing_waits_as_long_as_its_dry_runs_cost(monkeypat
             silent.accept(context, 0)
         assert member.proposed == looks
     assert monitor.backoff == monitor.base_backoff  # found nothing: not a failure
+
+
+def test_the_ledger_counts_the_sequences_a_pass_carried():
+    """What the dry runs' wait prices against: the accepts after the last complete decode pass (a request that
+    fails in the server never ends its drafter, so requests begun minus ended would only grow)."""
+    ledger = AdaptiveDrafter.shared_state(None).value
+    assert ledger.live == 1
+    for step, batch in ((7, 4), (8, 3), (9, 1), (10, 1)):
+        for _ in range(batch):
+            ledger.count_step(step)
+    assert ledger.live == 1  # pass 9 carried one
+    ledger = AdaptiveDrafter.shared_state(None).value
+    for step, batch in ((7, 4), (8, 3)):
+        for _ in range(batch):
+            ledger.count_step(step)
+    assert ledger.live == 4  # pass 8's count is not complete yet
 
 
 def test_a_sampled_request_starts_its_lookup_members_as_the_last_one_left_them():

@@ -260,8 +260,21 @@ class Ledger:
     timed: dict[str, SlidingSums] = field(default_factory=dict)
     backoff: dict[str, int] = field(default_factory=dict)
     untimed: dict[str, int] = field(default_factory=dict)  # requests in a row that timed nothing, by member
-    live: int = 0  # requests begun and not ended: the sequences whose dry runs share a step (``_probe_wait``)
+    live: int = 1  # sequences the last decode pass carried, whose dry runs share a step (``count_step``)
     sampled_on: dict[str, bool] = field(default_factory=dict)  # look-up members on when a sampled request ended
+
+    _step: int = -1  # the decode pass the accepts being counted follow
+    _accepts: int = 0
+
+    def count_step(self, step: int) -> None:
+        """One sequence's ``accept`` after decode pass ``step`` (its target's ``PassCost.passes``): ``live``
+        becomes how many accepted after the pass before. Counted, not requests begun minus ended: a request
+        that fails in the server never ends its drafter."""
+        if step != self._step:
+            if self._step >= 0:
+                self.live = max(1, self._accepts)
+            self._step, self._accepts = step, 0
+        self._accepts += 1
 
     def record(self, name: str, sample: WindowSums) -> None:
         self.timed.setdefault(name, SlidingSums(self.window)).append(sample)
@@ -358,7 +371,6 @@ class AdaptiveDrafter(Drafter):
         self.greedy = sampling.greedy
         self._ends_at = len(prompt_ids) + sampling.max_new_tokens
         self._prompt_len = len(prompt_ids)
-        self.ledger.live += 1
         for m in self.members:
             m.sampled, m.dry = False, None
             if not sampling.greedy and m.monitor.min_acceptance > 0:  # (at 0 nothing is ever switched off)
@@ -488,6 +500,8 @@ class AdaptiveDrafter(Drafter):
 
     def accept(self, context: Sequence[int], num_accepted: int) -> None:
         committed = context[self._root_at :] if self._root_at is not None else ()
+        if self.cost is not None:
+            self.ledger.count_step(self.cost.passes)
         drafting, draft = self._step if self._step is not None else (0.0, EMPTY)
         self._step = None
         for m in self.members:
@@ -537,7 +551,7 @@ class AdaptiveDrafter(Drafter):
         Qwen2.5-Coder-1.5B's ~37 ms pass and suffix's ~0.1 ms dry run: none, it probes every step. SmolLM2-135M
         at batch 4, T=1, creative text: three members' dry runs every step (~0.1 ms each beside a ~8 ms pass of
         4 rows) cost ~2.5% of the run; waits of ~14 steps keep them near 1% (``scripts/step_work.py``)."""
-        live = max(1, self.ledger.live)
+        live = self.ledger.live
         step = None if self.cost is None else self.cost.estimate(live)  # (timed at plain steps: no draft needed)
         if step is None or m.dry_seconds is None:
             return m.monitor.base_backoff
@@ -557,7 +571,6 @@ class AdaptiveDrafter(Drafter):
         self._timed.add(m.drafter.name)
 
     def end(self, context: Sequence[int]) -> None:
-        self.ledger.live = max(0, self.ledger.live - 1)
         for m in self.members:
             m.drafter.end(context)
             if m.owed > 0.0:  # a catch-up that no timed draft followed: all cost
