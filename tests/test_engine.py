@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from specdec.config import SamplingParams
 from specdec.drafters.base import DraftProposal
 from specdec.engine import Engine, SequenceState, StepResult
 from specdec.llm import LLM
@@ -43,7 +44,9 @@ def test_plain_decoding_is_one_token_a_step_with_an_empty_draft(tiny, reference)
     assert all(len(s.token_ids) == 1 for s in decode_steps)
     st = seq.stats
     assert (st.drafted, st.accepted, st.drafts) == (0, 0, 0)
-    assert st.target_forwards == 1 + st.decode_passes  # prefill, then one pass per decode step
+    # prefill (none where the reference left the prompt cached in the slot), then one pass per decode step
+    prefilled = st.cached_prompt_tokens < len(PROMPT) - 1
+    assert st.target_forwards == prefilled + st.decode_passes
     assert st.mean_accepted_len == pytest.approx(1.0)
     assert seq.finish_reason == "length"
 
@@ -66,7 +69,38 @@ def test_a_rejection_costs_a_truncate_and_the_stats_add_up(tiny, reference, wron
     assert st.accepted == sum(s.num_accepted for s in steps)
     assert st.new_tokens == sum(len(s.token_ids) for s in steps) == len(reference)
     assert st.decode_tokens == st.decode_passes * st.mean_accepted_len
-    assert st.target_forwards == 1 + st.decode_passes  # no pass beyond one per step
+    assert st.target_forwards == (st.cached_prompt_tokens < len(PROMPT) - 1) + st.decode_passes  # one a step
+
+
+def test_a_freed_slot_serves_the_next_prompt_that_starts_the_same(tiny):
+    """The fused runner's K/V of a token are the same bits whichever pass wrote them, so a freed slot keeps
+    its tokens' entries and the next request that starts with them prefills only the rest (llama-server's
+    prompt cache, vLLM's prefix caching): a second turn re-reads nothing of the first. The output is the
+    one a cold slot gives; a request that wants its prompt's logprobs runs every prompt token."""
+    runner = tiny.runner
+    assert runner.keeps_prefixes
+    engine = Engine(runner)
+
+    def generate(prompt, **params):
+        seq = SequenceState(prompt, SamplingParams(max_new_tokens=8, ignore_eos=True, **params))
+        steps_of(engine, seq)
+        return seq
+
+    runner.forget_prefixes()
+    first = generate(PROMPT)
+    second_turn = [*first.tokens, 7, 8, 9]
+    runner.forget_prefixes()
+    cold = generate(second_turn)
+    assert cold.stats.cached_prompt_tokens == 0
+    generate(PROMPT)
+    warm = generate(second_turn)
+    assert warm.stats.cached_prompt_tokens == len(first.tokens) - 1  # all it cached (the last token: no pass)
+    assert warm.output_ids == cold.output_ids
+    other = generate(PROMPT[:5] + [11, 12, 13])
+    assert other.stats.cached_prompt_tokens == 5
+    generate(PROMPT)
+    scored = generate(PROMPT, prompt_logprobs=1)
+    assert scored.stats.cached_prompt_tokens == 0 and len(scored.prompt_logprobs) == len(PROMPT)
 
 
 def test_max_new_tokens_cuts_inside_an_accepted_draft(tiny, reference):

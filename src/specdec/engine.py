@@ -157,8 +157,12 @@ class Engine:
         """
         for seq in seqs:
             self.check_prompt(seq.prompt_ids)
-            seq.slot = self.runner.allocate()
+            # a freed slot's cached start of this prompt is reused, unless the prompt's own passes are wanted:
+            # its logprobs, or a drafter that reads the target's hidden states of every token
+            reuse = seq.params.prompt_logprobs is None and not (seq.drafter is not None and seq.drafter.hidden_layers)
+            seq.slot = self.runner.allocate(seq.prompt_ids[:-1] if reuse else ())
             seq.stats.prompt_tokens = len(seq.prompt_ids)
+            seq.stats.cached_prompt_tokens = self.runner.lengths[seq.slot]
             seq.monitor = SpecMonitor(self.min_acceptance,
                                       switching=seq.drafter is None or not seq.drafter.switches_itself)
             if not seq.params.greedy:
@@ -217,7 +221,7 @@ class Engine:
 
     def finish(self, seq: SequenceState) -> None:
         if seq.slot >= 0:
-            self.runner.free(seq.slot)
+            self.runner.free(seq.slot, seq.tokens)
             seq.slot = -1
         if seq.drafter is not None:
             seq.drafter.end(seq.tokens)

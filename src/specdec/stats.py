@@ -12,6 +12,7 @@ from specdec.monitor import SpecMonitor, WindowSums
 class SpecStats:
     new_tokens: int = 0
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of them, found cached by an earlier request (``ModelRunner.allocate``)
     target_forwards: int = 0  # target passes, prefill included
     decode_passes: int = 0  # target passes after prefill (plain decode or verify)
     decode_tokens: int = 0  # tokens those passes committed

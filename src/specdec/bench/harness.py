@@ -80,10 +80,12 @@ class MethodRunner:
         self._resources: dict[str, DraftResources] = {}
 
     def use(self, method: Method, forget: bool = True) -> DraftResources:
-        """Make ``method`` current; ``forget``: with an empty suffix cache (a cell starts cold, and keeps
-        what it learned across its own batches)."""
+        """Make ``method`` current, with no prompt cached (methods run the same prompts in turn: a later one
+        must not find an earlier one's prompt in the KV cache); ``forget``: with an empty suffix cache too (a
+        cell starts cold, and keeps what it learned across its own batches)."""
         res = self.llm.set_spec(method.spec, self._resources.get(method.name))
         self._resources[method.name] = res
+        self.llm.runner.forget_prefixes()
         if forget:
             res.forget()
         return res

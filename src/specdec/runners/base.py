@@ -34,6 +34,7 @@ runners with ``supports_layer_skip`` take it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -67,6 +68,16 @@ class PassOutput:
     argmax: list[torch.Tensor] | None = None  # per sequence [T_i] int64: each row's argmax (``run(argmax=True)``)
 
 
+def shared_start(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens ``a`` and ``b`` share from the start."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class ModelRunner(ABC):
     vocab_size: int
     max_seq_len: int
@@ -84,6 +95,10 @@ class ModelRunner(ABC):
     # Whether a pass gives every sequence the widest one's rows (a [B, T] batch) rather than
     # running their rows back to back: what a batch's extra draft tokens cost (see budget.py).
     pads_batches: bool = True
+    # Whether a token's K/V are the same bits whichever pass computed them (each row runs the same
+    # instructions at any pass width): then a freed slot's entries serve the next request that starts
+    # with the same tokens (``allocate``), as llama-server's prompt cache and vLLM's prefix caching do.
+    keeps_prefixes: bool = False
 
     def __init__(self, max_seq_len: int, num_slots: int) -> None:
         self.max_seq_len = max_seq_len
@@ -91,17 +106,34 @@ class ModelRunner(ABC):
         self._free = list(range(num_slots - 1, -1, -1))
         self.lengths = [0] * num_slots  # host-side: read every step, a device copy would sync
         self.pass_cost = PassCost()  # decode passes' seconds by width, timed by the engine
+        self._kept: list[list[int]] = [[] for _ in range(num_slots)]  # a free slot's cached tokens
 
-    def allocate(self) -> int:
+    def allocate(self, prefix: Sequence[int] = ()) -> int:
+        """A free slot, empty; or, given ``prefix`` (the tokens the caller will cache first) where the runner
+        ``keeps_prefixes``, the free slot whose cached tokens share the longest start with it, holding that
+        start (``lengths[slot]``; the caller runs the rest)."""
         if not self._free:
             raise RuntimeError("no free KV cache slot")
-        slot = self._free.pop()
-        self.lengths[slot] = 0
+        pick, shared = len(self._free) - 1, 0
+        if self.keeps_prefixes and prefix:
+            for i, slot in enumerate(self._free):
+                n = shared_start(self._kept[slot], prefix)
+                if n > shared:
+                    pick, shared = i, n
+        slot = self._free.pop(pick)
+        self.lengths[slot], self._kept[slot] = shared, []
         return slot
 
-    def free(self, slot: int) -> None:
+    def free(self, slot: int, tokens: Sequence[int] = ()) -> None:
+        """Free ``slot``; ``tokens``: what it cached, from the start (its first ``lengths[slot]`` are kept
+        for a later ``allocate`` where the runner ``keeps_prefixes``)."""
+        self._kept[slot] = list(tokens[: self.lengths[slot]]) if self.keeps_prefixes else []
         self.lengths[slot] = 0
         self._free.append(slot)
+
+    def forget_prefixes(self) -> None:
+        """Drop what freed slots kept: the next requests start cold (the bench's cells)."""
+        self._kept = [[] for _ in range(self.num_slots)]
 
     def weight_bytes(self) -> int:
         """Bytes of weights a decode pass reads (0 when unknown)."""

@@ -7,6 +7,7 @@ the model's own DynamicCache. Slower than the native runner but exact.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -41,8 +42,8 @@ class GenericRunner(ModelRunner):
         self._new_cache = lambda: DynamicCache(config=config)
         self.caches = [self._new_cache() for _ in range(num_slots)]
 
-    def allocate(self) -> int:
-        slot = super().allocate()
+    def allocate(self, prefix: Sequence[int] = ()) -> int:
+        slot = super().allocate(prefix)
         self.caches[slot] = self._new_cache()
         return slot
 

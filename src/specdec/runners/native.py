@@ -55,6 +55,9 @@ class NativeRunner(ModelRunner):
         # it could go ragged too by gathering each row's own slot of the cache, at the price
         # of a [rows, context] K/V copy per layer.
         self.pads_batches = self.fused is None
+        # The fused kernels compute each row alone (``kernels.qmatmul``: any split, the same instructions;
+        # attention over the keys a row sees, in key order): a cached prefix is what a fresh pass would write
+        self.keeps_prefixes = self.fused is not None
 
     def weight_bytes(self) -> int:
         """Every layer matrix, norm and the LM head, each storage once (an untied embedding
