@@ -159,6 +159,9 @@ def test_chat_matches_offline(tiny, client):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
     assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens
+    # the same prompt again: the first request's slot kept its K/V (all but the last prompt token, which the
+    # first decode pass runs), and the output is the same
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1
     # the same greedy request, alone on the server, with a deterministic drafter: the same drafts
     assert chunks[-1].model_extra["spec_decode"]["drafted"] == r.model_extra["spec_decode"]["drafted"]
 

@@ -35,6 +35,7 @@ from specdec.server.protocol import (
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
+    PromptTokensDetails,
     SamplingRequest,
     SpecDecodeInfo,
     StepDetail,
@@ -158,8 +159,11 @@ class Job:
 
     def _usage(self):
         completion = sum(len(o) for o in self.outputs)
+        # each prompt's first choice (the n choices of a prompt follow one another in ``req.seqs``)
+        cached = sum(s.stats.cached_prompt_tokens for s in self.req.seqs[:: self.body.n])
         return UsageInfo(prompt_tokens=self.prompt_tokens, completion_tokens=completion,
-                         total_tokens=self.prompt_tokens + completion)
+                         total_tokens=self.prompt_tokens + completion,
+                         prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
     @staticmethod
     def _spec(stats, extras: SpecDecodeInfo | None = None):

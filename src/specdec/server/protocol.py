@@ -342,10 +342,15 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 # -- responses -------------------------------------------------------------------------------------
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens whose K/V an earlier request left in the cache (not prefilled again)
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class StepDetail(BaseModel):
