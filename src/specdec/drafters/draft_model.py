@@ -47,7 +47,7 @@ from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters.base import EMPTY, Drafter, DraftProposal
 from specdec.drafters.dynamic_tree import Child, greedy_children, sampled_children
 from specdec.drafters.frequent_vocab import DraftVocab
-from specdec.runners.base import ModelRunner, SeqInput
+from specdec.runners.base import ModelRunner, SeqInput, shared_start
 from specdec.sampling import make_generator, probs_from_logits, sample
 
 STEP_CATCH_UP = 16  # tokens a draft catches up on after one verify step, at most (a draft's budget and the bonus)
@@ -213,10 +213,7 @@ class DraftModelDrafter(Drafter):
 
     def _catch_up(self, context: Sequence[int]) -> torch.Tensor:
         """Roll the draft cache back to its longest prefix of ``context``, then run the rest."""
-        keep = 0
-        limit = min(len(self.cached), len(context) - 1)
-        while keep < limit and self.cached[keep] == context[keep]:
-            keep += 1
+        keep = min(shared_start(self.cached, context), len(context) - 1)  # (the root is run, not kept)
         self.cached = self.cached[:keep]
         self.runner.truncate(self.slot, keep)
         return self._run(list(context[keep:]))
