@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec.model import kernels
-from specdec.runners.base import SeqInput
+from specdec.runners.base import ModelRunner, SeqInput
 from specdec.runners.load import load_runner
 from tests.conftest import TINY_CONFIGS
 
@@ -284,3 +284,32 @@ def test_auto_backend_falls_back_to_torch_where_kernels_do_not_compile(monkeypat
     with pytest.raises(ModelLoadError, match="does not compile here"):
         backend.make_backend("cpu-kernels", torch.float32, torch.device("cpu"))
     assert backend.make_backend("auto", torch.float16, torch.device("cpu")).name == "torch"
+
+
+class Slots(ModelRunner):
+    """A runner's slot bookkeeping alone (no model): which free slot ``allocate`` hands out."""
+
+    keeps_prefixes = True
+
+    def run(self, seqs, hidden_layers=(), layers=None, argmax=False):
+        raise NotImplementedError
+
+
+def test_a_slot_that_kept_a_prompt_goes_to_the_request_that_shares_it_and_others_take_empty_ones():
+    runner = Slots(max_seq_len=64, num_slots=3)
+    a = runner.allocate([1, 2, 3])
+    runner.lengths[a] = 4  # it cached [1, 2, 3, 4]; 5, its last token, has no K/V yet
+    runner.free(a, [1, 2, 3, 4, 5])
+    other = runner.allocate([9, 9])
+    assert other != a and runner.lengths[other] == 0  # an empty slot, not the one that keeps a prompt
+    again = runner.allocate([1, 2, 3, 7])
+    assert again == a and runner.lengths[a] == 3  # the shared start, cached
+    runner.lengths[again] = 3
+    runner.free(again, [1, 2, 3, 7])
+    runner.lengths[other] = 2
+    runner.free(other, [9, 9])
+    assert runner.allocate([5]) not in (a, other)  # an empty slot while one is free
+    oldest = runner.allocate([6])  # only slots that keep prompts are left: the one freed longest ago
+    assert oldest == a and runner.lengths[oldest] == 0
+    runner.forget_prefixes()
+    assert runner.allocate([9, 9]) == other and runner.lengths[other] == 0

@@ -111,15 +111,17 @@ class ModelRunner(ABC):
     def allocate(self, prefix: Sequence[int] = ()) -> int:
         """A free slot, empty; or, given ``prefix`` (the tokens the caller will cache first) where the runner
         ``keeps_prefixes``, the free slot whose cached tokens share the longest start with it, holding that
-        start (``lengths[slot]``; the caller runs the rest)."""
+        start (``lengths[slot]``; the caller runs the rest). Where none shares any, one that keeps nothing,
+        else the one freed longest ago: a conversation's next turn finds its slot after other requests came."""
         if not self._free:
             raise RuntimeError("no free KV cache slot")
-        pick, shared = len(self._free) - 1, 0
-        if self.keeps_prefixes and prefix:
-            for i, slot in enumerate(self._free):
-                n = shared_start(self._kept[slot], prefix)
-                if n > shared:
-                    pick, shared = i, n
+
+        def rank(i: int) -> tuple[int, bool, int]:
+            kept = self._kept[self._free[i]]
+            return shared_start(kept, prefix) if prefix else 0, not kept, i if not kept else -i
+
+        pick = max(range(len(self._free)), key=rank)
+        shared = rank(pick)[0]
         slot = self._free.pop(pick)
         self.lengths[slot], self._kept[slot] = shared, []
         return slot

@@ -56,8 +56,10 @@ class NativeRunner(ModelRunner):
         # of a [rows, context] K/V copy per layer.
         self.pads_batches = self.fused is None
         # The fused kernels compute each row alone (``kernels.qmatmul``: any split, the same instructions;
-        # attention over the keys a row sees, in key order): a cached prefix is what a fresh pass would write
-        self.keeps_prefixes = self.fused is not None
+        # attention over the keys a row sees, in key order): a cached prefix is what a fresh pass would write.
+        # Not for float weights: their long prompts go to BLAS (``run``), whose rows' bits depend on the pass
+        # (a server's logprobs differed from offline ones in the 7th digit with a BLAS-cached start).
+        self.keeps_prefixes = self.fused is not None and model.is_quantized
 
     def weight_bytes(self) -> int:
         """Every layer matrix, norm and the LM head, each storage once (an untied embedding
