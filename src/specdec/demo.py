@@ -21,6 +21,7 @@ from specdec.demo_prompts import CODE_EDITS, CodeEdit
 from specdec.errors import ModelLoadError
 from specdec.llm import LLM
 from specdec.provenance import PieceStream, step_origins
+from specdec.runners.base import shared_start
 from specdec.stats import SpecStats
 from specdec.terminal import DraftPainter
 
@@ -52,10 +53,8 @@ def decode(llm: LLM, prompt_ids: list[int], params: SamplingParams, speculate: b
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """The first position where two token lists differ, a length difference included (None: equal)."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):  # lengths: below
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+    n = shared_start(a, b)
+    return None if n == len(a) == len(b) else n
 
 
 def show_output(llm: LLM, painter: DraftPainter, run: Run) -> None:

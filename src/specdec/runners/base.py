@@ -120,8 +120,9 @@ class ModelRunner(ABC):
             kept = self._kept[self._free[i]]
             return shared_start(kept, prefix) if prefix else 0, not kept, i if not kept else -i
 
-        pick = max(range(len(self._free)), key=rank)
-        shared = rank(pick)[0]
+        ranks = [rank(i) for i in range(len(self._free))]  # (each slot's shared start read once)
+        pick = max(range(len(ranks)), key=ranks.__getitem__)
+        shared = ranks[pick][0]
         slot = self._free.pop(pick)
         self.lengths[slot], self._kept[slot] = shared, []
         return slot
