@@ -52,7 +52,7 @@ def main() -> None:
 
     def run(chunk: list[list[int]], seed: int) -> float:
         llm.drafts.forget()
-        llm.runner.forget_prefixes()
+        llm.forget_prefixes()
         seqs = [llm.new_sequence(list(p), SamplingParams(max_new_tokens=128, temperature=args.temperature,
                                                          seed=seed + i, ignore_eos=True))
                 for i, p in enumerate(chunk)]

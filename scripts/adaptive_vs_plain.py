@@ -57,7 +57,7 @@ def main() -> None:
         llm.set_spec(spec, resources.get(spec))
         resources[spec] = llm.drafts
         llm.drafts.forget()
-        llm.runner.forget_prefixes()  # both methods run the same prompts: each prefills them cold
+        llm.forget_prefixes()  # both methods run the same prompts: each prefills them cold
         seqs = [llm.new_sequence(list(p), SamplingParams(max_new_tokens=args.max_new_tokens,
                                                          temperature=args.temperature, seed=seed + i, ignore_eos=True))
                 for i, p in enumerate(chunk)]

@@ -47,7 +47,7 @@ def main() -> None:
 
     def run(chunk: list[list[int]], seed: int) -> None:
         drafts.forget()
-        llm.runner.forget_prefixes()
+        llm.forget_prefixes()
         seqs = [llm.new_sequence(list(p), SamplingParams(max_new_tokens=args.tokens, temperature=args.temperature,
                                                          seed=seed + i, ignore_eos=True))
                 for i, p in enumerate(chunk)]

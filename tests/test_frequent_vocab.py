@@ -1,6 +1,7 @@
-"""FR-Spec drafts (--spec-draft-vocab-size) and the draft's prompt tail (--spec-draft-prompt-tail): the
-subset, the restricted head, greedy identity with drafting asserted, and the 4000-sample distribution
-test with q renormalized over the subset (tokens outside it reached as recovered / bonus tokens)."""
+"""FR-Spec drafts (--spec-draft-vocab-size), the draft's prompt tail (--spec-draft-prompt-tail) and its
+cached prompt starts: the subset, the restricted head, greedy identity with drafting asserted, and the
+4000-sample distribution test with q renormalized over the subset (tokens outside it reached as recovered /
+bonus tokens)."""
 
 from __future__ import annotations
 
@@ -166,6 +167,37 @@ def test_a_first_catch_up_is_priced_before_it_is_paid(tiny_llama):
     assert drafter.catch_up_seconds(list(range(100, 300))) > 0.0
     assert draft.pass_cost.measured and draft.lengths[drafter.slot] == 0 and drafter.cached == []
     assert drafter.token_seconds() == draft.pass_cost.estimate(1) > 0.0  # a drafted token: its 1-token pass
+
+
+def test_a_freed_draft_slot_serves_the_next_prompt_that_starts_the_same(tiny, tiny_llama):
+    """The draft's slot is freed as the target's: over quantized blocks it keeps its tokens, and a second turn
+    catches up on its new tokens only (priced free: within a step's catch-up), drafting the same bits as cold."""
+    draft, _ = load_runner(str(tiny_llama), max_seq_len=512, quantization="q8_0")
+    assert draft.keeps_prefixes
+    engine = Engine(tiny.runner, draft_n_max=4, plan_drafts=False)
+    prompt = list(range(100, 160))
+
+    def second_turn(first: list[int]):
+        drafter = DraftModelDrafter(draft)
+        seen = []
+        real_run = drafter._run
+        drafter._run = lambda tokens: (seen.append(len(tokens)), real_run(tokens))[1]
+        turn = [*first, 7, 8, 9]
+        drafter.begin(turn, greedy(12))
+        priced = drafter.catch_up_seconds(turn)
+        drafter.end(turn)
+        seq = run(engine, turn, greedy(12), drafter)
+        return seq, seen[0], priced
+
+    first = run(engine, prompt, greedy(12), DraftModelDrafter(draft))
+    first_turn = [*prompt, *first.output_ids]
+    warm, warm_read, warm_price = second_turn(first_turn)
+    draft.forget_prefixes()
+    cold, cold_read, cold_price = second_turn(first_turn)
+    assert cold_read == len(first_turn) + 3 and cold_price > 0.0  # the whole conversation
+    assert warm_read < 12 and warm_price == 0.0  # what turn 1 left uncached, and the new tokens
+    assert warm.output_ids == cold.output_ids == run(engine, first_turn + [7, 8, 9], greedy(12), None).output_ids
+    assert warm.stats.accepted_by == cold.stats.accepted_by and cold.stats.accepted_by.get("draft-model", 0) > 0
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ class Run:
 
 def decode(llm: LLM, prompt_ids: list[int], params: SamplingParams, speculate: bool) -> Run:
     """Run one sequence to its end; origins are read after the loop so nothing but the engine is timed."""
-    llm.runner.forget_prefixes()  # both runs prefill the same prompt: each from a cold cache
+    llm.forget_prefixes()  # both runs prefill the same prompt: each from a cold cache
     seq = llm.new_sequence(prompt_ids, params, spec_types=None if speculate else ())
     origins: list[str] = []
     for step in llm.engine.generate(seq):

@@ -138,6 +138,12 @@ class LLM:
                              min_acceptance=spec.min_acceptance, logprobs_mode=self.logprobs_mode)
         return self.drafts
 
+    def forget_prefixes(self) -> None:
+        """Drop every prompt the KV caches keep, the target's and a draft model's: the next requests
+        prefill cold (runs timed against each other over the same prompts)."""
+        self.runner.forget_prefixes()
+        self.drafts.forget_prefixes()
+
     # -- prompts -------------------------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:
         return encode_prompt(self.tokenizer, prompt)

@@ -85,7 +85,7 @@ class MethodRunner:
         cell starts cold, and keeps what it learned across its own batches)."""
         res = self.llm.set_spec(method.spec, self._resources.get(method.name))
         self._resources[method.name] = res
-        self.llm.runner.forget_prefixes()
+        self.llm.forget_prefixes()
         if forget:
             res.forget()
         return res

@@ -140,6 +140,7 @@ class SharedState:
 
     value: Any
     forget: Callable[[], None] = _nothing  # empty what earlier requests taught it: the next starts cold
+    forget_prefixes: Callable[[], None] = _nothing  # drop the prompts its own KV cache keeps (a draft model's)
     close: Callable[[], None] = _nothing  # save what must outlive the process
     nbytes: Callable[[], int] | None = None  # memory held, where known (the bench reports it)
 

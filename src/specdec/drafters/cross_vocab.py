@@ -189,7 +189,7 @@ class CrossVocabDrafter(DraftModelDrafter):
     @classmethod
     def shared_state(cls, setup: DraftSetup) -> SharedState:
         state = DraftModelState.load(setup)
-        return SharedState(state, nbytes=state.nbytes)
+        return SharedState(state, forget_prefixes=state.runner.forget_prefixes, nbytes=state.nbytes)
 
     @classmethod
     def from_shared(cls, spec: SpecConfig, shared: DraftModelState,
@@ -201,8 +201,11 @@ class CrossVocabDrafter(DraftModelDrafter):
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         super().begin(prompt_ids, sampling)
-        self.mirror.reset()
         self.last_method = None
+
+    def _reads(self, prompt_ids: Sequence[int]) -> Sequence[int]:
+        self.mirror.reset()  # a new request's text
+        return self.mirror.update(prompt_ids)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> DraftProposal:
         self.last_method = None

@@ -34,6 +34,10 @@ Two ways to make the draft cheaper, neither touching what is kept:
   elsewhere, so q is renormalized over the subset and zero outside it.
 - ``--spec-draft-prompt-tail M``: the draft reads only the last M tokens of the prompt (its
   positions start at the first of them), bounding its prefill on long prompts.
+
+Its slot is taken and freed as the target's (``ModelRunner.allocate`` / ``free``): over quantized blocks a
+freed slot keeps its tokens, and a request whose prompt starts with them (a conversation's next turn, a
+shared system prompt) catches up on the rest only.
 """
 
 from __future__ import annotations
@@ -89,11 +93,15 @@ class DraftModelDrafter(Drafter):
                    branches=spec.draft_branches, vocab=vocab, prompt_tail=spec.draft_prompt_tail)
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
-        if self.slot < 0:
-            self.slot = self.runner.allocate()
-        self.runner.truncate(self.slot, 0)
-        self.cached = []
         self.offset = 0 if self.prompt_tail is None else max(0, len(prompt_ids) - self.prompt_tail)
+        reads = self._reads(prompt_ids)[:-1]  # what the first catch-up caches (its last token is run, not kept)
+        if self.slot < 0:  # a freed slot that kept this prompt's start (a conversation's earlier turn) holds it
+            self.slot = self.runner.allocate(reads)
+            self.cached = list(reads[: self.runner.lengths[self.slot]])
+        else:  # still held (a request that never ended): keep what it shares with this prompt
+            keep = shared_start(self.cached, reads)
+            self.cached = self.cached[:keep]
+            self.runner.truncate(self.slot, keep)
         self.params = sampling
         if not sampling.greedy:
             seed = sampling.draft_seed  # independent of the target's and other choices' draws
@@ -206,9 +214,13 @@ class DraftModelDrafter(Drafter):
                     logits = self._run([child.token])
         return DraftProposal.from_tree(token_ids, parents, probs=None if self.params.greedy else torch.stack(qs))
 
+    def _reads(self, prompt_ids: Sequence[int]) -> Sequence[int]:
+        """The draft's ids for the prompt, as its first catch-up reads them (the prompt tail's cut)."""
+        return prompt_ids[self.offset :]
+
     def end(self, context: Sequence[int]) -> None:
         if self.slot >= 0:
-            self.runner.free(self.slot)
+            self.runner.free(self.slot, self.cached)  # its cache's tokens: a later prompt may start with them
             self.slot = -1
 
     def _catch_up(self, context: Sequence[int]) -> torch.Tensor:

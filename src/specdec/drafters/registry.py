@@ -145,6 +145,11 @@ class DraftResources:
         for shared in self.shared.values():
             shared.forget()
 
+    def forget_prefixes(self) -> None:
+        """Drop the prompts the drafters' own KV caches keep (a draft model's freed slots)."""
+        for shared in self.shared.values():
+            shared.forget_prefixes()
+
     def close(self) -> None:
         """Save what must outlive the process: the learned n-gram counts to --spec-ngram-cache-file
         (NgramCacheFileError when it cannot)."""
