@@ -113,6 +113,17 @@ INLINE void attend_values(const int NV, const int R, const int BF, const float *
     }
 #endif
 
+/* the cache rows at p, ``bytes`` of them but no more than ``rows_left`` rows (the job's last key), fetched one key
+ * block ahead: a 1-row pass over a long context streams the cache, and the hardware prefetcher alone kept too few
+ * lines in flight (Zen 4, 1.5B, 2,000 keys: 270-278 -> 248 us a layer; 8 rows 1007-1023 -> 980 us) */
+#if defined(SD_AVX2)
+INLINE void prefetch_rows(const char *p, int64_t bytes, int64_t rows_left, int64_t stride) {
+    if (rows_left <= 0) return;
+    if (bytes > rows_left * stride) bytes = rows_left * stride;
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+}
+#endif
+
 /* One job: n row-heads (q [n, dim], row-head i of query row i / group) against n_keys cache rows
  * (keys, values: from the job's first key, a row every dim elements, float32 or bf16 bits); vis
  * [n / group, n_keys] 1 where the row sees the key; scores [n, n_keys rounded up to 8] scratch.
@@ -134,6 +145,8 @@ void sd_attend(const float *q, int64_t n, int64_t group, int64_t dim, const void
             const float *qi = q + i0 * dim;
             for (int64_t j = j0; j < n_keys && j < j0 + kb; j += 2) {
                 const void *key = (const char *)keys + (size_t)(j * kstride);
+                if (i0 == 0)  /* the next block's two keys, while this one computes */
+                    prefetch_rows((const char *)key + kb * kstride, 2 * kstride, n_keys - j - kb, kstride);
                 if (j + 1 < n_keys && j + 1 < j0 + kb) {
                     enum { J = 2 };
                     DOTS_SWITCH
@@ -171,6 +184,8 @@ void sd_attend(const float *q, int64_t n, int64_t group, int64_t dim, const void
             const float *s = scores + i * pad + j0;
             const void *vals = (const char *)values + (size_t)(j0 * dim) * esize;
             float *a = acc + i * dim;
+            if (i == 0)  /* the next block's values, while this one's are summed */
+                prefetch_rows((const char *)vals + kb * kstride, kb * kstride, n_keys - j0 - kb, kstride);
             for (int64_t d0 = 0; d0 < dim; d0 += 32) {  /* 32 dims in registers */
                 const int nv = dim - d0 < 32 ? (int)(dim - d0) / 8 : 4;
                 if (R == 2) {
