@@ -1,0 +1,89 @@
+"""Each kind of a model's layer products, out of cache and held in L3, beside its 1-token pass and the read
+floor, all alternated in one process: how far the 1-row kernels are from streaming their weights.
+
+    python scripts/layer_products.py [--model qwen2.5-coder-1.5b] [--rounds 9]
+
+Out of cache: every layer's matrix of one kind in turn (28 different matrices for the 1.5B); in L3: the first
+layer's matrix as many times. One activation row, a compiled loop (no Python between products); medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+from numba import njit
+
+from specdec.bench.passes import floor_reader, probe_tokens, synthetic_context
+from specdec.bench.report import cpu_info
+from specdec.model import clib, quant
+from specdec.model.kernels import _FLAGS, layer_weight, product
+from specdec.runners.base import SeqInput
+from specdec.runners.load import load_runner
+
+KINDS = ("wqkv", "wo", "w_gate_up", "w_down")
+
+
+@njit(**_FLAGS)
+def products(w, x, out, layers):  # pragma: no cover - compiled
+    for i in range(layers.shape[0]):
+        product(layer_weight(w, layers[i]), x, out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--rounds", type=int, default=9)
+    args = ap.parse_args()
+    runner, _ = load_runner(args.model)
+    fused, c = runner.fused, runner.config
+    slot = runner.allocate()
+    runner.run([SeqInput(slot, synthetic_context(runner, 300), all_logits=False)])
+    probe = probe_tokens(runner, 1)
+    inputs = {"wqkv": c.hidden_size, "wo": c.num_heads * c.head_dim, "w_gate_up": c.hidden_size,
+              "w_down": fused.weights.w_gate_up.fmt.shape[1] // 2}
+    rng = np.random.default_rng(0)
+    every, first = np.arange(c.num_layers), np.zeros(c.num_layers, dtype=np.int64)
+    timed, sizes = {}, {}
+    for kind in KINDS:
+        w = getattr(fused.weights, kind)
+        if not isinstance(w, quant.QuantStack):
+            raise SystemExit(f"{args.model}: its matrices are not quantized blocks")
+        x = rng.standard_normal((1, inputs[kind])).astype(np.float32)
+        out = np.empty((1, w.fmt.shape[1]), dtype=np.float32)
+        sizes[kind] = sum(a.nbytes for a in quant.stack_layer(w, 0))
+        for name, layers in (("cold", every), ("hot", first)):
+            timed[f"{kind} {name}"] = lambda w=w, x=x, out=out, layers=layers: products(w, x, out, layers)
+
+    def one_pass():
+        runner.run([SeqInput(slot, probe)])
+        runner.truncate(slot, 300)
+
+    timed["pass"] = one_pass
+    timed["floor"] = floor_reader(runner.weight_bytes(), torch.device("cpu"))
+    times: dict[str, list[float]] = {name: [] for name in timed}
+    for r in range(args.rounds + 1):  # the first round compiles and faults pages in
+        for name, call in timed.items():
+            t0 = time.perf_counter()
+            call()
+            if r:
+                times[name].append(time.perf_counter() - t0)
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    cpu = cpu_info()
+    print(f"# {cpu['cpu']}, {cpu['cores']} cores, kernels {clib.isa()}; {args.model}, {runner.weights_label}")
+    print(f"1-token pass {med['pass'] * 1e3:.1f} ms, read floor {med['floor'] * 1e3:.1f} ms "
+          f"({runner.weight_bytes() / med['floor'] / 1e9:.1f} GB/s): {med['pass'] / med['floor']:.2f}x")
+    print("| product (1 row) | MB a layer | out of cache, us (GB/s) | in L3, us (GB/s) |")
+    print("|---|---:|---:|---:|")
+    for kind in KINDS:
+        cold, hot = (med[f"{kind} {n}"] / c.num_layers for n in ("cold", "hot"))
+        mb = sizes[kind] / 1e6
+        print(f"| {kind} | {mb:.2f} | {cold * 1e6:.1f} ({mb / cold / 1e3:.1f}) "
+              f"| {hot * 1e6:.1f} ({mb / hot / 1e3:.1f}) |")
+
+
+if __name__ == "__main__":
+    main()
