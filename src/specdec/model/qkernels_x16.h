@@ -70,12 +70,24 @@ static void kgroup_dequantize(int G, int q4, const uint8_t *grp, int i, int64_t 
 
 /* the weights X16_PF_AHEAD bytes on, lines first .. first + n - 1 of this super-block's: a few per
  * sub-block, not prefetch_ahead's burst a super-block (37 or 53 lines here: the burst left 8-row Q4_K
- * passes out of cache at 0.8x the 8-row layout's speed, spread 1.37x; Zen 4) */
+ * passes out of cache at 0.8x the 8-row layout's speed, spread 1.37x; Zen 4). A 1-row tile fetches its own
+ * super-block's lines a sub-block or two before it reads them instead (X16_PF_AHEAD1 = 0, AMD): 2 KB ahead kept
+ * the 1.5B's 1-token pass at 28.4 ms where 0 made it 24.3 (34.4 -> 33.6 ms at the VM's slower memory
+ * speed; no prefetch 27.0-31.9), while 8-row passes need the 2 KB (0: 64.5 -> 80.7 ms); alternated in one
+ * process, Zen 4 */
 #ifndef X16_PF_AHEAD
 #define X16_PF_AHEAD 2048
 #endif
-INLINE void x16_prefetch(const uint8_t *blk, int first, int n) {
-    for (int i = first; i < first + n; i++) _mm_prefetch((const char *)(blk + X16_PF_AHEAD + 64 * i), PF_HINT);
+#ifndef X16_PF_AHEAD1
+#if defined(SD_INTEL)
+#define X16_PF_AHEAD1 X16_PF_AHEAD  /* (not measured on an Intel CPU without AMX, the one that takes this path) */
+#else
+#define X16_PF_AHEAD1 0
+#endif
+#endif
+INLINE void x16_prefetch(const int R, const uint8_t *blk, int first, int n) {
+    const int64_t ahead = R == 1 ? X16_PF_AHEAD1 : X16_PF_AHEAD;
+    for (int i = first; i < first + n; i++) _mm_prefetch((const char *)(blk + ahead + 64 * i), PF_HINT);
 }
 
 INLINE __m512i x16_bcast(const int8_t *p) {  /* 4 activation bytes to every lane: a broadcast load */
@@ -97,7 +109,7 @@ INLINE void x16_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
         __m512i sumi[X16ROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
-            x16_prefetch(blk, 5 * j, 5);
+            x16_prefetch(R, blk, 5 * j, 5);
             const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 64 + 16 * j)));
             const uint8_t *qs = blk + 320 + 512 * (j / 2);
             /* NA independent sums a row (exact, so the same bits): one chain of 8 vpdpbusd a sub-block bound
@@ -150,7 +162,7 @@ INLINE void x16_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
         for (int qh = 0; qh < 8; qh++) {  /* quad qh / 4, its chunk pair (qh / 2) % 2, steps 4 (qh % 2) .. + 3 */
             const int quad = qh / 4, pair = (qh / 2) % 2, half = qh % 2;
             const int c0 = 4 * quad + 2 * pair;  /* chunks c0, c0 + 1 */
-            x16_prefetch(blk, 7 * qh, 7);
+            x16_prefetch(R, blk, 7 * qh, 7);
             const uint8_t *base = blk + 288 + 1536 * quad;
             const int NA = R == 1 ? Q6_NA1 : 1;  /* independent sums a row, as x16_q4k's */
             __m512i a0[X16ROWS], a1[X16ROWS];

@@ -84,18 +84,33 @@ INLINE int q6x8_value(const uint8_t *blk, int i, int e) {
  * products of 509 MB of Q4_K / 723 MB of Q6_K out of cache, two threads: on a Sapphire Rapids VM
  * into L1 4 KB ahead 17 / 21 GB/s, none 21 / 19, into L2 2 KB ahead 23 / 25 (floor 34-39): an L1
  * prefetch holds one of the core's few fill buffers for a whole memory round trip; on Zen 3 into
- * L1 4 KB ahead took 13.7 -> 15.1 GB/s (AMD fills L1 and L2 for every hint). */
+ * L1 4 KB ahead took 13.7 -> 15.1 GB/s (AMD fills L1 and L2 for every hint). On AMD a 1-row tile now
+ * prefetches nothing (PF_AHEAD1 < 0): on Zen 4, alternated in one process, the 1.5B's 1-token pass on
+ * the AVX2 build 35.3 -> 32.7 ms (4 KB ahead -> none; 1 KB 33.5), the 0.5B's 13.7 -> 13.1 ms; wider
+ * passes keep the 4 KB. */
+#if defined(SD_INTEL)
+#define PF_HINT _MM_HINT_T1
+#else
+#define PF_HINT _MM_HINT_T0
+#endif
 #ifndef PF_AHEAD
 #if defined(SD_INTEL)
 #define PF_AHEAD 2048
-#define PF_HINT _MM_HINT_T1
 #else
 #define PF_AHEAD 4096
-#define PF_HINT _MM_HINT_T0
 #endif
 #endif
-INLINE void prefetch_ahead(const uint8_t *p, int bytes) {
-    for (int i = 0; i < bytes; i += 64) _mm_prefetch((const char *)(p + PF_AHEAD + i), PF_HINT);
+#ifndef PF_AHEAD1
+#if defined(SD_INTEL)
+#define PF_AHEAD1 PF_AHEAD
+#else
+#define PF_AHEAD1 (-1)
+#endif
+#endif
+INLINE void prefetch_ahead(const int R, const uint8_t *p, int bytes) {
+    const int ahead = R == 1 ? PF_AHEAD1 : PF_AHEAD;
+    if (ahead < 0) return;
+    for (int i = 0; i < bytes; i += 64) _mm_prefetch((const char *)(p + ahead + i), PF_HINT);
 }
 
 INLINE __m256i x4_bcast(const int8_t *p) {  /* 4 activation bytes to every lane */
@@ -160,7 +175,7 @@ INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = grp + Q4KX8_BYTES * b;
-        prefetch_ahead(blk, Q4KX8_BYTES);
+        prefetch_ahead(R, blk, Q4KX8_BYTES);
         __m512i sumi[XROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
@@ -201,7 +216,7 @@ INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = grp + Q4KX8_BYTES * b;
-        prefetch_ahead(blk, Q4KX8_BYTES);
+        prefetch_ahead(R, blk, Q4KX8_BYTES);
         __m256i sumi[XROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
@@ -287,7 +302,7 @@ INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = grp + Q6KX8_BYTES * b;
-        prefetch_ahead(blk, Q6KX8_BYTES);
+        prefetch_ahead(R, blk, Q6KX8_BYTES);
         __m512i sumi[XROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
         for (int hq = 0; hq < 4; hq++) {  /* quad hq / 2 (chunks 4 (hq / 2) ..), steps 4 (hq % 2) .. + 3 */
@@ -339,7 +354,7 @@ INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = grp + Q6KX8_BYTES * b;
-        prefetch_ahead(blk, Q6KX8_BYTES);
+        prefetch_ahead(R, blk, Q6KX8_BYTES);
         __m256i sumi[XROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int hq = 0; hq < 4; hq++) {  /* quad hq / 2 (chunks 4 (hq / 2) ..), steps 4 (hq % 2) .. + 3 */
@@ -386,7 +401,7 @@ INLINE void x8_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, co
     for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = grp + (int64_t)bytes * b;
-        prefetch_ahead(blk, bytes);
+        prefetch_ahead(R, blk, bytes);
         __m256i w[8], wa[8];  /* step t's weights (Q8_0: signed, and their magnitudes wa) */
         if (FMT == FMT_Q80X8) {
             for (int t = 0; t < 8; t++) {
