@@ -5,20 +5,19 @@ torch's allocator (4 KiB pages), alternated in one process.
     python scripts/attention_stream.py [--model qwen2.5-coder-1.5b] [--contexts 300,1000,2000] [--widths 1,8]
 
 Every layer's attention of one pass (random queries against the cached context: each layer reads its own
-keys and values, as a pass does), timed over all layers, median of 31 rounds, per layer.
+keys and values, as a pass does), timed over all layers, median of 31 alternated rounds, per layer.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+from functools import partial
 
 import numpy as np
 import torch
 from numba import njit
 
-from specdec.bench.passes import synthetic_context
+from specdec.bench.passes import alternated, synthetic_context
 from specdec.bench.report import cpu_info
 from specdec.cache import zeros
 from specdec.model import clib, kernels
@@ -61,15 +60,10 @@ def main() -> None:
             rows = runner._make_rows([SeqInput(slot, [1] * width)]).layout
             q = rng.standard_normal((width, c.num_heads, c.head_dim)).astype(np.float32)
             out = np.empty_like(q)
-            arrays = {name: (kernels.as_numpy(a), kernels.as_numpy(b)) for name, (a, b) in caches.items()}
-            times: dict[str, list[float]] = {name: [] for name in arrays}
-            for r in range(args.rounds + 1):  # the first round compiles and faults the pages in
-                for name, (a, b) in arrays.items():
-                    t0 = time.perf_counter()
-                    every_layer(q, a, b, rows, arch.scale, out)
-                    if r:
-                        times[name].append((time.perf_counter() - t0) / c.num_layers)
-            t, h = (statistics.median(times[n]) * 1e6 for n in ("torch", "cache"))
+            calls = {name: partial(every_layer, q, kernels.as_numpy(kc), kernels.as_numpy(vc), rows, arch.scale, out)
+                     for name, (kc, vc) in caches.items()}
+            med = alternated(calls, args.rounds)
+            t, h = (med[n] / c.num_layers * 1e6 for n in ("torch", "cache"))
             print(f"| {context} | {width} | {t:.1f} | {h:.1f} | {h / t:.2f} |")
         runner.free(slot)
 

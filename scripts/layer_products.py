@@ -10,14 +10,12 @@ layer's matrix as many times. One activation row, a compiled loop (no Python bet
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import torch
 from numba import njit
 
-from specdec.bench.passes import floor_reader, probe_tokens, synthetic_context
+from specdec.bench.passes import alternated, floor_reader, probe_tokens, synthetic_context
 from specdec.bench.report import cpu_info
 from specdec.model import clib, quant
 from specdec.model.kernels import _FLAGS, layer_weight, product
@@ -64,14 +62,7 @@ def main() -> None:
 
     timed["pass"] = one_pass
     timed["floor"] = floor_reader(runner.weight_bytes(), torch.device("cpu"))
-    times: dict[str, list[float]] = {name: [] for name in timed}
-    for r in range(args.rounds + 1):  # the first round compiles and faults pages in
-        for name, call in timed.items():
-            t0 = time.perf_counter()
-            call()
-            if r:
-                times[name].append(time.perf_counter() - t0)
-    med = {name: statistics.median(ts) for name, ts in times.items()}
+    med = alternated(timed, args.rounds)
     cpu = cpu_info()
     print(f"# {cpu['cpu']}, {cpu['cores']} cores, kernels {clib.isa()}; {args.model}, {runner.weights_label}")
     print(f"1-token pass {med['pass'] * 1e3:.1f} ms, read floor {med['floor'] * 1e3:.1f} ms "

@@ -59,7 +59,7 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
     the TLB)."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     nbytes = size * math.prod(shape)
     raw = np.zeros(nbytes + _ALIGN, dtype=np.uint8)  # (a large block starts 16 bytes into its pages)
     start = -raw.ctypes.data % _ALIGN  # rows aligned as torch's: a 512-byte key row in 8 cache lines, not 9

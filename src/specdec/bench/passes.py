@@ -16,7 +16,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +46,19 @@ def floor_reader(num_bytes: int, device: torch.device) -> Callable[[], object]:
         return lambda: buf.sum().item()
     host = np.ones(num_bytes // 4, dtype=np.float32)
     return lambda: _stream_sum(host)
+
+
+def alternated(calls: Mapping[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Median seconds of each call over ``rounds`` rounds, the calls alternated within every round (the machine's
+    drift meets them alike), after one untimed round (the first calls compile and fault pages in)."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for r in range(rounds + 1):
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            if r:
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def synthetic_context(runner: ModelRunner, length: int) -> list[int]:

@@ -95,13 +95,11 @@ class DraftModelDrafter(Drafter):
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         self.offset = 0 if self.prompt_tail is None else max(0, len(prompt_ids) - self.prompt_tail)
         reads = self._reads(prompt_ids)[:-1]  # what the first catch-up caches (its last token is run, not kept)
-        if self.slot < 0:  # a freed slot that kept this prompt's start (a conversation's earlier turn) holds it
-            self.slot = self.runner.allocate(reads)
-            self.cached = list(reads[: self.runner.lengths[self.slot]])
-        else:  # still held (a request that never ended): keep what it shares with this prompt
-            keep = shared_start(self.cached, reads)
-            self.cached = self.cached[:keep]
-            self.runner.truncate(self.slot, keep)
+        if self.slot >= 0:  # still held (begun again without an end): freed as an end frees it
+            self.runner.free(self.slot, self.cached)
+        # a freed slot that kept this prompt's start (a conversation's earlier turn) holds it
+        self.slot = self.runner.allocate(reads)
+        self.cached = list(reads[: self.runner.lengths[self.slot]])
         self.params = sampling
         if not sampling.greedy:
             seed = sampling.draft_seed  # independent of the target's and other choices' draws
