@@ -55,6 +55,8 @@ def cpu_has_amx() -> bool:
 
 def _build_flags(cpu: dict[str, str]) -> list[str]:
     vendor = ["-DSD_INTEL"] if "GenuineIntel" in cpu.get("vendor_id", "") else []
+    if "AuthenticAMD" in cpu.get("vendor_id", "") and " avx512f" not in cpu.get("flags", ""):
+        vendor.append("-DSD_AMD_PF1")  # Zen 1-3: the 1-row tiles prefetch too (qkernels_x8.h's PF_AHEAD1)
     return FLAGS + vendor + os.environ.get(EXTRA_FLAGS, "").split()
 
 

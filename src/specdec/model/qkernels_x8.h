@@ -87,7 +87,9 @@ INLINE int q6x8_value(const uint8_t *blk, int i, int e) {
  * L1 4 KB ahead took 13.7 -> 15.1 GB/s (AMD fills L1 and L2 for every hint). On AMD a 1-row tile now
  * prefetches nothing (PF_AHEAD1 < 0): on Zen 4, alternated in one process, the 1.5B's 1-token pass on
  * the AVX2 build 35.3 -> 32.7 ms (4 KB ahead -> none; 1 KB 33.5), the 0.5B's 13.7 -> 13.1 ms; wider
- * passes keep the 4 KB. */
+ * passes keep the 4 KB. AMD cores without AVX-512 (Zen 1-3: clib passes SD_AMD_PF1) keep it at 1 row
+ * too: on Zen 2, alternated in one process, the 1.5B's 1-token pass 47.4 -> 42.8 ms and 49.8 -> 47.8
+ * (none -> 4 KB; 8 KB as 4), and 2 threads streamed 425 MB of Q4_K at 24.6 -> 26.1 GB/s. */
 #if defined(SD_INTEL)
 #define PF_HINT _MM_HINT_T1
 #else
@@ -101,7 +103,7 @@ INLINE int q6x8_value(const uint8_t *blk, int i, int e) {
 #endif
 #endif
 #ifndef PF_AHEAD1
-#if defined(SD_INTEL)
+#if defined(SD_INTEL) || defined(SD_AMD_PF1)
 #define PF_AHEAD1 PF_AHEAD
 #else
 #define PF_AHEAD1 (-1)
@@ -250,6 +252,68 @@ INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
         }
         __m256i msum[XROWS];
         q4x8_min_sums(R, blk, bk, k, b, msum);
+        for (int r = 0; r < R; r++) acc[r] = q4x8_epilogue(blk, sumi[r], msum[r], dk[r * nsb + b], acc[r]);
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, acc[r]);
+}
+#endif
+
+#if !defined(SD_VNNI)
+/* 16 bytes (8 rows' values of two sub-blocks) in both 128-bit halves, then lane i <- bytes (i, 0, i, 0) of the
+ * first 8 (ctl dup_first()) or of the second 8 (dup_first() + 8): each row's value in both 16-bit halves of
+ * its lane, a broadcast load and one vpshufb where u8x8_epi32 and dup16 take five operations */
+INLINE __m256i dup_first(void) {
+    return _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,
+                            4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
+}
+INLINE __m256i dup_rows(const uint8_t *p16, __m256i ctl) {
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p16)), ctl);
+}
+
+/* 1-2 activation rows against one Q4KX8 group, AVX2 without VNNI. Few rows share the unpacking, so its
+ * overhead decides: the two sub-blocks of a pair share each 32-byte load (low and high nibbles), and their
+ * scales and mins reach the lanes by dup_rows. The same exact integers as x8_q4k (int16 sums of 8 steps,
+ * then int32), the same epilogue: the same bits. Measured on Zen 2 (one thread, weights in L2): 1 row
+ * 21.9 -> 29.4-31.0 GB/s, 2 rows 16.1 -> 20.3; at 4 rows the second accumulator a row spills (9.5 -> 8.8).
+ * In whole 1-token passes, alternated in one process, -1% to -7% (the weights stream from memory there). */
+INLINE void x8_q4k_narrow(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk,
+                          const int16_t *bk, float *out, int64_t os) {
+    const int64_t nsb = k / QK;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i first = dup_first(), second = _mm256_add_epi8(first, _mm256_set1_epi16(8));
+    __m256 acc[2];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t *blk = grp + Q4KX8_BYTES * b;
+        prefetch_ahead(R, blk, Q4KX8_BYTES);
+        __m256i sumi[2], msum[2];
+        for (int r = 0; r < R; r++) sumi[r] = msum[r] = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {  /* sub-blocks 2p (low nibbles) and 2p + 1 (high) */
+            const uint8_t *qs = blk + 160 + 256 * p;
+            __m256i a0[2], a1[2];
+            for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * t));
+                const __m256i w0 = _mm256_and_si256(v, m4), w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *x = xk + r * k + QK * b + 64 * p + 4 * t;
+                    a0[r] = _mm256_add_epi16(a0[r], _mm256_maddubs_epi16(w0, x4_bcast(x)));
+                    a1[r] = _mm256_add_epi16(a1[r], _mm256_maddubs_epi16(w1, x4_bcast(x + 32)));
+                    /* keep each sum one chain: GCC regroups the adds into trees whose products spill */
+                    __asm__("" : "+x"(a0[r]), "+x"(a1[r]));
+                }
+            }
+            const __m256i sc0 = dup_rows(blk + 32 + 16 * p, first), sc1 = dup_rows(blk + 32 + 16 * p, second);
+            const __m256i mn0 = dup_rows(blk + 96 + 16 * p, first), mn1 = dup_rows(blk + 96 + 16 * p, second);
+            for (int r = 0; r < R; r++) {
+                const int8_t *bs = (const int8_t *)(bk + r * (k / 16) + 16 * b + 4 * p);  /* 16-value sums */
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(_mm256_madd_epi16(a0[r], sc0),
+                                                                     _mm256_madd_epi16(a1[r], sc1)));
+                msum[r] = _mm256_add_epi32(msum[r], _mm256_add_epi32(_mm256_madd_epi16(mn0, x4_bcast(bs)),
+                                                                     _mm256_madd_epi16(mn1, x4_bcast(bs + 4))));
+            }
+        }
         for (int r = 0; r < R; r++) acc[r] = q4x8_epilogue(blk, sumi[r], msum[r], dk[r * nsb + b], acc[r]);
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, acc[r]);
@@ -542,7 +606,12 @@ INLINE void x8_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, co
     case 2: CALL(2); break;                                                                                 \
     default: CALL(1); break;                                                                                \
     }
+#if defined(SD_AVX2) && !defined(SD_VNNI)
+/* 1-2 rows: the narrow tile (R is a constant here, so the choice folds away) */
+#define CALL_Q4KX8(R) ((R) <= 2 ? x8_q4k_narrow : x8_q4k)(R, g, k, xk, dk, bk, out, os)
+#else
 #define CALL_Q4KX8(R) x8_q4k(R, g, k, xk, dk, bk, out, os)
+#endif
 #define CALL_Q6KX8(R) x8_q6k(R, g, k, xk, dk, bk, out, os)
 #define CALL_BX8(R) x8_b32(R, fmt, g, k, xq, dx8, bs32, out, os)
 static void tiles_q4kx8(int R, const uint8_t *g, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
