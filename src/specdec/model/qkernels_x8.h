@@ -140,12 +140,22 @@ INLINE __m256i u8x8_epi32(const uint8_t *p) {  /* 8 unsigned bytes (one per row)
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
 }
 
+/* 8 unsigned bytes (one per row) in both 16-bit halves of their lanes, as vpmaddwd meets int16 pairs:
+ * dup16(u8x8_epi32(p)) in a broadcast load and one vpshufb (five operations) */
+INLINE __m256i u8x8_dup16(const uint8_t *p) {
+    int64_t v;
+    memcpy(&v, p, 8);
+    const __m256i ctl = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,
+                                         4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
+    return _mm256_shuffle_epi8(_mm256_set1_epi64x(v), ctl);
+}
+
 /* the Q4KX8 min term of a super-block, sum_j min_j x (the sums of sub-block j's two 16-value halves),
  * for R activation rows; each lane one weight row */
 INLINE void q4x8_min_sums(const int R, const uint8_t *blk, const int16_t *bk, int64_t k, int64_t b, __m256i *msum) {
     for (int r = 0; r < R; r++) msum[r] = _mm256_setzero_si256();
     for (int j = 0; j < 8; j++) {
-        const __m256i mn = dup16(u8x8_epi32(blk + 96 + 8 * j));
+        const __m256i mn = u8x8_dup16(blk + 96 + 8 * j);
         for (int r = 0; r < R; r++)
             msum[r] = madd_acc(msum[r], mn, x4_bcast((const int8_t *)(bk + r * (k / 16) + 16 * b + 2 * j)));
     }
@@ -246,7 +256,7 @@ INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
             const __m256i sc = u8x8_epi32(blk + 32 + 8 * j);
             for (int r = 0; r < R; r++) sumi[r] = _mm256_add_epi32(sumi[r], _mm256_mullo_epi32(a[r], sc));
 #else
-            const __m256i sc = dup16(u8x8_epi32(blk + 32 + 8 * j));
+            const __m256i sc = u8x8_dup16(blk + 32 + 8 * j);
             for (int r = 0; r < R; r++) sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(a[r], sc));
 #endif
         }
@@ -259,20 +269,9 @@ INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
 #endif
 
 #if !defined(SD_VNNI)
-/* 16 bytes (8 rows' values of two sub-blocks) in both 128-bit halves, then lane i <- bytes (i, 0, i, 0) of the
- * first 8 (ctl dup_first()) or of the second 8 (dup_first() + 8): each row's value in both 16-bit halves of
- * its lane, a broadcast load and one vpshufb where u8x8_epi32 and dup16 take five operations */
-INLINE __m256i dup_first(void) {
-    return _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,
-                            4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
-}
-INLINE __m256i dup_rows(const uint8_t *p16, __m256i ctl) {
-    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p16)), ctl);
-}
-
 /* 1-2 activation rows against one Q4KX8 group, AVX2 without VNNI. Few rows share the unpacking, so its
- * overhead decides: the two sub-blocks of a pair share each 32-byte load (low and high nibbles), and their
- * scales and mins reach the lanes by dup_rows. The same exact integers as x8_q4k (int16 sums of 8 steps,
+ * overhead decides: the two sub-blocks of a pair share each 32-byte load (low and high nibbles), and
+ * the sums stay one chain each. The same exact integers as x8_q4k (int16 sums of 8 steps,
  * then int32), the same epilogue: the same bits. Measured on Zen 2 (one thread, weights in L2): 1 row
  * 21.9 -> 29.4-31.0 GB/s, 2 rows 16.1 -> 20.3; at 4 rows the second accumulator a row spills (9.5 -> 8.8).
  * In whole 1-token passes, alternated in one process, -1% to -7% (the weights stream from memory there). */
@@ -280,14 +279,13 @@ INLINE void x8_q4k_narrow(const int R, const uint8_t *grp, int64_t k, const int8
                           const int16_t *bk, float *out, int64_t os) {
     const int64_t nsb = k / QK;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i first = dup_first(), second = _mm256_add_epi8(first, _mm256_set1_epi16(8));
     __m256 acc[2];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = grp + Q4KX8_BYTES * b;
         prefetch_ahead(R, blk, Q4KX8_BYTES);
         __m256i sumi[2], msum[2];
-        for (int r = 0; r < R; r++) sumi[r] = msum[r] = _mm256_setzero_si256();
+        for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {  /* sub-blocks 2p (low nibbles) and 2p + 1 (high) */
             const uint8_t *qs = blk + 160 + 256 * p;
             __m256i a0[2], a1[2];
@@ -304,16 +302,12 @@ INLINE void x8_q4k_narrow(const int R, const uint8_t *grp, int64_t k, const int8
                     __asm__("" : "+x"(a0[r]), "+x"(a1[r]));
                 }
             }
-            const __m256i sc0 = dup_rows(blk + 32 + 16 * p, first), sc1 = dup_rows(blk + 32 + 16 * p, second);
-            const __m256i mn0 = dup_rows(blk + 96 + 16 * p, first), mn1 = dup_rows(blk + 96 + 16 * p, second);
-            for (int r = 0; r < R; r++) {
-                const int8_t *bs = (const int8_t *)(bk + r * (k / 16) + 16 * b + 4 * p);  /* 16-value sums */
+            const __m256i sc0 = u8x8_dup16(blk + 32 + 16 * p), sc1 = u8x8_dup16(blk + 40 + 16 * p);
+            for (int r = 0; r < R; r++)
                 sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(_mm256_madd_epi16(a0[r], sc0),
                                                                      _mm256_madd_epi16(a1[r], sc1)));
-                msum[r] = _mm256_add_epi32(msum[r], _mm256_add_epi32(_mm256_madd_epi16(mn0, x4_bcast(bs)),
-                                                                     _mm256_madd_epi16(mn1, x4_bcast(bs + 4))));
-            }
         }
+        q4x8_min_sums(R, blk, bk, k, b, msum);
         for (int r = 0; r < R; r++) acc[r] = q4x8_epilogue(blk, sumi[r], msum[r], dk[r * nsb + b], acc[r]);
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, acc[r]);
@@ -409,8 +403,8 @@ INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
 #else
 /* R activation rows against one Q6KX8 group, AVX2. A quad of chunks c0 .. c0 + 3 and half of its steps
  * meet one scale group per chunk; vpmaddubsw's int16 pairs of two steps (2 x 2 x 63 x 128 < 2^15) meet it
- * in one vpmaddwd (a vpmaddwd a step before: Zen 2, one thread, in L2, 4 rows 40 -> 43 GMAC/s, 1 row
- * 26.5 -> 27.1; exact integers, the same bits).
+ * in one vpmaddwd (a vpmaddwd a step before: Zen 2, one thread, in L2, 4 rows 40.1 -> 42.9 GMAC/s, 1 row
+ * 26.5 -> 26.6; exact integers, the same bits).
  * (A ymm vpdpbusd variant, each chunk's 4 steps summed in int32 and scaled by one vpmulld, measured
  * 3-7% slower at 1 and 8 rows on Sapphire Rapids: the 6-bit unpacking, not the products, bounds it.) */
 INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
