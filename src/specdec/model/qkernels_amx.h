@@ -73,11 +73,7 @@ INLINE void q6x8_pair_b_tile(const uint8_t *blk0, const uint8_t *blk1, int g, ui
     for (int tt = 0; tt < 4; tt++) {
         const int64_t step = at + 96 * (4 * (g % 2) + tt);
         const uint8_t *b0 = blk0 + step, *b1 = blk1 + step;
-        store_pair(tile + 64 * tt,
-                   q6x8_weights(_mm256_loadu_si256((const __m256i *)(b0 + 32 * (cc / 2))),
-                                _mm256_loadu_si256((const __m256i *)(b0 + 64)), cc),
-                   q6x8_weights(_mm256_loadu_si256((const __m256i *)(b1 + 32 * (cc / 2))),
-                                _mm256_loadu_si256((const __m256i *)(b1 + 64)), cc));
+        store_pair(tile + 64 * tt, q6x8_chunk(b0, cc), q6x8_chunk(b1, cc));
     }
 }
 

@@ -15,9 +15,10 @@
  *                 (low nibbles: sub-block 2p values 4t..4t+3; high nibbles: sub-block 2p + 1)
  *   Q6KX8, per super-block of 8 rows (8 x 210 bytes, as GGUF's):
  *     [0, 16) d (f16)   [16, 144) scale[g][row] (int8, g < 16 per 16 values)
- *     [144, 1680) for quad h < 2, step t < 8: 96 bytes = L0, L1, H, each row i's 4 bytes at 4 i:
- *                 chunk c = 4h + cc holds values 32c..32c+31; value 32c + 4t + u's low 4 bits are in
- *                 L0 (cc 0: low nibble, cc 1: high), L1 (cc 2, 3), its high 2 bits at bits 2 cc of H.
+ *     [144, 1680) for quad h < 2, step t < 8: 96 bytes = B0, B1, B2, each row i's 4 bytes at 4 i:
+ *                 chunk c = 4h + cc holds values 32c..32c+31; value 32c + 4t + u is in bits 0..5 of Bcc
+ *                 for cc < 3; for cc = 3 its bits 2j..2j+1 are in bits 6..7 of Bj (qkernels_x16.h's
+ *                 Q6KX16 keeps 4-bit halves and a byte of high bits instead).
  *
  * The 32-value types get the same treatment (qkernels_x8.h's second half): per block of 32 values of 8 rows,
  * a row's 4 values of step t < 8 in lane i of a 32-byte vector; value = d (u - OFF) + m
@@ -66,8 +67,7 @@ INLINE int q4x8_value(const uint8_t *blk, int i, int e) {
 INLINE int q6x8_value(const uint8_t *blk, int i, int e) {
     const int c = e / 32, l = e % 32, cc = c % 4;
     const uint8_t *base = blk + 144 + 768 * (c / 4) + 96 * (l / 4) + 4 * i + l % 4;
-    const int low = (cc & 1) ? base[cc >= 2 ? 32 : 0] >> 4 : base[cc >= 2 ? 32 : 0] & 15;
-    return low | (((base[64] >> (2 * cc)) & 3) << 4);
+    return cc < 3 ? base[32 * cc] & 63 : (base[0] >> 6) | ((base[32] >> 6) << 2) | ((base[64] >> 6) << 4);
 }
 
 #if defined(SD_AVX2)
@@ -319,14 +319,15 @@ INLINE __m256i q6x8_scales(const uint8_t *blk, int g) {
     return dup16(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 16 + 8 * g))));
 }
 
-/* chunk cc's 6-bit weights of one step from its low-nibble vector l (L0 for cc < 2, L1 otherwise) and
- * H: bits 2cc..2cc+1 of each H byte to bits 4..5 (a 16-bit shift never carries into a byte's 4..5) */
-INLINE __m256i q6x8_weights(__m256i l, __m256i h, int cc) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    const __m256i low = _mm256_and_si256((cc & 1) ? _mm256_srli_epi16(l, 4) : l, m4);
-    const __m256i high = cc == 0 ? _mm256_slli_epi16(h, 4) : cc == 1 ? _mm256_slli_epi16(h, 2)
-                       : cc == 2 ? h : _mm256_srli_epi16(h, 2);
-    return _mm256_or_si256(low, _mm256_and_si256(high, m30));
+/* chunk cc's 6-bit weights of a step's B0, B1, B2 at p: Bcc's bits 0..5, or for chunk 3 the three
+ * bits 6..7 fields gathered by 16-bit shifts (the 0xC0 masks leave nothing to carry into a byte's
+ * 0..5); a step's four chunks take 11 operations (17 with 4-bit halves and a byte of high bits) */
+INLINE __m256i q6x8_chunk(const uint8_t *p, int cc) {
+    const __m256i m3f = _mm256_set1_epi8(0x3F), mc0 = _mm256_set1_epi8((char)0xC0);
+    if (cc < 3) return _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + 32 * cc)), m3f);
+    __m256i v = _mm256_srli_epi16(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), mc0), 2);
+    v = _mm256_srli_epi16(_mm256_or_si256(v, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + 32)), mc0)), 2);
+    return _mm256_srli_epi16(_mm256_or_si256(v, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + 64)), mc0)), 2);
 }
 
 /* the Q6KX8 offset and float epilogue of a super-block: values are q - 32, so take 32 x sum_g scale_g x
@@ -343,70 +344,14 @@ INLINE __m256 q6x8_epilogue(const uint8_t *blk, __m256i sumi, const int16_t *bk,
     return _mm256_fmadd_ps(_mm256_set1_ps(dx), _mm256_mul_ps(vd, _mm256_cvtepi32_ps(sumi)), acc);
 }
 
-#if defined(SD_AVX512) && defined(__AVX512VL__)
-/* R activation rows against one Q6KX8 group, AVX-512 VNNI: one zmm load holds L0 and L1 of a step, so
- * its low nibbles are chunks c0 and c0 + 2 side by side (halves of the zmm) and its high nibbles
- * chunks c0 + 1 and c0 + 3; H, broadcast to both halves, is shifted per half (vpsllvw). Each pair of
- * chunks sums its 4 steps in int32 (vpdpbusd against the two chunks' activations, picked by vpermt2d)
- * and meets its two scale groups in one vpmulld; exact integers, so the AVX2 and portable bits */
-INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
-                   float *out, int64_t os) {
-    const int64_t nsb = k / QK;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    const __m512i shift_a = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_setzero_si256(), 1);  /* 4 | 0 */
-    const __m512i two = _mm512_set1_epi16(2);
-    const __m512i halves = _mm512_set_epi32(16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0);
-    __m256 acc[XROWS];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nsb; b++) {
-        const uint8_t *blk = grp + Q6KX8_BYTES * b;
-        prefetch_ahead(R, blk, Q6KX8_BYTES);
-        __m512i sumi[XROWS];
-        for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
-        for (int hq = 0; hq < 4; hq++) {  /* quad hq / 2 (chunks 4 (hq / 2) ..), steps 4 (hq % 2) .. + 3 */
-            const int c0 = 4 * (hq / 2), half = hq % 2;
-            const uint8_t *quad = blk + 144 + 768 * (hq / 2);
-            __m512i a02[XROWS], a13[XROWS];
-            for (int r = 0; r < R; r++) a02[r] = a13[r] = _mm512_setzero_si512();
-            for (int t = 4 * half; t < 4 * half + 4; t++) {
-                const __m512i l = _mm512_loadu_si512((const void *)(quad + 96 * t));  /* L0 | L1 */
-                const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(quad + 96 * t + 64)));
-                /* high bits to 4..5: chunk c0 H << 4, c0 + 2 H; chunk c0 + 1 H << 2, c0 + 3 H >> 2 */
-                const __m512i h13 = _mm512_mask_srli_epi16(_mm512_sllv_epi16(h, two), 0xFFFF0000u, h, 2);
-                const __m512i w02 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shift_a), m30));
-                const __m512i w13 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), _mm512_and_si512(h13, m30));
-                const __m512i i02 = _mm512_add_epi32(halves, _mm512_set1_epi32(t));  /* dword t of chunk c0 | c0 + 2 */
-                const __m512i i13 = _mm512_add_epi32(i02, _mm512_set1_epi32(8));
-                for (int r = 0; r < R; r++) {
-                    const int8_t *x = xk + r * k + QK * b + 32 * c0;
-                    const __m512i x01 = _mm512_loadu_si512((const void *)x), x23 = _mm512_loadu_si512((const void *)(x + 64));
-                    a02[r] = _mm512_dpbusd_epi32(a02[r], w02, _mm512_permutex2var_epi32(x01, i02, x23));
-                    a13[r] = _mm512_dpbusd_epi32(a13[r], w13, _mm512_permutex2var_epi32(x01, i13, x23));
-                }
-            }
-            const uint8_t *sg = blk + 16 + 8 * (2 * c0 + half);  /* scale group of chunk c0 + cc: sg + 16 cc */
-            int64_t s0, s1, s2, s3;
-            memcpy(&s0, sg, 8), memcpy(&s1, sg + 16, 8), memcpy(&s2, sg + 32, 8), memcpy(&s3, sg + 48, 8);
-            const __m512i sc02 = _mm512_cvtepi8_epi32(_mm_set_epi64x(s2, s0));
-            const __m512i sc13 = _mm512_cvtepi8_epi32(_mm_set_epi64x(s3, s1));
-            for (int r = 0; r < R; r++)
-                sumi[r] = _mm512_add_epi32(sumi[r], _mm512_add_epi32(_mm512_mullo_epi32(a02[r], sc02),
-                                                                     _mm512_mullo_epi32(a13[r], sc13)));
-        }
-        for (int r = 0; r < R; r++) {
-            const __m256i s = _mm256_add_epi32(_mm512_castsi512_si256(sumi[r]), _mm512_extracti64x4_epi64(sumi[r], 1));
-            acc[r] = q6x8_epilogue(blk, s, bk + r * (k / 16) + 16 * b, dk[r * nsb + b], acc[r]);
-        }
-    }
-    for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, acc[r]);
-}
-#else
-/* R activation rows against one Q6KX8 group, AVX2. A quad of chunks c0 .. c0 + 3 and half of its steps
- * meet one scale group per chunk; vpmaddubsw's int16 pairs of two steps (2 x 2 x 63 x 128 < 2^15) meet it
- * in one vpmaddwd (a vpmaddwd a step before: Zen 2, one thread, in L2, 4 rows 40.1 -> 42.9 GMAC/s, 1 row
- * 26.5 -> 26.6; exact integers, the same bits).
- * (A ymm vpdpbusd variant, each chunk's 4 steps summed in int32 and scaled by one vpmulld, measured
- * 3-7% slower at 1 and 8 rows on Sapphire Rapids: the 6-bit unpacking, not the products, bounds it.) */
+/* R activation rows against one Q6KX8 group (AVX2, and AVX-512 builds for the odd 8-row groups the 16-row
+ * layout leaves). A quad of chunks c0 .. c0 + 3 and half of its steps meet one scale group per chunk;
+ * vpmaddubsw's int16 pairs of two steps (2 x 2 x 63 x 128 < 2^15) meet it in one vpmaddwd. The loops unroll
+ * (constant offsets: the quad loop's address arithmetic cost as much as the unpacking). Zen 2, one thread,
+ * in L2, against 4-bit halves and a byte of high bits, a vpmaddwd a step and rolled loops: 1 row 26.5 ->
+ * 32.0 GMAC/s, 2 rows 32.3 -> 40.3, 4 rows 37.3 -> 45 (two threads out of cache, 1 row 16.5 -> 18.2-19.6 GB/s).
+ * (A ymm vpdpbusd variant over the older layout measured 3-7% slower at 1 and 8 rows on Sapphire Rapids:
+ * the 6-bit unpacking, not the products, bounds it.) Exact integers: the same bits on every path. */
 INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
                    float *out, int64_t os) {
     const int64_t nsb = k / QK;
@@ -417,21 +362,17 @@ INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
         prefetch_ahead(R, blk, Q6KX8_BYTES);
         __m256i sumi[XROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
         for (int hq = 0; hq < 4; hq++) {  /* quad hq / 2 (chunks 4 (hq / 2) ..), steps 4 (hq % 2) .. + 3 */
             const int c0 = 4 * (hq / 2), half = hq % 2;
             const uint8_t *quad = blk + 144 + 768 * (hq / 2);
             __m256i sc[4];
             for (int cc = 0; cc < 4; cc++) sc[cc] = q6x8_scales(blk, 2 * (c0 + cc) + half);
+#pragma GCC unroll 2
             for (int t = 4 * half; t < 4 * half + 4; t += 2) {  /* steps t and t + 1 summed in int16 first */
                 const uint8_t *base = quad + 96 * t;
-                __m256i l[2][2], h[2];  /* step t + s: L0, L1, H */
-                for (int st = 0; st < 2; st++) {
-                    l[st][0] = _mm256_loadu_si256((const __m256i *)(base + 96 * st));
-                    l[st][1] = _mm256_loadu_si256((const __m256i *)(base + 96 * st + 32));
-                    h[st] = _mm256_loadu_si256((const __m256i *)(base + 96 * st + 64));
-                }
                 for (int cc = 0; cc < 4; cc++) {
-                    const __m256i w0 = q6x8_weights(l[0][cc / 2], h[0], cc), w1 = q6x8_weights(l[1][cc / 2], h[1], cc);
+                    const __m256i w0 = q6x8_chunk(base, cc), w1 = q6x8_chunk(base + 96, cc);
                     for (int r = 0; r < R; r++) {
                         const int8_t *x = xk + r * k + QK * b + 32 * (c0 + cc) + 4 * t;
                         const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(w0, x4_bcast(x)),
@@ -445,7 +386,6 @@ INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, acc[r]);
 }
-#endif
 /* Q5_0's fifth bits of step t (bit t of each H byte) at bit 4: a 16-bit shift by 4 - t never carries
  * another byte's bit into a byte's bit 4 */
 INLINE __m256i bx8_fifth(__m256i h, int t) {

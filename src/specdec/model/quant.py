@@ -334,15 +334,20 @@ def _q6k_values(b: np.ndarray) -> np.ndarray:
 
 def _q6k_x8(b: np.ndarray) -> np.ndarray:
     """Q6_K super-blocks of groups of n = 8 or 16 rows [G, n, nsb, 210] -> Q6KX8 [G, nsb, 8 x 210] or
-    Q6KX16 [G, nsb, 16 x 210] (qkernels_x8.h, qkernels_x16.h)."""
+    Q6KX16 [G, nsb, 16 x 210] (qkernels_x8.h, qkernels_x16.h). A step's three parts: Q6KX8's B0, B1, B2
+    (chunk cc < 3 whole in bits 0..5 of Bcc, chunk 3's 2-bit fields in bits 6..7 of B0, B1, B2: a step
+    unpacks in 11 operations, not 17); Q6KX16's L0, L1, H (4-bit halves and the high bits)."""
     b = b.transpose(0, 2, 1, 3)  # [G, nsb, row, 210]
     G, nsb, n = b.shape[:3]
     v = _q6k_values(b).reshape(G, nsb, n, 2, 4, 8, 4)  # [.., row, quad, chunk in quad, step, 4]
-    low, high = v & 15, v >> 4
-    l0 = low[:, :, :, :, 0] | (low[:, :, :, :, 1] << 4)  # [G, nsb, row, quad, step, 4]
-    l1 = low[:, :, :, :, 2] | (low[:, :, :, :, 3] << 4)
-    h = high[:, :, :, :, 0] | (high[:, :, :, :, 1] << 2) | (high[:, :, :, :, 2] << 4) | (high[:, :, :, :, 3] << 6)
-    body = np.stack([l0, l1, h], axis=4)  # [G, nsb, row, quad, part, step, 4]
+    if n == 8:
+        parts = [v[:, :, :, :, cc] | (((v[:, :, :, :, 3] >> (2 * cc)) & 3) << 6) for cc in range(3)]
+    else:
+        low, high = v & 15, v >> 4
+        parts = [low[:, :, :, :, 0] | (low[:, :, :, :, 1] << 4), low[:, :, :, :, 2] | (low[:, :, :, :, 3] << 4),
+                 high[:, :, :, :, 0] | (high[:, :, :, :, 1] << 2) | (high[:, :, :, :, 2] << 4)
+                 | (high[:, :, :, :, 3] << 6)]  # [G, nsb, row, quad, step, 4] each
+    body = np.stack(parts, axis=4)  # [G, nsb, row, quad, part, step, 4]
     body = body.transpose(0, 1, 3, 5, 4, 2, 6)  # [G, nsb, quad, step, part, row, 4]
     return np.concatenate([
         b[..., 208:210].reshape(G, nsb, 2 * n), b[..., 192:208].transpose(0, 1, 3, 2).reshape(G, nsb, 16 * n),
