@@ -126,7 +126,7 @@ INLINE void x16_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
             for (int r = R; r < R * NA; r++) a[r % R] = _mm512_add_epi32(a[r % R], a[r]);
             for (int r = 0; r < R; r++) sumi[r] = _mm512_add_epi32(sumi[r], _mm512_mullo_epi32(a[r], sc));
         }
-        /* the min term, sum_j min_j x (the sums of sub-block j's two 16-value halves): q4x8_min_sums' */
+        /* the min term, sum_j min_j x (the sums of sub-block j's two 16-value halves) */
         __m512i msum[X16ROWS];
         for (int r = 0; r < R; r++) msum[r] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {

@@ -150,14 +150,27 @@ INLINE __m256i u8x8_dup16(const uint8_t *p) {
     return _mm256_shuffle_epi8(_mm256_set1_epi64x(v), ctl);
 }
 
-/* the Q4KX8 min term of a super-block, sum_j min_j x (the sums of sub-block j's two 16-value halves),
- * for R activation rows; each lane one weight row */
+/* the Q4KX8 min term of a super-block, sum_j min_j S_j with S_j = bk[2j] + bk[2j + 1] (sub-block j's
+ * activation sum, |S_j| <= 32 x 128 < 2^15), for R activation rows; each lane one weight row. Two sub-blocks a
+ * vpmaddwd: lane i holds (min_2p, min_2p+1) of row i against the broadcast pair (S_2p, S_2p+1), where a sub-block
+ * each took twice the vpmaddwd and a broadcast of 8 min bytes. Exact integers, the same bits. Zen 2, one
+ * thread, in L2, alternated: the narrow tile 1 row 20.3-20.9 -> 27.6-27.8 GB/s, 2 rows 14.8 -> 17.5, the
+ * wide tile 4 rows 62.8-63.1 -> 64.3-64.8 GMAC/s */
 INLINE void q4x8_min_sums(const int R, const uint8_t *blk, const int16_t *bk, int64_t k, int64_t b, __m256i *msum) {
-    for (int r = 0; r < R; r++) msum[r] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; j++) {
-        const __m256i mn = u8x8_dup16(blk + 96 + 8 * j);
-        for (int r = 0; r < R; r++)
-            msum[r] = madd_acc(msum[r], mn, x4_bcast((const int8_t *)(bk + r * (k / 16) + 16 * b + 2 * j)));
+    const __m256i pairs = _mm256_setr_epi8(0, -1, 8, -1, 1, -1, 9, -1, 2, -1, 10, -1, 3, -1, 11, -1,
+                                           4, -1, 12, -1, 5, -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1);
+    __m256i mn[4];  /* sub-blocks 2p, 2p + 1: their 16 min bytes in both halves, row i's two as lane i's int16s */
+    for (int p = 0; p < 4; p++)
+        mn[p] = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 96 + 16 * p))), pairs);
+    for (int r = 0; r < R; r++) {
+        const __m256i s = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(bk + r * (k / 16) + 16 * b)),
+                                            _mm256_set1_epi16(1));  /* S_0 .. S_7 */
+        int32_t sp[8];  /* (S_0, S_1), (S_2, S_3), .., (S_4, S_5), (S_6, S_7), .. as int16 pairs */
+        _mm256_storeu_si256((__m256i *)sp, _mm256_packs_epi32(s, s));
+        __m256i m = _mm256_madd_epi16(mn[0], _mm256_set1_epi32(sp[0]));
+        m = madd_acc(m, mn[1], _mm256_set1_epi32(sp[1]));
+        m = madd_acc(m, mn[2], _mm256_set1_epi32(sp[4]));
+        msum[r] = madd_acc(m, mn[3], _mm256_set1_epi32(sp[5]));
     }
 }
 
