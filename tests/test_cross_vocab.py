@@ -154,6 +154,46 @@ def test_adaptive_with_a_cross_tokenizer_member_is_greedy_identical(llm, folders
     assert seq.output_ids == plain and seq.stats.accepted > 0
 
 
+@pytest.mark.parametrize("method", ["tli", "slem"])
+def test_a_cut_draft_head_across_tokenizers_is_greedy_identical(llm, folders, tokenizers, method, monkeypatch):
+    """--spec-draft-vocab-size with another tokenizer: the draft's head cut to its own tokens that the plain
+    outputs use (ranked by their counts), its special ones kept; its drafts are mapped back from the cut
+    rows (whose indices are not their ids), and the output is plain's."""
+    import numpy as np
+
+    import specdec.drafters.cross_vocab as cross_vocab
+    from specdec.drafters.frequent_vocab import special_ids
+
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    prompts = [[3, 4, 5], [6, 11, 7, 8]]
+    llm.set_spec("none")
+    plain = [llm.generate([p], params)[0].token_ids for p in prompts]
+    draft_tok = tokenizers[1]
+    used = [t for out in plain for t in draft_tok(llm.tokenizer.decode(out), add_special_tokens=False).input_ids]
+    kept = sorted(set(used) | special_ids(draft_tok))
+    assert sum(i != t for i, t in enumerate(kept)) >= len(kept) // 2  # rows are not ids
+    ranked = []
+
+    def counts(tok, n):  # the "corpus": the plain outputs under the draft's tokenizer
+        ranked.append(tok)
+        return np.bincount(used, minlength=n)[:n]
+
+    monkeypatch.setattr(cross_vocab, "vocab_counts", counts)
+    spec = SpecConfig(types=(SpecType.DRAFT_MODEL,), draft_n_max=4, draft_model=str(folders[1]), draft_vocab=method,
+                      draft_vocab_size=len(kept))
+    state = llm.set_spec(spec).state(SpecType.DRAFT_MODEL)
+    assert ranked[0] is state.cross.draft_tokenizer  # the draft's own tokens were ranked
+    assert state.vocab.ids.tolist() == kept and state.runner.vocab_size == len(kept) < DRAFT_VOCAB
+    llm.engine.plan_drafts = False
+    drafted = accepted = 0
+    for p, want in zip(prompts, plain, strict=True):
+        seq = llm.new_sequence(p, params)
+        llm.engine.run_batch([seq])
+        assert seq.output_ids == want
+        drafted, accepted = drafted + seq.stats.drafted, accepted + seq.stats.accepted
+    assert drafted > 10 and accepted > drafted // 6, (drafted, accepted)
+
+
 def test_a_draft_sharing_no_token_is_refused(llm, tmp_path, folders):
     """A draft whose every token is spelled differently (upper case) cannot draft: one clear error."""
     import shutil

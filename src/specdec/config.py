@@ -309,7 +309,8 @@ class SpecConfig:
     # None: the whole vocabulary
     draft_vocab_size: int | None = field(default=None, metadata=flag(
         "--spec-draft-vocab-size", "draft-model drafts from the N tokens most frequent in an offline corpus only "
-        "(FR-Spec: its LM head cut to those rows; the target still verifies over every token, so lossless)",
+        "(FR-Spec: its LM head cut to those rows; the target still verifies over every token, so lossless; a draft "
+        "with another tokenizer ranks its own tokens)",
         positive=True, metavar="N"))
     draft_prompt_tail: int | None = field(default=None, metadata=flag(  # the draft reads the last M prompt tokens
         "--spec-draft-prompt-tail", "draft-model reads only the last M prompt tokens (bounds its prefill on long "

@@ -92,6 +92,7 @@ class CrossVocab:
     vocab: VocabMap
     method: str = "auto"
     scores: MethodScores = field(default_factory=MethodScores)
+    draft_tokenizer: object = None  # the draft's transformers tokenizer: ranks its own tokens for a cut head
 
 
 @dataclass(frozen=True)
@@ -144,18 +145,24 @@ def cross_vocab_for(spec: SpecConfig, target: ModelRunner, draft: ModelRunner, t
     if vocab.fraction < MIN_OVERLAP:
         logger.warning("specdec: warning: only %.0f%% of the draft model's tokens map to the target's: "
                        "it will be accepted rarely", 100 * vocab.fraction)
-    return CrossVocab(TokenizerPair(tokenizer, draft_tok), vocab, spec.draft_vocab)
+    return CrossVocab(TokenizerPair(tokenizer, draft_tok), vocab, spec.draft_vocab, draft_tokenizer=draft_tok)
 
 
 def draft_vocab_for(spec: SpecConfig, draft: ModelRunner, tokenizer, target: ModelRunner,
                     cross_vocab: CrossVocab | None) -> DraftVocab | None:
     """--spec-draft-vocab-size N: the draft's LM head cut to the N tokens most frequent in the offline
-    corpus (or in --spec-datastore's), special tokens kept (``frequent_vocab``); None without the flag."""
+    corpus (or in --spec-datastore's), special tokens kept (``frequent_vocab``); None without the flag.
+    Across tokenizers the draft's own tokens are ranked, on the offline corpus under its tokenizer (a
+    datastore holds target ids), and ``DraftVocab.ids`` are draft ids."""
     if spec.draft_vocab_size is None:
         return None
-    if cross_vocab is not None or tokenizer is None:
-        raise ModelLoadError("--spec-draft-vocab-size ranks the target's tokens: it needs a draft model with the "
-                             "target's tokenizer (and the tokenizer loaded)")
+    if cross_vocab is not None:
+        draft_tok = cross_vocab.draft_tokenizer
+        return restrict_draft_vocab(draft, spec.draft_vocab_size, vocab_counts(draft_tok, draft.vocab_size),
+                                    special_ids(draft_tok))
+    if tokenizer is None:
+        raise ModelLoadError("--spec-draft-vocab-size ranks the target's tokens: it needs the target's tokenizer "
+                             "loaded")
     # a --spec-datastore (say of the model's own answers) ranks the tokens when given; else the offline corpus
     counts = store_counts(load_datastore(spec.datastore, target, tokenizer), draft.vocab_size) if spec.datastore \
         else vocab_counts(tokenizer, draft.vocab_size)
@@ -165,8 +172,9 @@ def draft_vocab_for(spec: SpecConfig, draft: ModelRunner, tokenizer, target: Mod
 class CrossVocabDrafter(DraftModelDrafter):
     """The draft model drafting across tokenizers by TLI or SLEM (see the module docstring)."""
 
-    def __init__(self, runner: ModelRunner, cross: CrossVocab, p_min: float = 0.0) -> None:
-        super().__init__(runner, p_min)
+    def __init__(self, runner: ModelRunner, cross: CrossVocab, p_min: float = 0.0,
+                 vocab: DraftVocab | None = None) -> None:
+        super().__init__(runner, p_min, vocab=vocab)  # vocab: a cut head's draft ids (--spec-draft-vocab-size)
         if cross.method not in METHODS:
             raise ValueError(f"unknown draft vocabulary method {cross.method!r}; choose from: {', '.join(METHODS)}")
         self.cross = cross
@@ -180,11 +188,13 @@ class CrossVocabDrafter(DraftModelDrafter):
     @classmethod
     def from_config(
         cls, spec: SpecConfig, runner: ModelRunner | None = None, cross_vocab: CrossVocab | None = None,
+        vocab: DraftVocab | None = None,
     ) -> CrossVocabDrafter:
-        """``runner``: the loaded draft model; ``cross_vocab``: its tokenizer pair and vocabulary map."""
+        """``runner``: the loaded draft model; ``cross_vocab``: its tokenizer pair and vocabulary map;
+        ``vocab``: the draft ids its cut head scores, if cut."""
         if runner is None or cross_vocab is None:
             raise ValueError("a cross-tokenizer draft model needs its runner and vocabulary map (see DraftResources)")
-        return cls(runner, cross_vocab, p_min=spec.draft_p_min)
+        return cls(runner, cross_vocab, p_min=spec.draft_p_min, vocab=vocab)
 
     @classmethod
     def shared_state(cls, setup: DraftSetup) -> SharedState:
@@ -197,7 +207,7 @@ class CrossVocabDrafter(DraftModelDrafter):
         """This drafter when the draft model's tokenizer is another; else a ``DraftModelDrafter``."""
         if shared.cross is None:
             return DraftModelDrafter.from_config(spec, runner=shared.runner, target=target, vocab=shared.vocab)
-        return cls.from_config(spec, runner=shared.runner, cross_vocab=shared.cross)
+        return cls.from_config(spec, runner=shared.runner, cross_vocab=shared.cross, vocab=shared.vocab)
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         super().begin(prompt_ids, sampling)
@@ -245,7 +255,7 @@ class CrossVocabDrafter(DraftModelDrafter):
         drafted: list[int] = []
         for i in range(max_tokens + 1):
             top_p, top = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-            token = int(top)
+            token = int(top) if self.vocab is None else int(self.vocab.ids[top])  # a cut head's row: draft ids
             if (i > 0 and float(top_p) < self.p_min) or token in self.cross.pair.draft_special:
                 break
             drafted.append(token)

@@ -128,7 +128,8 @@ class DraftModelDrafter(Drafter):
                     break
                 token = self._top(logits)
             else:
-                q = self._q(self._full(logits) if mask is None else logits.float()[: len(mask)] + mask)
+                full = self._full(logits)
+                q = self._q(full if mask is None else full.float()[: len(mask)] + mask)
                 if i > 0 and float(q.max()) < self.p_min:
                     break
                 if self.params.greedy:

@@ -9,7 +9,8 @@ exactly zero outside it, and the tokens it drafts are target ids. The target ver
 whole vocabulary, so a token outside the subset can still be the recovered or bonus token: the
 output stays exactly the target's whatever N is; N only moves acceptance and draft cost.
 
-Ranks: token counts of an offline corpus (``corpus.SOURCES``) under the target's tokenizer,
+Ranks: token counts of an offline corpus (``corpus.SOURCES``) under the target's tokenizer (a draft with
+another tokenizer: under its own, its head cut to its own ids, cross_vocab.draft_vocab_for),
 computed once per tokenizer and cached at ``$SPECDEC_CACHE/vocab-counts/<sha256>.npy``, or of a
 retrieval datastore's documents when one is given (``--spec-datastore``: say the model's answers). The
 tokenizer's special tokens (EOS, the chat markers) are always kept: plain text never counts
@@ -38,7 +39,8 @@ COUNT_TOKENS = 2_000_000  # corpus tokens counted for the ranks (~1 min to token
 
 @dataclass(frozen=True, eq=False)
 class DraftVocab:
-    """The tokens a reduced draft head scores: ``ids`` [N] ascending target ids; ``size`` the full vocabulary."""
+    """The tokens a reduced draft head scores: ``ids`` [N] ascending ids (the target's, or across tokenizers
+    the draft's own); ``size`` the full vocabulary they index."""
 
     ids: torch.Tensor
     size: int
