@@ -119,6 +119,18 @@ def llm(folders) -> LLM:
     return LLM(str(folders[0]), max_model_len=64, spec="none", plan_drafts=False)
 
 
+def drafted_against_plain(llm: LLM, prompts, plain, params) -> tuple[int, int]:
+    """Each prompt under the current spec, its output plain's; the drafted and accepted tokens of all."""
+    llm.engine.plan_drafts = False  # the micro model's pass costs would say drafting does not pay
+    drafted = accepted = 0
+    for p, want in zip(prompts, plain, strict=True):
+        seq = llm.new_sequence(p, params)
+        llm.engine.run_batch([seq])
+        assert seq.output_ids == want
+        drafted, accepted = drafted + seq.stats.drafted, accepted + seq.stats.accepted
+    return drafted, accepted
+
+
 @pytest.mark.parametrize("method", ["tli", "slem", "auto"])
 def test_greedy_identity_across_tokenizers(llm, folders, method, capsys):
     prompts = [[3, 4, 5], [6, 11, 7, 8], [12, 13, 9, 9, 14]]
@@ -128,13 +140,7 @@ def test_greedy_identity_across_tokenizers(llm, folders, method, capsys):
     spec = SpecConfig(types=(SpecType.DRAFT_MODEL,), draft_n_max=4, draft_model=str(folders[1]), draft_vocab=method)
     resources = llm.set_spec(spec)
     assert "draft vocabulary: 22 of 32 tokens (69%) map to the target's" in capsys.readouterr().err
-    llm.engine.plan_drafts = False  # the micro model's pass costs would say drafting does not pay
-    drafted = accepted = 0
-    for p, want in zip(prompts, plain, strict=True):
-        seq = llm.new_sequence(p, params)
-        llm.engine.run_batch([seq])
-        assert seq.output_ids == want
-        drafted, accepted = drafted + seq.stats.drafted, accepted + seq.stats.accepted
+    drafted, accepted = drafted_against_plain(llm, prompts, plain, params)
     assert drafted > 20 and accepted > 10, (drafted, accepted)
     if method == "auto":
         assert min(resources.state(SpecType.DRAFT_MODEL).cross.scores.steps.values()) >= 4  # both measured
@@ -184,13 +190,7 @@ def test_a_cut_draft_head_across_tokenizers_is_greedy_identical(llm, folders, to
     state = llm.set_spec(spec).state(SpecType.DRAFT_MODEL)
     assert ranked[0] is state.cross.draft_tokenizer  # the draft's own tokens were ranked
     assert state.vocab.ids.tolist() == kept and state.runner.vocab_size == len(kept) < DRAFT_VOCAB
-    llm.engine.plan_drafts = False
-    drafted = accepted = 0
-    for p, want in zip(prompts, plain, strict=True):
-        seq = llm.new_sequence(p, params)
-        llm.engine.run_batch([seq])
-        assert seq.output_ids == want
-        drafted, accepted = drafted + seq.stats.drafted, accepted + seq.stats.accepted
+    drafted, accepted = drafted_against_plain(llm, prompts, plain, params)
     assert drafted > 10 and accepted > drafted // 6, (drafted, accepted)
 
 
