@@ -1,8 +1,8 @@
 /* 16-row interleaved K-quant layouts for AVX-512 (included by qkernels.c after qkernels_x8.h).
  *
  * Q4KX8 / Q6KX8 put 8 rows in a 32-byte vector; a zmm then holds two steps, and every product pays a
- * vpermd (vpermt2d for Q6_K) to give each half its step's activations, and the sub-block scales, mins and
- * the float epilogue run on 8 lanes. Here 16 rows share each step: one 64-byte load is one step of 16
+ * vpermd to give each half its step's activations, and the sub-block scales, mins and the float epilogue
+ * run on 8 lanes (Q6KX8's AVX-512 kernel, a vpermt2d a product, gave way to the AVX2 one). Here 16 rows share each step: one 64-byte load is one step of 16
  * rows, a step's 4 activation bytes reach every lane by a broadcast load (no permute), and the scale
  * products, min sums and epilogue cover 16 rows per instruction. Measured on Zen 4 (one thread, weights
  * in L3): Q4_K 8 activation rows 105 -> 159 GMAC/s, 1 row 50 -> 67. The layouts are the X8 ones with
@@ -14,7 +14,9 @@
  *     [320, 2368) for pair p < 4, step t < 8: 64 bytes, row i's 4 bytes at 4 i (Q4KX8's nibbles)
  *   Q6KX16, per super-block of 16 rows (16 x 210 bytes):
  *     [0, 32) d (f16)   [32, 288) scale[g][row] (int8)
- *     [288, 3648) for quad h < 2, step t < 8: 192 bytes = L0, L1, H (Q6KX8's, 64 bytes each)
+ *     [288, 3648) for quad h < 2, step t < 8: 192 bytes = L0, L1, H, 64 bytes each: value 32c + 4t + u of
+ *                 chunk c = 4h + cc has its low 4 bits in L0 (cc 0: low nibble, cc 1: high) or L1 (cc 2, 3)
+ *                 and its high 2 bits at bits 2 cc of H (Q6KX8 packed so until the B0, B1, B2 steps)
  *
  * Bits: the same exact integers and, per lane, the same fused float steps as the X8 kernels and the
  * portable C below (which every other build runs), so a row's bits never depend on its layout either.
