@@ -255,7 +255,7 @@ class CrossVocabDrafter(DraftModelDrafter):
         drafted: list[int] = []
         for i in range(max_tokens + 1):
             top_p, top = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-            token = int(top) if self.vocab is None else int(self.vocab.ids[top])  # a cut head's row: draft ids
+            token = self._id(int(top))  # a cut head's row -> its draft id
             if (i > 0 and float(top_p) < self.p_min) or token in self.cross.pair.draft_special:
                 break
             drafted.append(token)

@@ -145,8 +145,11 @@ class DraftModelDrafter(Drafter):
     def _top(self, logits: torch.Tensor) -> int:
         """The draft's argmax as a target id, from its own row ([N] under a cut head: ids ascend, so the
         first of equal maxima is the one the expanded row's argmax would pick)."""
-        top = int(logits.argmax())
-        return top if self.vocab is None else int(self.vocab.ids[top])
+        return self._id(int(logits.argmax()))
+
+    def _id(self, row: int) -> int:
+        """The token of a logits row's index: itself, or under a cut head the id it scores."""
+        return row if self.vocab is None else int(self.vocab.ids[row])
 
     def _full(self, logits: torch.Tensor) -> torch.Tensor:
         """[V] logits over the whole vocabulary: a cut head's row expanded (-inf outside its ids)."""

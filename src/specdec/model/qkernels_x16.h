@@ -2,9 +2,10 @@
  *
  * Q4KX8 / Q6KX8 put 8 rows in a 32-byte vector; a zmm then holds two steps, and every product pays a
  * vpermd to give each half its step's activations, and the sub-block scales, mins and the float epilogue
- * run on 8 lanes (Q6KX8's AVX-512 kernel, a vpermt2d a product, gave way to the AVX2 one). Here 16 rows share each step: one 64-byte load is one step of 16
- * rows, a step's 4 activation bytes reach every lane by a broadcast load (no permute), and the scale
- * products, min sums and epilogue cover 16 rows per instruction. Measured on Zen 4 (one thread, weights
+ * run on 8 lanes (Q6KX8's AVX-512 kernel, a vpermt2d a product, gave way to the AVX2 one). Here 16 rows
+ * share each step: one 64-byte load is one step of 16 rows, a step's 4 activation bytes reach every lane
+ * by a broadcast load (no permute), and the scale products, min sums and epilogue cover 16 rows per
+ * instruction. Measured on Zen 4 (one thread, weights
  * in L3): Q4_K 8 activation rows 105 -> 159 GMAC/s, 1 row 50 -> 67. The layouts are the X8 ones with
  * every per-row run 16 rows wide (quant.QuantMatrix.interleaved packs them where the kernels are
  * AVX-512 without AMX: clib.wide_groups):

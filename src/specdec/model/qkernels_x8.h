@@ -152,10 +152,9 @@ INLINE __m256i u8x8_dup16(const uint8_t *p) {
 
 /* the Q4KX8 min term of a super-block, sum_j min_j S_j with S_j = bk[2j] + bk[2j + 1] (sub-block j's
  * activation sum, |S_j| <= 32 x 128 < 2^15), for R activation rows; each lane one weight row. Two sub-blocks a
- * vpmaddwd: lane i holds (min_2p, min_2p+1) of row i against the broadcast pair (S_2p, S_2p+1), where a sub-block
- * each took twice the vpmaddwd and a broadcast of 8 min bytes. Exact integers, the same bits. Zen 2, one
- * thread, in L2, alternated: the narrow tile 1 row 20.3-20.9 -> 27.6-27.8 GB/s, 2 rows 14.8 -> 17.5, the
- * wide tile 4 rows 62.8-63.1 -> 64.3-64.8 GMAC/s */
+ * vpmaddwd: lane i holds (min_2p, min_2p+1) of row i against the broadcast pair (S_2p, S_2p+1) (a vpmaddwd a
+ * sub-block before). Exact integers, the same bits. Zen 2, one thread, in L2, alternated: the narrow tile 1 row
+ * 20.3-20.9 -> 27.6-27.8 GB/s, 2 rows 14.8 -> 17.5, the wide tile 4 rows 62.8-63.1 -> 64.3-64.8 GMAC/s */
 INLINE void q4x8_min_sums(const int R, const uint8_t *blk, const int16_t *bk, int64_t k, int64_t b, __m256i *msum) {
     const __m256i pairs = _mm256_setr_epi8(0, -1, 8, -1, 1, -1, 9, -1, 2, -1, 10, -1, 3, -1, 11, -1,
                                            4, -1, 12, -1, 5, -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1);
@@ -588,9 +587,10 @@ BX8TILES(tiles_q50x8, FMT_Q50X8)
 BX8TILES(tiles_q40x8, FMT_Q40X8)
 BX8TILES(tiles_q41x8, FMT_Q41X8)
 
-/* activation rows per tile, by layout (at most XROWS). The AVX-512 Q6_K tile keeps two int32 sums a row
- * in zmm: 8 rows of them spill, and 4-row tiles ran 8 and 16 rows at 97-106 GMAC/s against 86-89 on
- * Zen 4 (scripts/kernel_stream.py; Q4_K's 8-row tile stays faster than two of 4) */
+/* activation rows per tile, by layout (at most XROWS). AVX-512 builds keep Q6_K at 4 rows: the zmm Q6KX8
+ * tile that kept two int32 sums a row spilled at 8, and 4-row tiles ran 8 and 16 rows at 97-106 GMAC/s
+ * against 86-89 on Zen 4 (scripts/kernel_stream.py; Q4_K's 8-row tile stays faster than two of 4). The
+ * ymm tile that replaced it (a sum a row) was not measured at 8 rows on an AVX-512 CPU. */
 #ifndef Q6_XROWS
 #if defined(SD_AVX512) && defined(__AVX512VL__)
 #define Q6_XROWS 4
