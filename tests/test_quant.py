@@ -161,6 +161,24 @@ def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype, wide):
         qm.permute_rows(np.arange(45)[::-1])
 
 
+@pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
+def test_streamed_groups_have_the_bits_of_a_wider_pass(qtype):
+    """A 1-2 row pass reads a chunk's interleaved groups as a few runs advanced about 1 KB at a time
+    (qkernels_x8.h's x8_streams, where the AVX2 kernels run; an even and an uneven split here), the
+    partial sums carried between turns: each row's bits stay those of the same row in a 3-row pass,
+    which multiplies one group at a time."""
+    rng = np.random.default_rng(41 + int(qtype))
+    for n_rows in (1024, 1000):  # 64-row chunks: 4 runs of 2 groups; the last chunk 5 groups and 8 loose rows
+        qm = QuantMatrix.from_blocks(_random_blocks(qtype, n_rows, 768, rng), qtype, 768).interleaved(wide=False)
+        x = rng.standard_normal((3, 768)).astype(np.float32)
+        wide = np.empty((3, n_rows), dtype=np.float32)
+        kernels.qmatmul(*qm.arrays(), x, wide)
+        for m in (1, 2):
+            narrow = np.empty((m, n_rows), dtype=np.float32)
+            kernels.qmatmul(*qm.arrays(), x[:m], narrow)
+            assert np.array_equal(narrow, wide[:m])
+
+
 _X8_PRODUCTS = """
 import sys, numpy as np
 from gguf import GGMLQuantizationType as T
@@ -172,11 +190,12 @@ rng, out = np.random.default_rng(9), []
 # the 16-row K-quant layouts too (AVX-512's; every other build multiplies them in portable C)
 for qtype, wide in [(T.Q4_K, False), (T.Q4_K, True), (T.Q6_K, False), (T.Q6_K, True), (T.Q8_0, False),
                     (T.Q5_0, False), (T.Q4_0, False), (T.Q4_1, False)]:
-    qm = QuantMatrix.from_blocks(_random_blocks(qtype, 64, 1024, rng), qtype, 1024).interleaved(wide=wide)
+    # 512 rows: 32-row chunks of 4 groups, which 1-2 row passes read as runs (AVX2's x8_streams)
+    qm = QuantMatrix.from_blocks(_random_blocks(qtype, 512, 1024, rng), qtype, 1024).interleaved(wide=wide)
     assert qm.fmt[0] >= 7, (qtype, qm.fmt[0])  # interleaved
     x = rng.standard_normal((17, 1024)).astype(np.float32)
     for rows in (1, 2, 11, 17):  # 1-2 rows (AVX2's narrow Q4_K tile); 8 + 3 (AVX-512) or 4 + 4 + 3; AMX 16 + 1
-        y = np.empty((rows, 64), dtype=np.float32)
+        y = np.empty((rows, 512), dtype=np.float32)
         kernels.qmatmul(*qm.arrays(), x[:rows], y)
         out.append(y)
 np.save(sys.argv[1], np.concatenate(out))

@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +26,9 @@ from numba import njit, prange
 
 from specdec.bench.records import peak_rss_bytes
 from specdec.bench.report import machine_info
-from specdec.errors import UsageError
+from specdec.errors import ModelLoadError, UsageError
 from specdec.llm import LLM
+from specdec.model import clib
 from specdec.model.weights import gguf_file
 from specdec.runners.base import ModelRunner, SeqInput
 
@@ -39,13 +41,45 @@ def _stream_sum(buf: np.ndarray) -> float:  # pragma: no cover - compiled
     return total
 
 
-def floor_reader(num_bytes: int, device: torch.device) -> Callable[[], object]:
-    """A call that reads ``num_bytes`` once, on every core (or the GPU): the floor under a pass."""
+FLOOR_RUNS = (1, 4)  # runs a core reads its share as: one, or four in turn as the 1-2 row products do
+
+
+@dataclass(frozen=True)
+class FloorReader:
+    """A call that reads the weights' bytes once on every core (or the GPU), and how: ``runs`` a core."""
+
+    read: Callable[[], object]
+    runs: int
+
+    def __call__(self) -> object:
+        return self.read()
+
+
+def floor_reader(num_bytes: int, device: torch.device) -> FloorReader:
+    """The floor under a pass: ``num_bytes`` read once, on every core (or the GPU). On a CPU each core
+    reads its share as one run or as several in turn (``kernels.read_bytes``), whichever is faster here:
+    on Zen 2 one run a core left memory idle that the products' four runs use, and a floor slower than
+    the products' own reading would flatter them."""
     if device.type == "cuda":
         buf = torch.ones(num_bytes // 4, device=device)
-        return lambda: buf.sum().item()
-    host = np.ones(num_bytes // 4, dtype=np.float32)
-    return lambda: _stream_sum(host)
+        return FloorReader(lambda: buf.sum().item(), 1)
+    try:
+        clib.load_qkernels()
+    except ModelLoadError:  # no C compiler: numba's one run a core
+        floats = np.ones(num_bytes // 4, dtype=np.float32)
+        return FloorReader(lambda: _stream_sum(floats), 1)
+    from specdec.model import kernels
+
+    host = np.ones(num_bytes, dtype=np.uint8)
+    best = {n: min(_seconds(lambda n=n: kernels.read_bytes(host, n)) for _ in range(3)) for n in FLOOR_RUNS}
+    runs = min(best, key=best.get)
+    return FloorReader(lambda: kernels.read_bytes(host, runs), runs)
+
+
+def _seconds(call: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0
 
 
 def alternated(calls: Mapping[str, Callable[[], object]], rounds: int) -> dict[str, float]:
@@ -143,7 +177,8 @@ def cmd_passes(args: argparse.Namespace) -> int:
     part_widths = ([w for w in widths if w in (1, 8)] or widths[:1]) if args.parts else []
     # before the floor's own buffer exists
     model_peak, parts = _peak_and_parts(runner, context, max(widths), part_widths, args.rounds)
-    times = measure(runner, context, widths, args.rounds, floor_reader(nbytes, runner.device))
+    floor_read = floor_reader(nbytes, runner.device)
+    times = measure(runner, context, widths, args.rounds, floor_read)
     prefill = measure_prefill(runner, args.prefill, args.rounds) if args.prefill else None
     floor_times = times.pop(0)
     floor = statistics.median(floor_times)
@@ -154,7 +189,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
         "model": llm.model_name, "dtype": args.dtype, "backend": runner.backend, "device": str(runner.device),
         "context": args.context, "rounds": args.rounds, "weight_bytes": nbytes,
         "read_floor_ms": floor * 1e3, "read_floor_ms_range": [min(floor_times) * 1e3, max(floor_times) * 1e3],
-        "read_gb_per_s": nbytes / floor / 1e9,
+        "read_gb_per_s": nbytes / floor / 1e9, "read_runs_per_core": floor_read.runs,
         "pass_ms": {w: c * 1e3 for w, c in costs.items()},
         "vs_one_token": {w: c / one for w, c in costs.items()},
         "one_token_vs_floor": one / floor, "peak_rss_bytes": model_peak, "rss_bytes": rss_bytes(),
@@ -173,7 +208,8 @@ def cmd_passes(args: argparse.Namespace) -> int:
           f"CPU {m.get('cpu', '?')} ({m.get('cores', '?')} cores, {m.get('simd', '?')})")
     lo, hi = result["read_floor_ms_range"]
     print(f"weights {nbytes / 1e6:.0f} MB; read floor {floor * 1e3:.1f} ms ({result['read_gb_per_s']:.1f} GB/s; "
-          f"{lo:.1f}-{hi:.1f} ms over the rounds, timed between the passes)")
+          f"{lo:.1f}-{hi:.1f} ms over the rounds, timed between the passes; "
+          f"{'one run' if floor_read.runs == 1 else f'{floor_read.runs} runs in turn'} a core)")
     limit = result["model_file_bytes"] + result["kv_bytes"] + 500 * 2**20
     print(f"peak RSS loading and decoding {model_peak / 2**20:.0f} MiB (before the read floor's own buffer); "
           + (f"the model file + KV cache + 500 MiB = {limit / 2**20:.0f} MiB" if result["model_file_bytes"] else ""))

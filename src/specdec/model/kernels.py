@@ -209,6 +209,7 @@ _sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 19)))
 _sd_dequantize_rows = types.ExternalFunction("sd_dequantize_rows", types.void(*([_i] * 10)))
 _sd_attend = types.ExternalFunction("sd_attend", types.void(*([_i] * 9), types.float64, *([_i] * 4)))
 _sd_take = types.ExternalFunction("sd_take", types.int64(_i, _i, _i))
+_sd_read = types.ExternalFunction("sd_read", types.uint64(_i, _i, _i))
 # units of parallel work per quantized product: each thread's run, then the others' tails (sd_take);
 # 32 slowed the 0.5B draft's 8-token pass
 _QCHUNKS = 16
@@ -265,6 +266,22 @@ def qmatmul(q, s, m, fmt, x, out):  # pragma: no cover - compiled
                 if n0 < n_out:
                     _qchunk(q, s, m, fmt, act, n_rows, dst.ctypes.data, out.shape[1], n0, min(n_out, n0 + per))
                 chunk = _sd_take(runs.ctypes.data, t, threads)
+
+
+@njit(parallel=True, **_FLAGS)
+def read_bytes(buf, streams):  # pragma: no cover - compiled
+    """The OR of buf's (uint8) 8-byte words, every thread reading its share as ``streams`` runs in turn
+    (qkernels.c's sd_read): the read floor under a pass, in the order the products read weights."""
+    threads = numba.get_num_threads()
+    share = buf.shape[0] // threads
+    words = np.zeros(threads, dtype=np.uint64)
+    for t in prange(threads):
+        n = share if t < threads - 1 else buf.shape[0] - t * share
+        words[t] = _sd_read(buf.ctypes.data + t * share, n, streams)
+    acc = np.uint64(0)
+    for t in range(threads):
+        acc |= words[t]
+    return acc
 
 
 @njit(**_FLAGS)

@@ -692,6 +692,18 @@ void sd_qmatmul(const uint8_t *q, const float *s, const float *m, const int8_t *
             continue;
         }
 #endif
+#if defined(SD_AVX2) && !defined(SD_VNNI)
+        if (x8_layout(fmt[n]) && rows <= (kx8_layout(fmt[n]) ? STREAM_ROWS : STREAM_B32_ROWS)) {  /* a run of groups of one layout, read as STREAMS runs */
+            int64_t end = n;
+            while (end + X8 <= n1 && fmt[end] == fmt[n]) end += X8;
+            if ((end - n) / X8 >= STREAMS) {
+                x8_streams(fmt[n], qn, X8 * q_stride, (end - n) / X8, k, xq, dx8, bs32, xk, dk, bk, (int)rows,
+                           out + n, out_stride);
+                n = end - 1;
+                continue;
+            }
+        }
+#endif
         if (x16_layout(fmt[n])) {  /* rows n .. n + 15, interleaved (n % 16 == 0) */
             x16_group(fmt[n], qn, k, xk, dk, bk, rows, out + n, out_stride);
             n += X16 - 1;
@@ -745,6 +757,27 @@ int64_t sd_take(int64_t *ranges, int64_t t, int64_t n) {
         }
     }
     return -1;
+}
+
+/* The read floor's work: n bytes at p read once (an OR of every 8-byte word, which the compiler
+   vectorizes) as `streams` equal runs advanced READ_BLOCK bytes at a time in turn, the order
+   x8_streams reads weights in (a run per core can keep fewer lines in flight than the memory allows).
+   The tail past the runs is read on its own. */
+#define READ_BLOCK 1024
+uint64_t sd_read(const uint8_t *p, int64_t n, int64_t streams) {
+    const int64_t run = n / streams / READ_BLOCK * READ_BLOCK;
+    uint64_t acc = 0;
+    for (int64_t o = 0; o < run; o += READ_BLOCK)
+        for (int64_t s = 0; s < streams; s++) {
+            const uint64_t *w = (const uint64_t *)(p + s * run + o);
+            for (int i = 0; i < READ_BLOCK / 8; i++) acc |= w[i];
+        }
+    for (int64_t o = streams * run; o + 8 <= n; o += 8) {
+        uint64_t w;
+        memcpy(&w, p + o, 8);
+        acc |= w;
+    }
+    return acc;
 }
 
 /* rows of the dequantized matrix (the token embedding lookup): out [len(ids), k] */

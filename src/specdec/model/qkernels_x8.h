@@ -287,15 +287,15 @@ INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
  * then int32), the same epilogue: the same bits. Measured on Zen 2 (one thread, weights in L2): 1 row
  * 21.9 -> 29.4-31.0 GB/s, 2 rows 16.1 -> 20.3; at 4 rows the second accumulator a row spills (9.5 -> 8.8).
  * In whole 1-token passes, alternated in one process, -1% to -7% (the weights stream from memory there). */
-INLINE void x8_q4k_narrow(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk,
-                          const int16_t *bk, float *out, int64_t os) {
+INLINE void x8_q4k_narrow_span(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk,
+                               const int16_t *bk, float *out, int64_t os, int64_t b0, int64_t b1, int pf) {
     const int64_t nsb = k / QK;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256 acc[2];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nsb; b++) {
+    for (int r = 0; r < R; r++) acc[r] = b0 ? _mm256_loadu_ps(out + r * os) : _mm256_setzero_ps();
+    for (int64_t b = b0; b < b1; b++) {
         const uint8_t *blk = grp + Q4KX8_BYTES * b;
-        prefetch_ahead(R, blk, Q4KX8_BYTES);
+        if (pf) prefetch_ahead(R, blk, Q4KX8_BYTES);
         __m256i sumi[2], msum[2];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {  /* sub-blocks 2p (low nibbles) and 2p + 1 (high) */
@@ -323,6 +323,10 @@ INLINE void x8_q4k_narrow(const int R, const uint8_t *grp, int64_t k, const int8
         for (int r = 0; r < R; r++) acc[r] = q4x8_epilogue(blk, sumi[r], msum[r], dk[r * nsb + b], acc[r]);
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, acc[r]);
+}
+INLINE void x8_q4k_narrow(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk,
+                          const int16_t *bk, float *out, int64_t os) {
+    x8_q4k_narrow_span(R, grp, k, xk, dk, bk, out, os, 0, k / QK, 1);
 }
 #endif
 
@@ -364,14 +368,14 @@ INLINE __m256 q6x8_epilogue(const uint8_t *blk, __m256i sumi, const int16_t *bk,
  * 32.0 GMAC/s, 2 rows 32.3 -> 40.3, 4 rows 37.3 -> 45 (two threads out of cache, 1 row 16.5 -> 18.2-19.6 GB/s).
  * (A ymm vpdpbusd variant over the older layout measured 3-7% slower at 1 and 8 rows on Sapphire Rapids:
  * the 6-bit unpacking, not the products, bounds it.) Exact integers: the same bits on every path. */
-INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
-                   float *out, int64_t os) {
+INLINE void x8_q6k_span(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk,
+                        const int16_t *bk, float *out, int64_t os, int64_t b0, int64_t b1, int pf) {
     const int64_t nsb = k / QK;
     __m256 acc[XROWS];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nsb; b++) {
+    for (int r = 0; r < R; r++) acc[r] = b0 ? _mm256_loadu_ps(out + r * os) : _mm256_setzero_ps();
+    for (int64_t b = b0; b < b1; b++) {
         const uint8_t *blk = grp + Q6KX8_BYTES * b;
-        prefetch_ahead(R, blk, Q6KX8_BYTES);
+        if (pf) prefetch_ahead(R, blk, Q6KX8_BYTES);
         __m256i sumi[XROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
@@ -398,6 +402,10 @@ INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, acc[r]);
 }
+INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                   float *out, int64_t os) {
+    x8_q6k_span(R, grp, k, xk, dk, bk, out, os, 0, k / QK, 1);
+}
 /* Q5_0's fifth bits of step t (bit t of each H byte) at bit 4: a 16-bit shift by 4 - t never carries
  * another byte's bit into a byte's bit 4 */
 INLINE __m256i bx8_fifth(__m256i h, int t) {
@@ -409,16 +417,22 @@ INLINE __m256i bx8_fifth(__m256i h, int t) {
  * per block the 8 steps' weights are unpacked once; each activation row's products are summed in int32
  * (vpdpbusd; or vpmaddubsw's int16 pairs, 4 steps of 2 x 31 x 127 < 2^15, then vpmaddwd), then
  * acc += (d dx) sum and, for an offset or a min, macc += m bs32; out = acc + macc */
-INLINE void x8_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, const int8_t *xq, const float *dx8,
-                   const float *bs32, float *out, int64_t os) {
+/* blocks b0 .. b1 of the group; a span that does not end the row keeps its sums in out (acc) and mcarry
+ * [R, 8] (macc), where the next span takes them up: the same float steps, the same bits */
+INLINE void x8_b32_span(const int R, const int FMT, const uint8_t *grp, int64_t k, const int8_t *xq,
+                        const float *dx8, const float *bs32, float *out, int64_t os, int64_t b0, int64_t b1, int pf,
+                        float *mcarry) {
     const int64_t nb = k / 32;
     const int bytes = bx8_bytes(FMT), nib = bx8_nibbles(FMT);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256 acc[XROWS], macc[XROWS];
-    for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
+    for (int r = 0; r < R; r++) {
+        acc[r] = b0 ? _mm256_loadu_ps(out + r * os) : _mm256_setzero_ps();
+        macc[r] = b0 ? _mm256_loadu_ps(mcarry + 8 * r) : _mm256_setzero_ps();
+    }
+    for (int64_t b = b0; b < b1; b++) {
         const uint8_t *blk = grp + (int64_t)bytes * b;
-        prefetch_ahead(R, blk, bytes);
+        if (pf) prefetch_ahead(R, blk, bytes);
         __m256i w[8], wa[8];  /* step t's weights (Q8_0: signed, and their magnitudes wa) */
         if (FMT == FMT_Q80X8) {
             for (int t = 0; t < 8; t++) {
@@ -474,8 +488,18 @@ INLINE void x8_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, co
             if (FMT != FMT_Q80X8) macc[r] = _mm256_fmadd_ps(vm, _mm256_set1_ps(bs32[r * nb + b]), macc[r]);
         }
     }
-    for (int r = 0; r < R; r++)
-        _mm256_storeu_ps(out + r * os, FMT == FMT_Q80X8 ? acc[r] : _mm256_add_ps(acc[r], macc[r]));
+    for (int r = 0; r < R; r++) {
+        if (b1 == nb) {
+            _mm256_storeu_ps(out + r * os, FMT == FMT_Q80X8 ? acc[r] : _mm256_add_ps(acc[r], macc[r]));
+        } else {
+            _mm256_storeu_ps(out + r * os, acc[r]);
+            _mm256_storeu_ps(mcarry + 8 * r, macc[r]);
+        }
+    }
+}
+INLINE void x8_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, const int8_t *xq, const float *dx8,
+                   const float *bs32, float *out, int64_t os) {
+    x8_b32_span(R, FMT, grp, k, xq, dx8, bs32, out, os, 0, k / 32, 1, NULL);
 }
 #else  /* portable C: the same integers and the same fused float steps (fmaf), row by row */
 #define XROWS 4
@@ -624,6 +648,77 @@ static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xq, c
             tiles_q6kx8(R, grp, k, xk + r0 * k, dk + r0 * (k / QK), bk + r0 * (k / 16), out + r0 * out_stride, out_stride);
     }
 }
+
+#if defined(SD_AVX2) && !defined(SD_VNNI)
+/* A 1-2 row pass reads a chunk's K-quant groups as STREAMS runs, a super-block of each in turn, with no
+ * software prefetch: one run a core, even prefetched, left memory idle (the hardware prefetcher keeps few
+ * lines in flight for a stream it sees consumed slowly), and four runs keep four streams going. Zen 2, two
+ * threads, 255 MB of Q4_K / 361 MB of Q6_K out of cache (scripts/kernel_stream.py, alternated): 1 row
+ * 22.6-23.6 -> 31.0-32.7 GB/s / 20.4-20.7 -> 26.3-26.7; the 1.5B's 1-token pass 47.7-48.5 -> 35.9-40.0 ms.
+ * The 32-value layouts too, at 1 row (below). Measured worse: 8 runs (22-26 GB/s), two super-blocks a turn
+ * (23-24), 3-4 rows (the 4-row pass 64 -> 83 ms: compute-bound there), whole groups in turn (a C loop over
+ * plain reads: no gain past ~1 KB a turn). */
+#ifndef STREAMS
+#define STREAMS 4
+#endif
+#ifndef STREAM_SB
+#define STREAM_SB 1
+#endif
+#ifndef STREAM_ROWS
+#define STREAM_ROWS 2
+#endif
+/* the 32-value layouts at 1 row only: Q5_0 24.3-25.3 -> 27.3-27.6 GB/s, Q8_0 24.2-25.6 -> 30.0-31.7; at 2 rows
+ * Q5_0 23.5-24.5 -> 17.9-18.4 and Q8_0 24.7-27.2 -> 24.4-24.6 (its products bound it there, not the reading) */
+#define STREAM_B32_ROWS 1
+/* blocks b0 .. b1 (super-blocks of a K-quant layout) of one group against R activation rows, its
+ * sums carried in out and mcarry (the same float steps in the same order as one call over the group) */
+#define B32_SPAN(R, F) x8_b32_span(R, F, grp, k, xq, dx8, bs32, out, os, b0, b1, 0, mcarry)
+static inline void x8_span(int fmt, int R, const uint8_t *grp, int64_t k, const int8_t *xq, const float *dx8,
+                           const float *bs32, const int8_t *xk, const float *dk, const int16_t *bk, float *out,
+                           int64_t os, int64_t b0, int64_t b1, float *mcarry) {
+    switch (fmt) {
+    case FMT_Q4KX8:
+        if (R == 1) x8_q4k_narrow_span(1, grp, k, xk, dk, bk, out, os, b0, b1, 0);
+        else x8_q4k_narrow_span(2, grp, k, xk, dk, bk, out, os, b0, b1, 0);
+        break;
+    case FMT_Q6KX8:
+        if (R == 1) x8_q6k_span(1, grp, k, xk, dk, bk, out, os, b0, b1, 0);
+        else x8_q6k_span(2, grp, k, xk, dk, bk, out, os, b0, b1, 0);
+        break;
+    case FMT_Q80X8: B32_SPAN(1, FMT_Q80X8); break;  /* 1 row only (STREAM_B32_ROWS) */
+    case FMT_Q50X8: B32_SPAN(1, FMT_Q50X8); break;
+    case FMT_Q40X8: B32_SPAN(1, FMT_Q40X8); break;
+    default: B32_SPAN(1, FMT_Q41X8); break;
+    }
+}
+
+/* `groups` consecutive groups of one interleaved layout (q0, gstride bytes apart; outputs from out)
+ * against R <= 2 activation rows, read as STREAMS runs advanced about 1 KB at a time in turn (a
+ * super-block, or as many 32-value blocks) */
+static void x8_streams(int fmt, const uint8_t *q0, int64_t gstride, int64_t groups, int64_t k, const int8_t *xq,
+                       const float *dx8, const float *bs32, const int8_t *xk, const float *dk, const int16_t *bk,
+                       int R, float *out, int64_t os) {
+    const int64_t nb = kx8_layout(fmt) ? k / QK : k / 32;
+    const int64_t turn = kx8_layout(fmt) ? STREAM_SB : (1152 + bx8_bytes(fmt) - 1) / bx8_bytes(fmt);
+    float mcarry[STREAMS][2 * X8];
+    int64_t first[STREAMS + 1];
+    for (int s = 0; s <= STREAMS; s++) first[s] = s * groups / STREAMS;
+    for (int64_t i = 0; i < (groups + STREAMS - 1) / STREAMS; i++) {
+        const uint8_t *g[STREAMS];
+        float *o[STREAMS];
+        int live = 0;
+        for (int s = 0; s < STREAMS; s++)
+            if (first[s] + i < first[s + 1]) {
+                g[live] = q0 + (first[s] + i) * gstride;
+                o[live++] = out + (first[s] + i) * X8;
+            }
+        for (int64_t b = 0; b < nb; b += turn)
+            for (int s = 0; s < live; s++)
+                x8_span(fmt, R, g[s], k, xq, dx8, bs32, xk, dk, bk, o[s], os, b, b + turn < nb ? b + turn : nb,
+                        mcarry[s]);
+    }
+}
+#endif
 
 /* row i of a 32-value interleaved group as float32 (the embedding look-up; GGUF's dequantization formula;
  * the K-quant groups: qkernels_x16.h's kgroup_dequantize) */
