@@ -693,7 +693,8 @@ void sd_qmatmul(const uint8_t *q, const float *s, const float *m, const int8_t *
         }
 #endif
 #if defined(SD_AVX2) && !defined(SD_VNNI)
-        if (x8_layout(fmt[n]) && rows <= (kx8_layout(fmt[n]) ? STREAM_ROWS : STREAM_B32_ROWS)) {  /* a run of groups of one layout, read as STREAMS runs */
+        /* a run of whole groups of one layout, read as STREAMS runs in turn (qkernels_x8.h) */
+        if (x8_layout(fmt[n]) && rows <= (kx8_layout(fmt[n]) ? STREAM_ROWS : STREAM_B32_ROWS)) {
             int64_t end = n;
             while (end + X8 <= n1 && fmt[end] == fmt[n]) end += X8;
             if ((end - n) / X8 >= STREAMS) {
