@@ -168,7 +168,7 @@ def test_streamed_groups_have_the_bits_of_a_wider_pass(qtype):
     partial sums carried between turns: each row's bits stay those of the same row in a 3-row pass,
     which multiplies one group at a time."""
     rng = np.random.default_rng(41 + int(qtype))
-    for n_rows in (1024, 1000):  # 64-row chunks: 4 runs of 2 groups; the last chunk 5 groups and 8 loose rows
+    for n_rows in (1024, 1004):  # 64-row chunks: 4 runs of 2 groups; the last chunk 5 groups and 4 loose rows
         qm = QuantMatrix.from_blocks(_random_blocks(qtype, n_rows, 768, rng), qtype, 768).interleaved(wide=False)
         x = rng.standard_normal((3, 768)).astype(np.float32)
         wide = np.empty((3, n_rows), dtype=np.float32)

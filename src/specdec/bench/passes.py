@@ -16,9 +16,10 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -41,15 +42,16 @@ def _stream_sum(buf: np.ndarray) -> float:  # pragma: no cover - compiled
     return total
 
 
-FLOOR_RUNS = (1, 4)  # runs a core reads its share as: one, or four in turn as the 1-2 row products do
+K = TypeVar("K", bound=Hashable)
+FLOOR_STREAMS = (1, 4)  # streams a core reads its share as: one, or four in turn as the 1-2 row products do
 
 
 @dataclass(frozen=True)
 class FloorReader:
-    """A call that reads the weights' bytes once on every core (or the GPU), and how: ``runs`` a core."""
+    """A call that reads the weights' bytes once on every core (or the GPU), and how: ``streams`` a core."""
 
     read: Callable[[], object]
-    runs: int
+    streams: int
 
     def __call__(self) -> object:
         return self.read()
@@ -57,35 +59,29 @@ class FloorReader:
 
 def floor_reader(num_bytes: int, device: torch.device) -> FloorReader:
     """The floor under a pass: ``num_bytes`` read once, on every core (or the GPU). On a CPU each core
-    reads its share as one run or as several in turn (``kernels.read_bytes``), whichever is faster here:
-    on Zen 2 one run a core left memory idle that the products' four runs use, and a floor slower than
-    the products' own reading would flatter them."""
+    reads its share as one stream or as several in turn (``kernels.read_bytes``), whichever is faster
+    here (alternated, median): on Zen 2 one stream a core left memory idle that the products' four
+    streams use, and a floor slower than the products' own reading would flatter them."""
     if device.type == "cuda":
         buf = torch.ones(num_bytes // 4, device=device)
         return FloorReader(lambda: buf.sum().item(), 1)
     try:
         clib.load_qkernels()
-    except ModelLoadError:  # no C compiler: numba's one run a core
+    except ModelLoadError:  # no C compiler: numba's one stream a core
         floats = np.ones(num_bytes // 4, dtype=np.float32)
         return FloorReader(lambda: _stream_sum(floats), 1)
     from specdec.model import kernels
 
     host = np.ones(num_bytes, dtype=np.uint8)
-    best = {n: min(_seconds(lambda n=n: kernels.read_bytes(host, n)) for _ in range(3)) for n in FLOOR_RUNS}
-    runs = min(best, key=best.get)
-    return FloorReader(lambda: kernels.read_bytes(host, runs), runs)
+    seconds = alternated({n: (lambda n=n: kernels.read_bytes(host, n)) for n in FLOOR_STREAMS}, rounds=3)
+    streams = min(seconds, key=seconds.get)
+    return FloorReader(lambda: kernels.read_bytes(host, streams), streams)
 
 
-def _seconds(call: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    call()
-    return time.perf_counter() - t0
-
-
-def alternated(calls: Mapping[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+def alternated(calls: Mapping[K, Callable[[], object]], rounds: int) -> dict[K, float]:
     """Median seconds of each call over ``rounds`` rounds, the calls alternated within every round (the machine's
     drift meets them alike), after one untimed round (the first calls compile and fault pages in)."""
-    times: dict[str, list[float]] = {name: [] for name in calls}
+    times: dict[K, list[float]] = {name: [] for name in calls}
     for r in range(rounds + 1):
         for name, call in calls.items():
             t0 = time.perf_counter()
@@ -189,7 +185,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
         "model": llm.model_name, "dtype": args.dtype, "backend": runner.backend, "device": str(runner.device),
         "context": args.context, "rounds": args.rounds, "weight_bytes": nbytes,
         "read_floor_ms": floor * 1e3, "read_floor_ms_range": [min(floor_times) * 1e3, max(floor_times) * 1e3],
-        "read_gb_per_s": nbytes / floor / 1e9, "read_runs_per_core": floor_read.runs,
+        "read_gb_per_s": nbytes / floor / 1e9, "read_streams_per_core": floor_read.streams,
         "pass_ms": {w: c * 1e3 for w, c in costs.items()},
         "vs_one_token": {w: c / one for w, c in costs.items()},
         "one_token_vs_floor": one / floor, "peak_rss_bytes": model_peak, "rss_bytes": rss_bytes(),
@@ -209,7 +205,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
     lo, hi = result["read_floor_ms_range"]
     print(f"weights {nbytes / 1e6:.0f} MB; read floor {floor * 1e3:.1f} ms ({result['read_gb_per_s']:.1f} GB/s; "
           f"{lo:.1f}-{hi:.1f} ms over the rounds, timed between the passes; "
-          f"{'one run' if floor_read.runs == 1 else f'{floor_read.runs} runs in turn'} a core)")
+          f"{'one stream' if floor_read.streams == 1 else f'{floor_read.streams} streams in turn'} a core)")
     limit = result["model_file_bytes"] + result["kv_bytes"] + 500 * 2**20
     print(f"peak RSS loading and decoding {model_peak / 2**20:.0f} MiB (before the read floor's own buffer); "
           + (f"the model file + KV cache + 500 MiB = {limit / 2**20:.0f} MiB" if result["model_file_bytes"] else ""))

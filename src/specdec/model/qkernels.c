@@ -769,10 +769,12 @@ uint64_t sd_read(const uint8_t *p, int64_t n, int64_t streams) {
     const int64_t run = n / streams / READ_BLOCK * READ_BLOCK;
     uint64_t acc = 0;
     for (int64_t o = 0; o < run; o += READ_BLOCK)
-        for (int64_t s = 0; s < streams; s++) {
-            const uint64_t *w = (const uint64_t *)(p + s * run + o);
-            for (int i = 0; i < READ_BLOCK / 8; i++) acc |= w[i];
-        }
+        for (int64_t s = 0; s < streams; s++)
+            for (int i = 0; i < READ_BLOCK; i += 8) {
+                uint64_t w;
+                memcpy(&w, p + s * run + o + i, 8);
+                acc |= w;
+            }
     for (int64_t o = streams * run; o + 8 <= n; o += 8) {
         uint64_t w;
         memcpy(&w, p + o, 8);

@@ -661,8 +661,8 @@ static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xq, c
 #ifndef STREAMS
 #define STREAMS 4
 #endif
-#ifndef STREAM_SB
-#define STREAM_SB 1
+#ifndef STREAM_TURN
+#define STREAM_TURN 1152  /* bytes of a group a run advances a turn, rounded up to whole (super-)blocks */
 #endif
 #ifndef STREAM_ROWS
 #define STREAM_ROWS 2
@@ -693,13 +693,13 @@ static inline void x8_span(int fmt, int R, const uint8_t *grp, int64_t k, const 
 }
 
 /* `groups` consecutive groups of one interleaved layout (q0, gstride bytes apart; outputs from out)
- * against R <= 2 activation rows, read as STREAMS runs advanced about 1 KB at a time in turn (a
- * super-block, or as many 32-value blocks) */
+ * against R <= 2 activation rows, read as STREAMS runs advanced about STREAM_TURN bytes at a time in turn */
 static void x8_streams(int fmt, const uint8_t *q0, int64_t gstride, int64_t groups, int64_t k, const int8_t *xq,
                        const float *dx8, const float *bs32, const int8_t *xk, const float *dk, const int16_t *bk,
                        int R, float *out, int64_t os) {
     const int64_t nb = kx8_layout(fmt) ? k / QK : k / 32;
-    const int64_t turn = kx8_layout(fmt) ? STREAM_SB : (1152 + bx8_bytes(fmt) - 1) / bx8_bytes(fmt);
+    const int block = fmt == FMT_Q4KX8 ? Q4KX8_BYTES : fmt == FMT_Q6KX8 ? Q6KX8_BYTES : bx8_bytes(fmt);
+    const int64_t turn = (STREAM_TURN + block - 1) / block;  /* a K-quant super-block; 5-8 32-value blocks */
     float mcarry[STREAMS][2 * X8];
     int64_t first[STREAMS + 1];
     for (int s = 0; s <= STREAMS; s++) first[s] = s * groups / STREAMS;

@@ -1,0 +1,43 @@
+/* Cycles per vpmaddubsw, vpmaddwd and the two interleaved, eight independent chains (the bound under the
+ * wide passes' integer products, docs/performance.md):
+ *
+ *     gcc -O2 -march=native scripts/mul_pipe.c -o /tmp/mul_pipe && /tmp/mul_pipe 3.35   # the clock in GHz
+ *
+ * On Zen 2 each alone runs one a cycle, and interleaved still one a cycle between them (two would be
+ * 0.5): they share one pipe. */
+#include <immintrin.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+#define EACH(OP) OP(a0) OP(a1) OP(a2) OP(a3) OP(a4) OP(a5) OP(a6) OP(a7)
+#define MADDUBS(a) a = _mm256_maddubs_epi16(a, x);
+#define MADD(a) a = _mm256_madd_epi16(a, x);
+#define BOTH(a) a = _mm256_madd_epi16(_mm256_maddubs_epi16(a, x), x);
+#define TIME(NAME, OP, OPS)                                                                                  \
+    t0 = now();                                                                                               \
+    for (long n = 0; n < reps; n++) {                                                                         \
+        EACH(OP)                                                                                              \
+        __asm__("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6), "+x"(a7));       \
+    }                                                                                                         \
+    printf("%-20s %.2f cycles an instruction\n", NAME, (now() - t0) * ghz * 1e9 / reps / (8 * OPS));
+
+int main(int argc, char **argv) {
+    const double ghz = argc > 1 ? atof(argv[1]) : 3.0;
+    const long reps = 100000000;
+    const __m256i x = _mm256_set1_epi8(5);
+    __m256i a0 = x, a1 = x, a2 = x, a3 = x, a4 = x, a5 = x, a6 = x, a7 = x;
+    double t0;
+    TIME("vpmaddubsw", MADDUBS, 1)
+    TIME("vpmaddwd", MADD, 1)
+    TIME("both, interleaved", BOTH, 2)
+    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)),
+                                       _mm256_add_epi32(_mm256_add_epi32(a4, a5), _mm256_add_epi32(a6, a7)));
+    return _mm256_extract_epi32(s, 0) == 12345;
+}
