@@ -71,11 +71,16 @@ INLINE int q6x8_value(const uint8_t *blk, int i, int e) {
 }
 
 #if defined(SD_AVX2)
-/* activation rows per tile: their accumulators must stay in registers (16 ymm, or 32 with AVX-512 VL) */
-#if defined(__AVX512VL__)
+/* activation rows per tile: their accumulators must stay in registers (16 ymm, or 32 with AVX-512 VL).
+ * AVX2 without VNNI keeps 8 too: its Q4_K tile holds only int16 sums in registers (x8_q4k), and its Q6_K and
+ * 32-value tiles share their unpacking among more rows. Zen 2, two threads, out of cache, alternated with 4-row
+ * tiles (scripts/kernel_stream.py --rows 6,8): Q6_K 8 rows 83-84 -> 99-101 GMAC/s, Q5_0 93 -> 104, Q8_0 77 -> 80 */
+#ifndef XROWS
+#if defined(__AVX512VL__) || !defined(SD_VNNI)
 #define XROWS 8
 #else
 #define XROWS 4
+#endif
 #endif
 
 /* the weights PF_AHEAD bytes on, fetched while this super-block computes: a 1-row pass streams the
@@ -228,10 +233,9 @@ INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, acc[r]);
 }
-#else
-/* R activation rows against one Q4KX8 group: out[r * os + i] for weight rows i < 8. With VNNI a step's
- * 4 products go straight to int32 (vpdpbusd) and meet the sub-block's scales in one vpmulld; without,
- * vpmaddubsw's int16 pairs (at most 8 steps of 2 x 15 x 128 < 2^15) meet them in vpmaddwd */
+#elif defined(SD_VNNI)
+/* R activation rows against one Q4KX8 group (AVX-VNNI): out[r * os + i] for weight rows i < 8; a step's
+ * 4 products go straight to int32 (vpdpbusd) and meet the sub-block's scales in one vpmulld */
 INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
                    float *out, int64_t os) {
     const int64_t nsb = k / QK;
@@ -247,36 +251,66 @@ INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
             const uint8_t *qs = blk + 160 + 256 * (j / 2);
             __m256i a[XROWS];
             for (int r = 0; r < R; r++) a[r] = _mm256_setzero_si256();
-#if !defined(SD_VNNI)
-            /* unrolled fully, GCC 12 regroups the int16 sums into trees whose products spill: 8-row Q4_K
-             * products 150 -> 170 GMAC/s, an 8-token pass of the 1.5B 101 -> 92 ms (Zen 4, -mno-avx512f) */
-#pragma GCC unroll 2
-#endif
             for (int t = 0; t < 8; t++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * t));
                 const __m256i w = _mm256_and_si256((j & 1) ? _mm256_srli_epi16(v, 4) : v, m4);
-                for (int r = 0; r < R; r++) {
-                    const __m256i x = x4_bcast(xk + r * k + QK * b + 32 * j + 4 * t);
-#if defined(SD_VNNI)
-                    a[r] = dot4_acc(a[r], w, x);
-#else
-                    a[r] = _mm256_add_epi16(a[r], _mm256_maddubs_epi16(w, x));
-#endif
-                }
+                for (int r = 0; r < R; r++) a[r] = dot4_acc(a[r], w, x4_bcast(xk + r * k + QK * b + 32 * j + 4 * t));
             }
-#if defined(SD_VNNI)
             const __m256i sc = u8x8_epi32(blk + 32 + 8 * j);
             for (int r = 0; r < R; r++) sumi[r] = _mm256_add_epi32(sumi[r], _mm256_mullo_epi32(a[r], sc));
-#else
-            const __m256i sc = u8x8_dup16(blk + 32 + 8 * j);
-            for (int r = 0; r < R; r++) sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(a[r], sc));
-#endif
         }
         __m256i msum[XROWS];
         q4x8_min_sums(R, blk, bk, k, b, msum);
         for (int r = 0; r < R; r++) acc[r] = q4x8_epilogue(blk, sumi[r], msum[r], dk[r * nsb + b], acc[r]);
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, acc[r]);
+}
+#else
+/* sub-block j's int16 sums of R activation rows (HIGH: its nibbles are the high ones of the pair's loads):
+ * vpmaddubsw's int16 pairs of 8 steps (at most 8 x 2 x 15 x 128 < 2^15) */
+INLINE void q4x8_sub_sums(const int R, const int HIGH, const uint8_t *qs, const int8_t *x, int64_t k, __m256i *a) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int r = 0; r < R; r++) a[r] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int t = 0; t < 8; t++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * t));
+        const __m256i w = _mm256_and_si256(HIGH ? _mm256_srli_epi16(v, 4) : v, m4);
+        for (int r = 0; r < R; r++) a[r] = _mm256_add_epi16(a[r], _mm256_maddubs_epi16(w, x4_bcast(x + r * k + 4 * t)));
+    }
+}
+
+/* 3-8 activation rows against one Q4KX8 group, AVX2 without VNNI: the 16 ymm registers hold the rows'
+ * int16 sums, a step's weights and an activation, while each row's int32 sums and float accumulators stay
+ * on the stack (touched once a sub-block and once a super-block), so the hot loop neither spills nor
+ * branches (a sub-block's nibble half is a constant). Zen 2, two threads, 127 MB out of cache
+ * (scripts/kernel_stream.py, alternated with the 4-row tiles whose 2 x R sums lived in registers): 6 rows
+ * 124-125 -> 140-142 GMAC/s, 8 rows 127-128 -> 143-144, 3-4 rows equal. The same integers and epilogue */
+INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                   float *out, int64_t os) {
+    const int64_t nsb = k / QK;
+    __m256i msum[XROWS];
+    int32_t sumi[XROWS][8] __attribute__((aligned(32)));
+    float acc[XROWS][8] __attribute__((aligned(32)));
+    for (int r = 0; r < R; r++) _mm256_store_ps(acc[r], _mm256_setzero_ps());
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t *blk = grp + Q4KX8_BYTES * b;
+        prefetch_ahead(R, blk, Q4KX8_BYTES);
+        for (int r = 0; r < R; r++) _mm256_store_si256((__m256i *)sumi[r], _mm256_setzero_si256());
+        for (int j = 0; j < 8; j++) {
+            __m256i a[XROWS];
+            if (j & 1) q4x8_sub_sums(R, 1, blk + 160 + 256 * (j / 2), xk + QK * b + 32 * j, k, a);
+            else q4x8_sub_sums(R, 0, blk + 160 + 256 * (j / 2), xk + QK * b + 32 * j, k, a);
+            const __m256i sc = u8x8_dup16(blk + 32 + 8 * j);
+            for (int r = 0; r < R; r++)
+                _mm256_store_si256((__m256i *)sumi[r], _mm256_add_epi32(_mm256_load_si256((const __m256i *)sumi[r]),
+                                                                         _mm256_madd_epi16(a[r], sc)));
+        }
+        q4x8_min_sums(R, blk, bk, k, b, msum);
+        for (int r = 0; r < R; r++)
+            _mm256_store_ps(acc[r], q4x8_epilogue(blk, _mm256_load_si256((const __m256i *)sumi[r]), msum[r],
+                                                  dk[r * nsb + b], _mm256_load_ps(acc[r])));
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, _mm256_load_ps(acc[r]));
 }
 #endif
 
