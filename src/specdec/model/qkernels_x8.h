@@ -402,43 +402,57 @@ INLINE __m256 q6x8_epilogue(const uint8_t *blk, __m256i sumi, const int16_t *bk,
  * 32.0 GMAC/s, 2 rows 32.3 -> 40.3, 4 rows 37.3 -> 45 (two threads out of cache, 1 row 16.5 -> 18.2-19.6 GB/s).
  * (A ymm vpdpbusd variant over the older layout measured 3-7% slower at 1 and 8 rows on Sapphire Rapids:
  * the 6-bit unpacking, not the products, bounds it.) Exact integers: the same bits on every path. */
-INLINE void x8_q6k_span(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk,
-                        const int16_t *bk, float *out, int64_t os, int64_t b0, int64_t b1, int pf) {
-    const int64_t nsb = k / QK;
-    __m256 acc[XROWS];
-    for (int r = 0; r < R; r++) acc[r] = b0 ? _mm256_loadu_ps(out + r * os) : _mm256_setzero_ps();
-    for (int64_t b = b0; b < b1; b++) {
-        const uint8_t *blk = grp + Q6KX8_BYTES * b;
-        if (pf) prefetch_ahead(R, blk, Q6KX8_BYTES);
-        __m256i sumi[XROWS];
-        for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-        for (int hq = 0; hq < 4; hq++) {  /* quad hq / 2 (chunks 4 (hq / 2) ..), steps 4 (hq % 2) .. + 3 */
-            const int c0 = 4 * (hq / 2), half = hq % 2;
-            const uint8_t *quad = blk + 144 + 768 * (hq / 2);
-            __m256i sc[4];
-            for (int cc = 0; cc < 4; cc++) sc[cc] = q6x8_scales(blk, 2 * (c0 + cc) + half);
+/* quad Q of a super-block (chunks 4Q .. 4Q + 3, 768 bytes) into R rows' int32 sums */
+INLINE void q6x8_quad(const int R, const int Q, const uint8_t *blk, const int8_t *xk, int64_t k, int64_t b, __m256i *sumi) {
 #pragma GCC unroll 2
-            for (int t = 4 * half; t < 4 * half + 4; t += 2) {  /* steps t and t + 1 summed in int16 first */
-                const uint8_t *base = quad + 96 * t;
-                for (int cc = 0; cc < 4; cc++) {
-                    const __m256i w0 = q6x8_chunk(base, cc), w1 = q6x8_chunk(base + 96, cc);
-                    for (int r = 0; r < R; r++) {
-                        const int8_t *x = xk + r * k + QK * b + 32 * (c0 + cc) + 4 * t;
-                        const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(w0, x4_bcast(x)),
-                                                           _mm256_maddubs_epi16(w1, x4_bcast(x + 4)));
-                        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(a, sc[cc]));
-                    }
+    for (int half = 0; half < 2; half++) {  /* steps 4 half .. + 3 meet one scale group per chunk */
+        const int c0 = 4 * Q;
+        const uint8_t *quad = blk + 144 + 768 * Q;
+        __m256i sc[4];
+        for (int cc = 0; cc < 4; cc++) sc[cc] = q6x8_scales(blk, 2 * (c0 + cc) + half);
+#pragma GCC unroll 2
+        for (int t = 4 * half; t < 4 * half + 4; t += 2) {  /* steps t and t + 1 summed in int16 first */
+            const uint8_t *base = quad + 96 * t;
+            for (int cc = 0; cc < 4; cc++) {
+                const __m256i w0 = q6x8_chunk(base, cc), w1 = q6x8_chunk(base + 96, cc);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *x = xk + r * k + QK * b + 32 * (c0 + cc) + 4 * t;
+                    const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(w0, x4_bcast(x)),
+                                                       _mm256_maddubs_epi16(w1, x4_bcast(x + 4)));
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(a, sc[cc]));
                 }
             }
         }
-        for (int r = 0; r < R; r++) acc[r] = q6x8_epilogue(blk, sumi[r], bk + r * (k / 16) + 16 * b, dk[r * nsb + b], acc[r]);
+    }
+}
+
+/* quads h0 .. h1 (two a super-block) of one group: a span that ends inside a super-block leaves its int32 sums
+ * in carry [R, 8] and its float sums in out, where the next span takes them up (the same bits as one call) */
+INLINE void x8_q6k_span(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk,
+                        const int16_t *bk, float *out, int64_t os, int64_t h0, int64_t h1, int pf, int32_t *carry) {
+    const int64_t nsb = k / QK;
+    __m256 acc[XROWS];
+    for (int r = 0; r < R; r++) acc[r] = h0 ? _mm256_loadu_ps(out + r * os) : _mm256_setzero_ps();
+    for (int64_t b = h0 / 2; 2 * b < h1; b++) {
+        const uint8_t *blk = grp + Q6KX8_BYTES * b;
+        if (pf) prefetch_ahead(R, blk, Q6KX8_BYTES);
+        __m256i sumi[XROWS];
+        for (int r = 0; r < R; r++)
+            sumi[r] = 2 * b < h0 ? _mm256_loadu_si256((const __m256i *)(carry + 8 * r)) : _mm256_setzero_si256();
+        if (2 * b >= h0) q6x8_quad(R, 0, blk, xk, k, b, sumi);
+        if (!carry || 2 * b + 1 < h1) {  /* a whole group (carry NULL) ends every super-block */
+            q6x8_quad(R, 1, blk, xk, k, b, sumi);
+            for (int r = 0; r < R; r++)
+                acc[r] = q6x8_epilogue(blk, sumi[r], bk + r * (k / 16) + 16 * b, dk[r * nsb + b], acc[r]);
+        } else {
+            for (int r = 0; r < R; r++) _mm256_storeu_si256((__m256i *)(carry + 8 * r), sumi[r]);
+        }
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, acc[r]);
 }
 INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
                    float *out, int64_t os) {
-    x8_q6k_span(R, grp, k, xk, dk, bk, out, os, 0, k / QK, 1);
+    x8_q6k_span(R, grp, k, xk, dk, bk, out, os, 0, 2 * (k / QK), 1, NULL);
 }
 /* Q5_0's fifth bits of step t (bit t of each H byte) at bit 4: a 16-bit shift by 4 - t never carries
  * another byte's bit into a byte's bit 4 */
@@ -709,15 +723,16 @@ static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xq, c
 #define B32_SPAN(R, F) x8_b32_span(R, F, grp, k, xq, dx8, bs32, out, os, b0, b1, 0, mcarry)
 static inline void x8_span(int fmt, int R, const uint8_t *grp, int64_t k, const int8_t *xq, const float *dx8,
                            const float *bs32, const int8_t *xk, const float *dk, const int16_t *bk, float *out,
-                           int64_t os, int64_t b0, int64_t b1, float *mcarry) {
+                           int64_t os, int64_t b0, int64_t b1, __m256 *carry) {
+    float *mcarry = (float *)carry;
     switch (fmt) {
     case FMT_Q4KX8:
         if (R == 1) x8_q4k_narrow_span(1, grp, k, xk, dk, bk, out, os, b0, b1, 0);
         else x8_q4k_narrow_span(2, grp, k, xk, dk, bk, out, os, b0, b1, 0);
         break;
     case FMT_Q6KX8:
-        if (R == 1) x8_q6k_span(1, grp, k, xk, dk, bk, out, os, b0, b1, 0);
-        else x8_q6k_span(2, grp, k, xk, dk, bk, out, os, b0, b1, 0);
+        if (R == 1) x8_q6k_span(1, grp, k, xk, dk, bk, out, os, b0, b1, 0, (int32_t *)carry);
+        else x8_q6k_span(2, grp, k, xk, dk, bk, out, os, b0, b1, 0, (int32_t *)carry);
         break;
     case FMT_Q80X8: B32_SPAN(1, FMT_Q80X8); break;  /* 1 row only (STREAM_B32_ROWS) */
     case FMT_Q50X8: B32_SPAN(1, FMT_Q50X8); break;
@@ -731,10 +746,11 @@ static inline void x8_span(int fmt, int R, const uint8_t *grp, int64_t k, const 
 static void x8_streams(int fmt, const uint8_t *q0, int64_t gstride, int64_t groups, int64_t k, const int8_t *xq,
                        const float *dx8, const float *bs32, const int8_t *xk, const float *dk, const int16_t *bk,
                        int R, float *out, int64_t os) {
-    const int64_t nb = kx8_layout(fmt) ? k / QK : k / 32;
-    const int block = fmt == FMT_Q4KX8 ? Q4KX8_BYTES : fmt == FMT_Q6KX8 ? Q6KX8_BYTES : bx8_bytes(fmt);
-    const int64_t turn = (STREAM_TURN + block - 1) / block;  /* a K-quant super-block; 5-8 32-value blocks */
-    float mcarry[STREAMS][2 * X8];
+    /* a span's units: Q4_K super-blocks (1184 bytes), Q6_K half super-blocks (840), 32-value blocks (144-272) */
+    const int64_t nb = fmt == FMT_Q4KX8 ? k / QK : fmt == FMT_Q6KX8 ? 2 * (k / QK) : k / 32;
+    const int unit = fmt == FMT_Q4KX8 ? Q4KX8_BYTES : fmt == FMT_Q6KX8 ? Q6KX8_BYTES / 2 : bx8_bytes(fmt);
+    const int64_t turn = (STREAM_TURN + unit / 2) / unit;  /* the whole units nearest STREAM_TURN bytes */
+    __m256 carry[STREAMS][2];  /* a span's sums left for the next: Q6_K's int32, the 32-value layouts' min sums */
     int64_t first[STREAMS + 1];
     for (int s = 0; s <= STREAMS; s++) first[s] = s * groups / STREAMS;
     for (int64_t i = 0; i < (groups + STREAMS - 1) / STREAMS; i++) {
@@ -749,7 +765,7 @@ static void x8_streams(int fmt, const uint8_t *q0, int64_t gstride, int64_t grou
         for (int64_t b = 0; b < nb; b += turn)
             for (int s = 0; s < live; s++)
                 x8_span(fmt, R, g[s], k, xq, dx8, bs32, xk, dk, bk, o[s], os, b, b + turn < nb ? b + turn : nb,
-                        mcarry[s]);
+                        carry[s]);
     }
 }
 #endif
