@@ -698,19 +698,20 @@ static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xq, c
 }
 
 #if defined(SD_AVX2) && !defined(SD_VNNI)
-/* A 1-2 row pass reads a chunk's K-quant groups as STREAMS runs, a super-block of each in turn, with no
- * software prefetch: one run a core, even prefetched, left memory idle (the hardware prefetcher keeps few
+/* A 1-2 row pass reads a chunk's K-quant groups as STREAMS runs, about a KB of each in turn (a Q4_K
+ * super-block, half a Q6_K one: 1680-byte turns read as slowly as one run), with no software prefetch: one run a core, even prefetched, left memory idle (the hardware prefetcher keeps few
  * lines in flight for a stream it sees consumed slowly), and four runs keep four streams going. Zen 2, two
  * threads, 255 MB of Q4_K / 361 MB of Q6_K out of cache (scripts/kernel_stream.py, alternated): 1 row
  * 22.6-23.6 -> 31.0-32.7 GB/s / 20.4-20.7 -> 26.3-26.7; the 1.5B's 1-token pass 47.7-48.5 -> 35.9-40.0 ms.
  * The 32-value layouts too, at 1 row (below). Measured worse: 8 runs (22-26 GB/s), two super-blocks a turn
  * (23-24), 3-4 rows (the 4-row pass 64 -> 83 ms: compute-bound there), whole groups in turn (a C loop over
- * plain reads: no gain past ~1 KB a turn). */
+ * plain reads: no gain past ~1 KB a turn; 1664 bytes 38-40 GB/s against 43 at 1152), prefetching runs (Q6_K
+ * 1 row 26.5 -> 21 GB/s). Q6_K in half super-blocks: 1 row 25.9-26.4 -> 31.4-32.3 GB/s, 2 rows 20.2 -> 22.5. */
 #ifndef STREAMS
 #define STREAMS 4
 #endif
 #ifndef STREAM_TURN
-#define STREAM_TURN 1152  /* bytes of a group a run advances a turn, rounded up to whole (super-)blocks */
+#define STREAM_TURN 1152  /* bytes of a group a run advances a turn, as the nearest whole units of a span */
 #endif
 #ifndef STREAM_ROWS
 #define STREAM_ROWS 2
@@ -718,8 +719,8 @@ static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xq, c
 /* the 32-value layouts at 1 row only: Q5_0 24.3-25.3 -> 27.3-27.6 GB/s, Q8_0 24.2-25.6 -> 30.0-31.7; at 2 rows
  * Q5_0 23.5-24.5 -> 17.9-18.4 and Q8_0 24.7-27.2 -> 24.4-24.6 (its products bound it there, not the reading) */
 #define STREAM_B32_ROWS 1
-/* blocks b0 .. b1 (super-blocks of a K-quant layout) of one group against R activation rows, its
- * sums carried in out and mcarry (the same float steps in the same order as one call over the group) */
+/* units b0 .. b1 of one group (x8_streams' units) against R activation rows, its sums carried in out and
+ * carry (the same float steps in the same order as one call over the group) */
 #define B32_SPAN(R, F) x8_b32_span(R, F, grp, k, xq, dx8, bs32, out, os, b0, b1, 0, mcarry)
 static inline void x8_span(int fmt, int R, const uint8_t *grp, int64_t k, const int8_t *xq, const float *dx8,
                            const float *bs32, const int8_t *xk, const float *dk, const int16_t *bk, float *out,
