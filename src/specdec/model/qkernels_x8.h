@@ -403,7 +403,8 @@ INLINE __m256 q6x8_epilogue(const uint8_t *blk, __m256i sumi, const int16_t *bk,
  * (A ymm vpdpbusd variant over the older layout measured 3-7% slower at 1 and 8 rows on Sapphire Rapids:
  * the 6-bit unpacking, not the products, bounds it.) Exact integers: the same bits on every path. */
 /* quad Q of a super-block (chunks 4Q .. 4Q + 3, 768 bytes) into R rows' int32 sums */
-INLINE void q6x8_quad(const int R, const int Q, const uint8_t *blk, const int8_t *xk, int64_t k, int64_t b, __m256i *sumi) {
+INLINE void q6x8_quad(const int R, const int Q, const uint8_t *blk, const int8_t *xk, int64_t k, int64_t b,
+                      __m256i *sumi) {
 #pragma GCC unroll 2
     for (int half = 0; half < 2; half++) {  /* steps 4 half .. + 3 meet one scale group per chunk */
         const int c0 = 4 * Q;
@@ -699,8 +700,9 @@ static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xq, c
 
 #if defined(SD_AVX2) && !defined(SD_VNNI)
 /* A 1-2 row pass reads a chunk's K-quant groups as STREAMS runs, about a KB of each in turn (a Q4_K
- * super-block, half a Q6_K one: 1680-byte turns read as slowly as one run), with no software prefetch: one run a core, even prefetched, left memory idle (the hardware prefetcher keeps few
- * lines in flight for a stream it sees consumed slowly), and four runs keep four streams going. Zen 2, two
+ * super-block, half a Q6_K one: 1680-byte turns read as slowly as one run), with no software prefetch: one
+ * run a core, even prefetched, left memory idle (the hardware prefetcher keeps few lines in flight for a
+ * stream it sees consumed slowly), and four runs keep four streams going. Zen 2, two
  * threads, 255 MB of Q4_K / 361 MB of Q6_K out of cache (scripts/kernel_stream.py, alternated): 1 row
  * 22.6-23.6 -> 31.0-32.7 GB/s / 20.4-20.7 -> 26.3-26.7; the 1.5B's 1-token pass 47.7-48.5 -> 35.9-40.0 ms.
  * The 32-value layouts too, at 1 row (below). Measured worse: 8 runs (22-26 GB/s), two super-blocks a turn
