@@ -718,6 +718,9 @@ static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xq, c
 #ifndef STREAM_ROWS
 #define STREAM_ROWS 2
 #endif
+#if STREAM_ROWS > 2
+#error "x8_streams instantiates 1- and 2-row spans only"
+#endif
 /* the 32-value layouts at 1 row only: Q5_0 24.3-25.3 -> 27.3-27.6 GB/s, Q8_0 24.2-25.6 -> 30.0-31.7; at 2 rows
  * Q5_0 23.5-24.5 -> 17.9-18.4 and Q8_0 24.7-27.2 -> 24.4-24.6 (its products bound it there, not the reading) */
 #define STREAM_B32_ROWS 1
