@@ -12,16 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
+#include "clock.h"
 #ifndef BLK
 #define BLK 1152
 #endif
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 /* n bytes from p, 128 a step, N vpmaddubsw a vector (N = 0: an OR, so every load is used) */
 __attribute__((noinline)) static __m256i stream(const uint8_t *p, size_t n, int N) {
