@@ -194,7 +194,7 @@ for qtype, wide in [(T.Q4_K, False), (T.Q4_K, True), (T.Q6_K, False), (T.Q6_K, T
     qm = QuantMatrix.from_blocks(_random_blocks(qtype, 512, 1024, rng), qtype, 1024).interleaved(wide=wide)
     assert qm.fmt[0] >= 7, (qtype, qm.fmt[0])  # interleaved
     x = rng.standard_normal((17, 1024)).astype(np.float32)
-    for rows in (1, 2, 11, 17):  # 1-2 (AVX2's narrow Q4_K tile); 8 + 3 (AVX-512, AVX2) or 4 + 4 + 3; AMX 16 + 1
+    for rows in (1, 2, 11, 17):  # AVX2: 1, 2 and 8 + 3 (its narrow Q4_K tile up to 4 rows); 4 + 4 + 3; AMX 16 + 1
         y = np.empty((rows, 512), dtype=np.float32)
         kernels.qmatmul(*qm.arrays(), x[:rows], y)
         out.append(y)

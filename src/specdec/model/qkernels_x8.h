@@ -279,7 +279,7 @@ INLINE void q4x8_sub_sums(const int R, const int HIGH, const uint8_t *qs, const 
     }
 }
 
-/* 3-8 activation rows against one Q4KX8 group, AVX2 without VNNI: the 16 ymm registers hold the rows'
+/* 5-8 activation rows (1-4: x8_q4k_narrow) against one Q4KX8 group, AVX2 without VNNI: the 16 ymm registers hold the rows'
  * int16 sums, a step's weights and an activation, while each row's int32 sums and float accumulators stay
  * on the stack (touched once a sub-block and once a super-block), so the hot loop neither spills nor
  * branches (a sub-block's nibble half is a constant). Zen 2, two threads, 127 MB out of cache
@@ -315,26 +315,29 @@ INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
 #endif
 
 #if !defined(SD_VNNI)
-/* 1-2 activation rows against one Q4KX8 group, AVX2 without VNNI. Few rows share the unpacking, so its
+/* 1-4 activation rows against one Q4KX8 group, AVX2 without VNNI. Few rows share the unpacking, so its
  * overhead decides: the two sub-blocks of a pair share each 32-byte load (low and high nibbles), and
  * the sums stay one chain each. The same exact integers as x8_q4k (int16 sums of 8 steps,
  * then int32), the same epilogue: the same bits. Measured on Zen 2 (one thread, weights in L2): 1 row
- * 21.9 -> 29.4-31.0 GB/s, 2 rows 16.1 -> 20.3; at 4 rows the second accumulator a row spills (9.5 -> 8.8).
- * In whole 1-token passes, alternated in one process, -1% to -7% (the weights stream from memory there). */
+ * 21.9 -> 29.4-31.0 GB/s, 2 rows 16.1 -> 20.3. In whole 1-token passes, alternated in one process, -1% to
+ * -7% (the weights stream from memory there). 3-4 rows (against x8_q4k; two threads, 255 MB out of cache,
+ * alternated): 3 rows 104-106 -> 107 GMAC/s, 4 rows 124-125 -> 130; the 1.5B's 3- and 4-token passes
+ * 54.7-55.1 -> 53.1 ms and 63.4-64.7 -> 62.8 at like read floors. */
+#define NARROW_ROWS 4
 INLINE void x8_q4k_narrow_span(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk,
                                const int16_t *bk, float *out, int64_t os, int64_t b0, int64_t b1, int pf) {
     const int64_t nsb = k / QK;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[2];
+    __m256 acc[NARROW_ROWS];
     for (int r = 0; r < R; r++) acc[r] = b0 ? _mm256_loadu_ps(out + r * os) : _mm256_setzero_ps();
     for (int64_t b = b0; b < b1; b++) {
         const uint8_t *blk = grp + Q4KX8_BYTES * b;
         if (pf) prefetch_ahead(R, blk, Q4KX8_BYTES);
-        __m256i sumi[2], msum[2];
+        __m256i sumi[NARROW_ROWS], msum[NARROW_ROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {  /* sub-blocks 2p (low nibbles) and 2p + 1 (high) */
             const uint8_t *qs = blk + 160 + 256 * p;
-            __m256i a0[2], a1[2];
+            __m256i a0[NARROW_ROWS], a1[NARROW_ROWS];
             for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
@@ -633,8 +636,8 @@ INLINE void x8_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, co
     default: CALL(1); break;                                                                                \
     }
 #if defined(SD_AVX2) && !defined(SD_VNNI)
-/* 1-2 rows: the narrow tile (R is a constant here, so the choice folds away) */
-#define CALL_Q4KX8(R) ((R) <= 2 ? x8_q4k_narrow : x8_q4k)(R, g, k, xk, dk, bk, out, os)
+/* 1-4 rows: the narrow tile (R is a constant here, so the choice folds away) */
+#define CALL_Q4KX8(R) ((R) <= NARROW_ROWS ? x8_q4k_narrow : x8_q4k)(R, g, k, xk, dk, bk, out, os)
 #else
 #define CALL_Q4KX8(R) x8_q4k(R, g, k, xk, dk, bk, out, os)
 #endif
