@@ -133,11 +133,11 @@ void sd_attend(const float *q, int64_t n, int64_t group, int64_t dim, const void
                int64_t bf16, int64_t n_keys, const uint8_t *vis, double scale, float *scores, float *top,
                float *total, float *acc) {
     const int64_t pad = (n_keys + 7) & ~(int64_t)7;
-    const size_t esize = bf16 ? 2 : 4;
     const float sc = (float)scale;
 #if defined(SD_AVX2)
     if (dim % 8 == 0) {
         /* keys in blocks that stay in L1 while every row-head meets them */
+        const size_t esize = bf16 ? 2 : 4;
         const int64_t kstride = dim * (int64_t)esize, kb = 8192 / kstride > 8 ? 8192 / kstride : 8;
         for (int64_t j0 = 0; j0 < n_keys; j0 += kb)
         for (int64_t i0 = 0; i0 < n; i0 += 4) {

@@ -404,7 +404,12 @@ INLINE __m256 q6x8_epilogue(const uint8_t *blk, __m256i sumi, const int16_t *bk,
  * in L2, against 4-bit halves and a byte of high bits, a vpmaddwd a step and rolled loops: 1 row 26.5 ->
  * 32.0 GMAC/s, 2 rows 32.3 -> 40.3, 4 rows 37.3 -> 45 (two threads out of cache, 1 row 16.5 -> 18.2-19.6 GB/s).
  * (A ymm vpdpbusd variant over the older layout measured 3-7% slower at 1 and 8 rows on Sapphire Rapids:
- * the 6-bit unpacking, not the products, bounds it.) Exact integers: the same bits on every path. */
+ * the 6-bit unpacking, not the products, bounds it.) Exact integers: the same bits on every path.
+ * At 1-5 rows GCC unrolls a quad whole and regrouped each row's sums into a tree of all its vpmaddwd results,
+ * spilling most of them (148 stores a super-block at 4 rows); one chain a row keeps them in registers. Zen 2,
+ * two threads, kernel_stream.py in cache 2/3/5 rows 75/81-82/88 -> 81-82/94-95/95 GMAC/s (6-8 rows lose:
+ * 106 -> 99), out of cache, alternated three times, 2 rows 61-63 -> 64-67, 5 rows 82-83 -> 87-90, 1/3/4 rows
+ * within 2%. */
 /* quad Q of a super-block (chunks 4Q .. 4Q + 3, 768 bytes) into R rows' int32 sums */
 INLINE void q6x8_quad(const int R, const int Q, const uint8_t *blk, const int8_t *xk, int64_t k, int64_t b,
                       __m256i *sumi) {
@@ -424,6 +429,7 @@ INLINE void q6x8_quad(const int R, const int Q, const uint8_t *blk, const int8_t
                     const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(w0, x4_bcast(x)),
                                                        _mm256_maddubs_epi16(w1, x4_bcast(x + 4)));
                     sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(a, sc[cc]));
+                    if (R <= 5) __asm__("" : "+x"(sumi[r]));  /* one chain a row (above) */
                 }
             }
         }
