@@ -211,8 +211,12 @@ _sd_attend = types.ExternalFunction("sd_attend", types.void(*([_i] * 9), types.f
 _sd_take = types.ExternalFunction("sd_take", types.int64(_i, _i, _i))
 _sd_read = types.ExternalFunction("sd_read", types.uint64(_i, _i, _i))
 # units of parallel work per quantized product: each thread's run, then the others' tails (sd_take);
-# 32 slowed the 0.5B draft's 8-token pass
+# 32 slowed the 0.5B draft's 8-token pass. A small matrix gets fewer, of at least _CHUNK_BYTES of weights:
+# each chunk starts its reads afresh (new streams for the prefetcher to find), and 16 chunks of SmolLM2's
+# 200-350 KB attention matrices were a few KB each. Zen 2, `bench passes`, alternated three times: the
+# 135M's 1-token pass 6.1-6.3 -> 5.5-5.8 ms, the 0.5B's 14.8-15.5 -> 13.8-14.5; the 1.5B's the same.
 _QCHUNKS = 16
+_CHUNK_BYTES = 131072
 # activation rows per sweep over the weights in a long pass (a prompt's hundreds of rows): AMX tiles
 # share each unpacked weight block among 64 rows (Qwen2.5-Coder-1.5B prefill of 512 tokens 5.47 ->
 # 4.80 s on Sapphire Rapids against 16); elsewhere 16 rows keep the activations in a small L2
@@ -251,14 +255,15 @@ def qmatmul(q, s, m, fmt, x, out):  # pragma: no cover - compiled
     n_out = q.shape[0]
     block = rows if rows <= _QSWEEP else _QROWS
     act = _activations(block, k)
-    per = _chunk_rows(n_out, _QCHUNKS)
-    need = _activation_forms(fmt)
     threads = numba.get_num_threads()
+    chunks = max(threads, min(_QCHUNKS, q.size // _CHUNK_BYTES))
+    per = _chunk_rows(n_out, chunks)
+    need = _activation_forms(fmt)
     for r0 in range(0, rows, block):
         n_rows = min(block, rows - r0)
         _prepare(x, r0, n_rows, act, need)
         dst = out[r0:]
-        runs = _runs(_QCHUNKS, threads)  # each block's sweep takes the chunks afresh
+        runs = _runs(chunks, threads)  # each block's sweep takes the chunks afresh
         for t in prange(threads):  # one iteration a thread (sd_take: its own run of chunks, then others' tails)
             chunk = _sd_take(runs.ctypes.data, t, threads)
             while chunk >= 0:
