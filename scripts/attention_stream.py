@@ -20,7 +20,7 @@ from numba import njit
 from specdec.bench.passes import alternated, synthetic_context
 from specdec.bench.report import cpu_info
 from specdec.cache import zeros
-from specdec.model import clib, kernels
+from specdec.model import clib, decoder_kernels, kernels
 from specdec.model.kernels import _FLAGS
 from specdec.runners.base import SeqInput
 from specdec.runners.load import load_runner
@@ -30,7 +30,7 @@ from specdec.runners.load import load_runner
 def every_layer(q, k_cache, v_cache, rows, scale, out):  # pragma: no cover - compiled
     slots, positions, _, seq_rows, mask = rows
     for layer in range(k_cache.shape[0]):
-        kernels.attention(q, k_cache[layer], v_cache[layer], slots, positions, seq_rows, mask, 0, scale, out)
+        decoder_kernels.attention(q, k_cache[layer], v_cache[layer], slots, positions, seq_rows, mask, 0, scale, out)
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.model import kernels
+from specdec.model import decoder_kernels, kernels
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.runners.load import load_runner
 from tests.conftest import TINY_CONFIGS
@@ -95,7 +95,7 @@ def test_few_rows_matmul_matches_blas_and_keeps_row_bits():
 @pytest.mark.parametrize("dim", [16, 12])  # 12: not a multiple of 8, qkernels_attention.h's portable loops
 @pytest.mark.parametrize("bf16", [False, True])
 def test_attention_is_softmax_attention_over_the_keys_a_row_sees_wherever_they_sit(dim, bf16):
-    """kernels.attention (its jobs in qkernels_attention.h) against float64 softmax attention, 4 query heads on
+    """decoder_kernels.attention (its jobs in qkernels_attention.h) against float64 softmax attention, 4 query heads on
     2 KV heads, rows that see different keys; then one row's keys moved to other cache entries, in the same
     order (a tree node's path): the same bits, since the sums run over the keys seen, one after another."""
     rng = np.random.default_rng(3)
@@ -113,7 +113,7 @@ def test_attention_is_softmax_attention_over_the_keys_a_row_sees_wherever_they_s
 
     def attend(q, k_cache, v_cache, mask, positions):
         out = np.empty_like(q)
-        kernels.attention(q, k_cache, v_cache, np.zeros(len(q), dtype=np.int64), positions,
+        decoder_kernels.attention(q, k_cache, v_cache, np.zeros(len(q), dtype=np.int64), positions,
                           np.array([0, len(q)], dtype=np.int64), mask, 0, scale, out)
         return out
 

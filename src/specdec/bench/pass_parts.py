@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from specdec.model import kernels, quant
+from specdec.model import decoder_kernels, kernels, quant
 from specdec.runners.base import SeqInput
 from specdec.runners.native import NativeRunner
 
@@ -64,7 +64,7 @@ def part_costs(runner: NativeRunner, slot: int, width: int, rounds: int) -> dict
         t0 = time.perf_counter()
         for layer in range(c.num_layers):
             window = f.arch.window if f.arch.sliding[layer] else 0
-            kernels.attention(q, k_cache[layer], v_cache[layer], rows.slots, rows.positions, rows.seq_rows,
+            decoder_kernels.attention(q, k_cache[layer], v_cache[layer], rows.slots, rows.positions, rows.seq_rows,
                               rows.mask, window, f.arch.scale, attn)
         if r:
             parts["attention"].append(time.perf_counter() - t0)

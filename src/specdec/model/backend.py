@@ -2,7 +2,7 @@
 
 - ``torch``: ``F.linear`` and SDPA for every pass (CUDA, or any dtype).
 - ``cpu-kernels``: decode and verify passes run the whole layer stack as one
-  compiled call (``kernels.decode_layers``: few-row products that read each
+  compiled call (``decoder_kernels.decode_layers``: few-row products that read each
   weight once, row-wise attention, bit-identical rows at any width); prefill's
   many rows go through NumPy's BLAS (PyTorch's CPU wheels call MKL, which takes a
   slow generic path on AMD CPUs) and torch's SDPA.
@@ -35,7 +35,7 @@ BACKENDS = ("auto", "cpu-kernels", "torch")
 @dataclass(frozen=True)
 class Backend:
     name: str
-    fused: bool  # decode/verify passes through kernels.decode_layers
+    fused: bool  # decode/verify passes through decoder_kernels.decode_layers
 
     def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
         return blas_linear(weight, bias) if self.fused else (lambda x: F.linear(x, weight, bias))

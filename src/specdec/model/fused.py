@@ -1,4 +1,4 @@
-"""The fused CPU pass: a model's arrays as ``kernels.decode_layers`` reads them, and the pass itself.
+"""The fused CPU pass: a model's arrays as ``decoder_kernels.decode_layers`` reads them, and the pass itself.
 
 On the ``cpu-kernels`` backend every decode and verify pass (and a short or quantized
 prompt) runs the ragged rows of all its sequences through the whole layer stack in one
@@ -17,8 +17,8 @@ import torch
 
 from specdec.cache import KVCache
 from specdec.config import ModelConfig
-from specdec.model import kernels
-from specdec.model.kernels import Arch, LayerWeights, RopeTables, RowLayout
+from specdec.model import decoder_kernels, kernels
+from specdec.model.decoder_kernels import Arch, LayerWeights, RopeTables, RowLayout
 from specdec.model.quant import QuantArrays, QuantStack
 from specdec.model.transformer import Transformer
 
@@ -138,12 +138,12 @@ class FusedDecoder:
         for j, layer in enumerate(sorted(i for i in hidden_layers if i >= 0)):  # layer order, as forward
             hidden_at[layer] = j
         hidden = np.empty((max(1, int((hidden_at >= 0).sum())), *xn.shape), dtype=np.float32)
-        kernels.decode_layers(
+        decoder_kernels.decode_layers(
             xn, rows.layout, self.weights, kernels.as_numpy(cache.k_all), kernels.as_numpy(cache.v_all),
             self.rope, self.arch, self.model.run_mask(layers), hidden_at, hidden,
         )
         normed = np.empty_like(xn)
-        kernels.rms_norm_rows(xn, self.final_norm, self.arch.eps, normed)
+        decoder_kernels.rms_norm_rows(xn, self.final_norm, self.arch.eps, normed)
         out_hidden = [torch.from_numpy(hidden[j]) for j in range(int((hidden_at >= 0).sum()))]
         if -1 in hidden_layers:
             out_hidden.append(torch.from_numpy(normed))

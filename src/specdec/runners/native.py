@@ -16,8 +16,8 @@ import torch
 
 from specdec.cache import KVCache
 from specdec.config import ModelConfig
+from specdec.model.decoder_kernels import RowLayout
 from specdec.model.fused import FusedDecoder, Rows
-from specdec.model.kernels import RowLayout
 from specdec.model.quant import QuantMatrix, int8_rows
 from specdec.model.transformer import Batch, Transformer
 from specdec.runners.base import ModelRunner, PassOutput, SeqInput

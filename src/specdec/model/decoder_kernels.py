@@ -1,0 +1,391 @@
+"""CPU kernels (numba) for decode and verify passes: the fused decoder stack and its parts.
+
+A decode or verify pass runs a few rows (one per new token, over any mix of
+sequences, chains and trees) through every layer. Done op by op in torch, each
+of a layer's ~20 small ops pays dispatch and threading overhead; ``decode_layers``
+runs the whole stack as one compiled call instead: per layer an RMSNorm, the
+fused q/k/v product, q/k norms, rope, the cache write, attention, the output
+projection, the residual, and the MLP. The products are ``kernels``'.
+
+``attention`` works per (8 rows of a sequence, KV head, 512-key chunk), each job
+in C (qkernels_attention.h): every query head of the KV group meets the chunk's
+keys and values while they sit in L1, so a chunk of the cache is read once per
+8 rows, not once per row and head. Long contexts split into fixed key chunks that
+both cores share; each row's chunks are combined in key order (softmax
+rescaling), so the split never depends on the pass either.
+
+Bit-identity. A row's attention output depends only on its query and its visible keys,
+one after another in key order, wherever they sit in the cache; the norms, rope and the
+gated activation are elementwise or per row. So, with the products', a token's logits in
+a K-token verification pass are bit-identical to the same token decoded alone. The KV cache
+is float32, or bfloat16 bits (written with round-to-nearest-even).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import overload
+
+from specdec.model.kernels import _CHUNKS, _FLAGS, layer_weight, product, stack_rows
+
+_i = types.intp
+_sd_attend = types.ExternalFunction("sd_attend", types.void(*([_i] * 9), types.float64, *([_i] * 4)))
+_ATTENTION_ROWS = 8  # query rows per attention job: more jobs for two cores, few re-reads of the cache
+_KEY_CHUNK = 512  # keys per attention job (split-K); fixed boundaries keep every row's bits
+
+
+def _store(dst, src):  # pragma: no cover - replaced by the overload below
+    """dst[:] = src (float32) in dst's element type (bfloat16 bits: round to nearest even)."""
+
+
+@overload(_store, inline="always")
+def _store_impl(dst, src):
+    if dst.dtype == types.uint16:
+
+        def store(dst, src):
+            wide = np.empty(dst.shape[0], dtype=np.float32)
+            for i in range(dst.shape[0]):
+                wide[i] = src[i]
+            bits = wide.view(np.uint32)
+            for i in range(dst.shape[0]):
+                b = bits[i]
+                dst[i] = np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+        return store
+
+    def store(dst, src):
+        for i in range(dst.shape[0]):
+            dst[i] = src[i]
+
+    return store
+
+
+# -- attention --------------------------------------------------------------------------------
+@njit(fastmath={"nnan", "ninf", "nsz", "arcp", "contract"}, cache=True, boundscheck=False, error_model="numpy")
+def exp_shifted(x: np.ndarray, shift: float, out: np.ndarray, scale: np.ndarray) -> None:  # pragma: no cover
+    """out[i] = exp(x[i] - shift) for i < len(x), vectorised (libm's exp is one call per value; the
+    gated activation's exp; qkernels_attention.h's exp8 has the same constants).
+
+    Cephes' expf: 2^n * p(r) with x = n ln2 + r, |r| <= ln2 / 2; about 1 ulp. Elementwise
+    and without reassociation, so a value's bits never depend on where it sits in the block.
+    """
+    n = x.shape[0]  # scale: int32 scratch of at least n
+    for i in range(n):
+        v = min(max(x[i] - np.float32(shift), np.float32(-87.0)), np.float32(88.0))
+        k = np.floor(v * np.float32(1.44269504088896341) + np.float32(0.5))
+        r = v - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)
+        p = np.float32(1.9875691500e-4)
+        p = p * r + np.float32(1.3981999507e-3)
+        p = p * r + np.float32(8.3334519073e-3)
+        p = p * r + np.float32(4.1665795894e-2)
+        p = p * r + np.float32(1.6666665459e-1)
+        p = p * r + np.float32(5.0000001201e-1)
+        out[i] = p * (r * r) + r + np.float32(1.0)
+        scale[i] = (np.int32(k) + np.int32(127)) << np.int32(23)
+    factor = scale.view(np.float32)
+    for i in range(n):
+        out[i] *= factor[i]
+
+
+@njit(parallel=True, **_FLAGS)
+def attention(
+    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, row_slot: np.ndarray, row_pos: np.ndarray,
+    seq_rows: np.ndarray, mask: np.ndarray, window: int, scale: float, out: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """Masked attention of the pass's query rows over their sequences' cached keys and values.
+
+    q [N, Hq, D] float32; k_cache, v_cache [slots, Hkv, max_len, D]; row_slot, row_pos [N];
+    seq_rows [S + 1]: rows of sequence s are seq_rows[s]:seq_rows[s + 1] (one slot);
+    mask [N, L] (True = visible); window > 0 also hides keys at or beyond ``window``
+    positions back; out [N, Hq, D] float32.
+    """
+    n_heads, dim = q.shape[1], q.shape[2]
+    n_kv = k_cache.shape[1]
+    group = n_heads // n_kv
+    n_keys = mask.shape[1]
+    # jobs: (row chunk of one sequence, KV head, key chunk); a chunk's rows share its cache reads
+    chunk_start = np.empty(seq_rows[-1] + 1, dtype=np.int64)
+    chunk_end = np.empty(seq_rows[-1] + 1, dtype=np.int64)
+    n_chunks = 0
+    for s in range(seq_rows.shape[0] - 1):
+        for r in range(seq_rows[s], seq_rows[s + 1], _ATTENTION_ROWS):
+            chunk_start[n_chunks], chunk_end[n_chunks] = r, min(r + _ATTENTION_ROWS, seq_rows[s + 1])
+            n_chunks += 1
+    n_parts = (n_keys + _KEY_CHUNK - 1) // _KEY_CHUNK
+    most = _ATTENTION_ROWS * group
+    part_top = np.empty((n_chunks * n_kv * n_parts, most), dtype=np.float32)
+    part_total = np.empty((n_chunks * n_kv * n_parts, most), dtype=np.float32)
+    part_acc = np.empty((n_chunks * n_kv * n_parts, most, dim), dtype=np.float32)
+    for job in prange(n_chunks * n_kv * n_parts):
+        c, kvh, part = job // (n_kv * n_parts), (job // n_parts) % n_kv, job % n_parts
+        first, n_rows = chunk_start[c], (chunk_end[c] - chunk_start[c]) * group
+        _attend_part(q, k_cache, v_cache, row_slot[first], kvh, first, n_rows, group, row_pos, mask, window,
+                     scale, part * _KEY_CHUNK, min(n_keys, (part + 1) * _KEY_CHUNK),
+                     part_top[job], part_total[job], part_acc[job])
+        if n_parts == 1:  # one key chunk: done here, without a second parallel region
+            for i in range(n_rows):
+                r, h = first + i // group, kvh * group + i % group
+                for d in range(dim):
+                    out[r, h, d] = part_acc[job, i, d] / part_total[job, i]
+    if n_parts == 1:
+        return
+    for job in prange(n_chunks * n_kv):
+        c, kvh = job // n_kv, job % n_kv
+        first, n_rows = chunk_start[c], (chunk_end[c] - chunk_start[c]) * group
+        for i in range(n_rows):
+            r, h = first + i // group, kvh * group + i % group
+            top = np.float32(-np.inf)
+            for part in range(n_parts):
+                if part_total[job * n_parts + part, i] > 0:
+                    top = max(top, part_top[job * n_parts + part, i])
+            total = np.float32(0.0)
+            for d in range(dim):
+                out[r, h, d] = 0.0
+            for part in range(n_parts):  # in key order: a key chunk no row sees adds nothing
+                p = job * n_parts + part
+                if part_total[p, i] > 0:
+                    f = np.float32(np.exp(part_top[p, i] - top))
+                    total += part_total[p, i] * f
+                    for d in range(dim):
+                        out[r, h, d] += part_acc[p, i, d] * f
+            for d in range(dim):
+                out[r, h, d] /= total
+
+
+@njit(**_FLAGS)
+def _attend_part(q, k_cache, v_cache, slot, kvh, first, n_rows, group, row_pos, mask, window, scale,
+                 k_start, k_end, top, total, acc):  # pragma: no cover - compiled
+    """Softmax parts of keys k_start:k_end for n_rows row-heads: max score, sum of weights and
+    weighted values relative to that max (combined across key chunks by ``attention``); the
+    arithmetic is qkernels_attention.h's (sd_attend)."""
+    dim = q.shape[2]
+    lo, hi = k_end, k_start  # the span of keys some row sees: a prompt's causal rows (and a batch's shorter
+    for i in range(n_rows // group):  # sequences) see no key past their own, and no score outside it is needed
+        r = first + i
+        for key in range(k_start, k_end):
+            if mask[r, key] and (window <= 0 or row_pos[r] - key < window):
+                lo, hi = min(lo, key), max(hi, key + 1)
+    if hi <= lo:  # no row sees a key of this chunk: it adds nothing (kernels.attention skips total 0)
+        top[:n_rows], total[:n_rows] = -np.inf, 0.0
+        return
+    k_start, n_keys = lo, hi - lo
+    qg = np.empty((n_rows, dim), dtype=np.float32)
+    for i in range(n_rows):
+        qg[i] = q[first + i // group, kvh * group + i % group]
+    seen = np.empty((n_rows // group, n_keys), dtype=np.uint8)  # which keys each query row sees
+    for i in range(n_rows // group):
+        r = first + i
+        for j in range(n_keys):
+            key = k_start + j
+            seen[i, j] = mask[r, key] and (window <= 0 or row_pos[r] - key < window)
+    scores = np.empty((n_rows, (n_keys + 7) // 8 * 8), dtype=np.float32)
+    keys, values = k_cache[slot, kvh, k_start:], v_cache[slot, kvh, k_start:]
+    _sd_attend(qg.ctypes.data, n_rows, group, dim, keys.ctypes.data, values.ctypes.data,
+               1 if k_cache.itemsize == 2 else 0, n_keys, seen.ctypes.data, scale, scores.ctypes.data,
+               top.ctypes.data, total.ctypes.data, acc.ctypes.data)
+
+
+# -- the fused decoder stack ------------------------------------------------------------------
+@njit(inline="always", **_FLAGS)
+def _rms_norm(v: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:  # pragma: no cover
+    """out = v / sqrt(mean(v^2) + eps) * w for one vector (out may be v)."""
+    n = v.shape[0]
+    ss = np.float32(0.0)
+    for i in range(n):
+        ss += v[i] * v[i]
+    inv = np.float32(1.0) / np.sqrt(ss / np.float32(n) + np.float32(eps))
+    for i in range(n):
+        out[i] = v[i] * inv * w[i]
+
+
+@njit(**_FLAGS)
+def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:  # pragma: no cover
+    """RMSNorm row by row (any row count: same bits)."""
+    for r in range(x.shape[0]):
+        _rms_norm(x[r], w, eps, out[r])
+
+
+@njit(inline="always", **_FLAGS)
+def _rope(v: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:  # pragma: no cover
+    """Rotate the pairs (2i, 2i + 1) of one head by the position's angles."""
+    for i in range(cos.shape[0]):
+        a, b = v[2 * i], v[2 * i + 1]
+        v[2 * i] = a * cos[i] - b * sin[i]
+        v[2 * i + 1] = a * sin[i] + b * cos[i]
+
+
+@njit(inline="always", **_FLAGS)
+def _add_rows(x: np.ndarray, y: np.ndarray) -> None:  # pragma: no cover
+    for r in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            x[r, i] += y[r, i]
+
+
+_PARALLEL_ACTIVATIONS = 64  # rows from which the gated activation runs on every core (a prompt's)
+
+
+@njit(**_FLAGS)
+def _gated_row(gate_up: np.ndarray, gelu: bool, out: np.ndarray, z: np.ndarray,
+               bits: np.ndarray) -> None:  # pragma: no cover
+    """out = act(gate) * up for one row; z, bits: scratch of out's length.
+
+    Both activations are gate x sigmoid(c z): silu z = g, c = 1; gelu (tanh approximation, as Gemma's
+    gelu_pytorch_tanh, since 0.5 (1 + tanh y) = sigmoid(2 y)) z = g + 0.044715 g^3, c = 2 sqrt(2 / pi).
+    exp through ``exp_shifted``, vectorised: libm's expf a value at a time was 214 us of an 8-row
+    layer (Qwen2.5-Coder-1.5B's 8960 values a row), 6 ms of its 8-token pass.
+    """
+    inter = out.shape[0]
+    gate, up = gate_up[:inter], gate_up[inter:]  # slices: an index like inter + i would not vectorise
+    if gelu:
+        for i in range(inter):
+            g = gate[i]
+            z[i] = np.float32(-1.5957691216057308) * (g + np.float32(0.044715) * g * g * g)
+    else:
+        for i in range(inter):
+            z[i] = -gate[i]
+    exp_shifted(z, 0.0, out, bits)  # out = exp(-c z) (into another array than z: aliasing stops vectorising)
+    for i in range(inter):
+        out[i] = gate[i] / (np.float32(1.0) + out[i]) * up[i]
+
+
+@njit(parallel=True, **_FLAGS)
+def gated_activation(gate_up: np.ndarray, gelu: bool, out: np.ndarray) -> None:  # pragma: no cover
+    """out = act(gate) * up for gate_up = [gate | up] [N, 2 I] (``_gated_row``): a decode or verify
+    pass's few rows on this thread (a parallel region costs more than they do), a prompt's on every core."""
+    rows, inter = out.shape
+    if rows < _PARALLEL_ACTIVATIONS:
+        z = np.empty(inter, dtype=np.float32)
+        bits = np.empty(inter, dtype=np.int32)
+        for r in range(rows):
+            _gated_row(gate_up[r], gelu, out[r], z, bits)
+        return
+    per_chunk = (rows + _CHUNKS - 1) // _CHUNKS
+    for chunk in prange(_CHUNKS):
+        z = np.empty(inter, dtype=np.float32)
+        bits = np.empty(inter, dtype=np.int32)
+        for r in range(chunk * per_chunk, min(rows, (chunk + 1) * per_chunk)):
+            _gated_row(gate_up[r], gelu, out[r], z, bits)
+
+
+class RowLayout(NamedTuple):
+    """Where each of a pass's N rows sits (``decode_layers``' rows; built by the runner).
+
+    slots, positions, write_at: [N] int64, a row's cache row, rope position and cache entry;
+    seq_rows: [S + 1], rows of sequence s are seq_rows[s]:seq_rows[s + 1]; mask: [N, L] bool,
+    True where a row may attend to a cache entry.
+    """
+
+    slots: np.ndarray
+    positions: np.ndarray
+    write_at: np.ndarray
+    seq_rows: np.ndarray
+    mask: np.ndarray
+
+
+class LayerWeights(NamedTuple):
+    """Every layer's weights, stacked [num_layers, ...]: the matrices float (float32, or bfloat16
+    bits) or ``quant.stack``'s arrays (read through ``layer_weight``); the rest float32.
+
+    wqkv [(Hq + 2 Hkv) D, H], bqkv [(Hq + 2 Hkv) D], wo [H, Hq D], w_gate_up [2 I, H], w_down [H, I]
+    per layer; norms [4, H] = (attn, mlp, post_attn, post_mlp); qk_norms [2, D] = (q, k).
+    """
+
+    wqkv: np.ndarray | tuple
+    bqkv: np.ndarray
+    wo: np.ndarray | tuple
+    w_gate_up: np.ndarray | tuple
+    w_down: np.ndarray | tuple
+    norms: np.ndarray
+    qk_norms: np.ndarray
+
+
+class RopeTables(NamedTuple):
+    """[max_len, D / 2] float32 rotation factors by position; the local ones for sliding layers."""
+
+    cos: np.ndarray
+    sin: np.ndarray
+    cos_local: np.ndarray
+    sin_local: np.ndarray
+
+
+class Arch(NamedTuple):
+    """The architecture's sizes and switches (the config flags ``decode_layers`` reads)."""
+
+    sliding: np.ndarray  # [num_layers] bool: the layer attends within ``window`` keys
+    window: int
+    n_heads: int
+    n_kv: int
+    eps: float
+    scale: float  # attention's q.k scale
+    has_bias: bool  # bqkv is added
+    qk_norm: bool  # q and k RMS-normed per head
+    sandwich: bool  # post_attn / post_mlp norms
+    gelu: bool  # gelu (tanh) gate, else silu
+
+
+@njit(**_FLAGS)  # serial glue: only the products and attention inside launch threads
+def decode_layers(x, rows, weights, k_cache, v_cache, rope, arch, run_layer, hidden_at, hidden):  # pragma: no cover
+    """Run the rows x [N, H] (``rows``: a ``RowLayout``) through every layer l with run_layer[l]
+    in place, writing their K/V to the cache; a layer not run passes x through and writes no K/V
+    (a layer-skipping draft).
+
+    weights: ``LayerWeights``; k_cache[l], v_cache[l] [slots, Hkv, max_len, D]; rope: ``RopeTables``;
+    arch: ``Arch``. hidden[hidden_at[l]] receives x after layer l where hidden_at[l] >= 0.
+    """
+    row_slot, row_pos, row_write, seq_rows, mask = rows
+    wqkv, bqkv, wo, w_gate_up, w_down, norms, qk_norms = weights
+    cos, sin, cos_local, sin_local = rope
+    sliding, window, n_heads, n_kv, eps, scale, has_bias, qk_norm, sandwich, gelu = arch
+    n_rows, size = x.shape
+    dim = cos.shape[1] * 2
+    q_size, kv_size = n_heads * dim, n_kv * dim
+    inter = stack_rows(w_gate_up) // 2
+    h = np.empty((n_rows, size), dtype=np.float32)
+    qkv = np.empty((n_rows, q_size + 2 * kv_size), dtype=np.float32)
+    attn = np.empty((n_rows, n_heads, dim), dtype=np.float32)
+    proj = np.empty((n_rows, size), dtype=np.float32)
+    gate_up = np.empty((n_rows, 2 * inter), dtype=np.float32)
+    act = np.empty((n_rows, inter), dtype=np.float32)
+    for layer in range(norms.shape[0]):
+        if not run_layer[layer]:
+            if hidden_at[layer] >= 0:
+                hidden[hidden_at[layer]] = x
+            continue
+        rms_norm_rows(x, norms[layer, 0], eps, h)
+        product(layer_weight(wqkv, layer), h, qkv)
+        for r in range(n_rows):
+            if has_bias:
+                for i in range(qkv.shape[1]):
+                    qkv[r, i] += bqkv[layer, i]
+            local = sliding[layer]
+            c = cos_local[row_pos[r]] if local else cos[row_pos[r]]
+            s = sin_local[row_pos[r]] if local else sin[row_pos[r]]
+            for head in range(n_heads + n_kv):
+                v = qkv[r, head * dim:(head + 1) * dim]
+                if qk_norm:
+                    _rms_norm(v, qk_norms[layer, 0 if head < n_heads else 1], eps, v)
+                _rope(v, c, s)
+            slot, at = row_slot[r], row_write[r]
+            for kvh in range(n_kv):
+                k_off = q_size + kvh * dim
+                _store(k_cache[layer, slot, kvh, at], qkv[r, k_off:k_off + dim])
+                _store(v_cache[layer, slot, kvh, at], qkv[r, k_off + kv_size:k_off + kv_size + dim])
+        q = qkv[:, :q_size].copy().reshape((n_rows, n_heads, dim))
+        attention(q, k_cache[layer], v_cache[layer], row_slot, row_pos, seq_rows, mask,
+                  window if sliding[layer] else 0, scale, attn)
+        product(layer_weight(wo, layer), attn.reshape((n_rows, q_size)), proj)
+        if sandwich:
+            rms_norm_rows(proj, norms[layer, 2], eps, proj)
+        _add_rows(x, proj)
+        rms_norm_rows(x, norms[layer, 1], eps, h)
+        product(layer_weight(w_gate_up, layer), h, gate_up)
+        gated_activation(gate_up, gelu, act)
+        product(layer_weight(w_down, layer), act, proj)
+        if sandwich:
+            rms_norm_rows(proj, norms[layer, 3], eps, proj)
+        _add_rows(x, proj)
+        if hidden_at[layer] >= 0:
+            hidden[hidden_at[layer]] = x
