@@ -64,8 +64,8 @@ def part_costs(runner: NativeRunner, slot: int, width: int, rounds: int) -> dict
         t0 = time.perf_counter()
         for layer in range(c.num_layers):
             window = f.arch.window if f.arch.sliding[layer] else 0
-            decoder_kernels.attention(q, k_cache[layer], v_cache[layer], rows.slots, rows.positions, rows.seq_rows,
-                              rows.mask, window, f.arch.scale, attn)
+            decoder_kernels.attention(q, k_cache[layer], v_cache[layer], rows.slots, rows.positions,
+                                      rows.seq_rows, rows.mask, window, f.arch.scale, attn)
         if r:
             parts["attention"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()

@@ -31,8 +31,8 @@ from numba.extending import overload
 
 from specdec.model.kernels import _CHUNKS, _FLAGS, layer_weight, product, stack_rows
 
-_i = types.intp
-_sd_attend = types.ExternalFunction("sd_attend", types.void(*([_i] * 9), types.float64, *([_i] * 4)))
+# qkernels.c's attention jobs, resolved by name when numba compiles a caller (importing kernels loaded the library)
+_sd_attend = types.ExternalFunction("sd_attend", types.void(*([types.intp] * 9), types.float64, *([types.intp] * 4)))
 _ATTENTION_ROWS = 8  # query rows per attention job: more jobs for two cores, few re-reads of the cache
 _KEY_CHUNK = 512  # keys per attention job (split-K); fixed boundaries keep every row's bits
 

@@ -279,10 +279,10 @@ INLINE void q4x8_sub_sums(const int R, const int HIGH, const uint8_t *qs, const 
     }
 }
 
-/* 5-8 activation rows (1-4: x8_q4k_narrow) against one Q4KX8 group, AVX2 without VNNI: the 16 ymm registers hold the rows'
- * int16 sums, a step's weights and an activation, while each row's int32 sums and float accumulators stay
- * on the stack (touched once a sub-block and once a super-block), so the hot loop neither spills nor
- * branches (a sub-block's nibble half is a constant). Zen 2, two threads, 127 MB out of cache
+/* 5-8 activation rows (1-4: x8_q4k_narrow) against one Q4KX8 group, AVX2 without VNNI: the 16 ymm registers
+ * hold the rows' int16 sums, a step's weights and an activation, while each row's int32 sums and float
+ * accumulators stay on the stack (touched once a sub-block and once a super-block), so the hot loop neither
+ * spills nor branches (a sub-block's nibble half is a constant). Zen 2, two threads, 127 MB out of cache
  * (scripts/kernel_stream.py, alternated with the 4-row tiles whose 2 x R sums lived in registers): 6 rows
  * 124-125 -> 140-142 GMAC/s, 8 rows 127-128 -> 143-144, 3-4 rows equal. The same integers and epilogue */
 INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
