@@ -24,7 +24,7 @@ from specdec.errors import ModelLoadError
 from specdec.llm import LLM
 from specdec.runners.load import load_runner
 from specdec.text import load_tokenizer
-from tests.cross_vocab_models import DRAFT_VOCAB, TARGET_VOCAB, build_pair
+from tests.cross_vocab_models import DRAFT_VOCAB, TARGET_SPECIALS, TARGET_VOCAB, build_pair
 from tests.test_lossless import chi2_pvalue
 from tests.test_lossless_sampling import (
     ALPHA,
@@ -107,6 +107,32 @@ def test_target_continuation_cuts_the_unstable_last_token(tokenizers):
     assert enc("ab abcd")[:2] != enc("ab a")
     assert pair.target_continuation(enc("ab a"), "bcd ef") == enc("bcd ")
     assert pair.target_continuation(enc("ab"), "b</s>cc") == enc("b")  # cut before a special token
+    # the last token kept when it is the twin of the draft's last one (both tokenizers end a token there)
+    whole = enc("ab abcd ef")
+    assert pair.target_continuation(enc("ab"), " abcd ef", last_twin=whole[-1]) == whole[1:]
+
+
+def test_slem_runs_no_pass_past_a_twin(cross_micro):
+    """SLEM drafts until its text re-encodes to enough target tokens, and keeps a last token that is the
+    twin of the draft's last one: an n-token draft whose tokens have twins costs the catch-up and n - 1
+    passes (with every last token cut, n passes: one for a draft token that is only looked at)."""
+    micro, pair, vocab = cross_micro
+    drafter = CrossVocabDrafter(micro.draft, CrossVocab(pair, vocab, "slem", MethodScores()))
+    runs: list[list[int]] = []
+    run = drafter._run
+    drafter._run = lambda tokens: runs.append(tokens) or run(tokens)
+    rng, full = random.Random(1), {1: 0, 3: 0}
+    for _ in range(40):
+        prompt = [rng.randrange(len(TARGET_SPECIALS), TARGET_VOCAB) for _ in range(5)]
+        n = rng.choice((1, 3))
+        drafter.begin(prompt, SamplingParams())
+        runs.clear()
+        proposal = drafter.propose(prompt, n)
+        drafter.end(prompt)
+        if len(proposal) == n:
+            assert len(runs) <= n, (n, proposal.token_ids, runs)
+            full[n] += 1
+    assert min(full.values()) >= 10, full
 
 
 # -- greedy identity through LLM --------------------------------------------------------------------

@@ -15,8 +15,9 @@ for the prompt, a chat template's markers and the output) and drafts by one of t
   the argmax inside the intersection.
 - **slem**, string-level exact match: the draft writes in its own vocabulary, always greedily
   (its argmax), and the text is re-encoded by the target's tokenizer after the committed text;
-  the last re-encoded token is cut (it may merge with what follows), and the draft ends before a
-  special token. The proposal carries no q (``probs`` None): the verifier treats it as a
+  the last re-encoded token is cut (it may merge with what follows) unless it is the twin of the
+  draft's last token (both tokenizers end a token there: no draft pass is spent on what follows),
+  and the draft ends before a special token. The proposal carries no q (``probs`` None): the verifier treats it as a
   deterministic draft, one-hot at each token. That is exact under sampling because the draft is
   a function of the committed context alone (verify.py: the verifier is exact given any fixed
   tree, so cuts by its tokens are safe too). A draft *sampled* from the draft's q would be exact
@@ -181,6 +182,7 @@ class CrossVocabDrafter(DraftModelDrafter):
         self.mirror = DraftContext(cross.pair)
         d2t = cross.vocab.draft_to_target.to(runner.device)
         self.d2t = d2t
+        self.twins = cross.vocab.draft_to_target.tolist()  # [V_draft] target twin ids, -1 where none
         self.mapped = torch.nonzero(d2t >= 0).flatten()  # [M] draft ids with a twin
         self.outside = torch.where(d2t >= 0, 0.0, float("-inf"))  # [V_draft] added to the draft's logits
         self.last_method: str | None = None
@@ -251,20 +253,23 @@ class CrossVocabDrafter(DraftModelDrafter):
 
     def _slem(self, logits: torch.Tensor, draft_ids: list[int], context: Sequence[int],
               max_tokens: int) -> DraftProposal:
-        """The draft's greedy text, re-encoded as target ids (one token more drafted: the last is cut)."""
+        """The draft's greedy text, re-encoded as target ids after each drafted token, until it writes
+        ``max_tokens`` of them: the last is cut (it may merge with what follows) unless it is the twin of
+        the draft's last token, so a draft token that is also a target token costs no pass beyond it."""
         drafted: list[int] = []
+        tokens: list[int] = []
         for i in range(max_tokens + 1):
             top_p, top = torch.softmax(logits.float(), dim=-1).max(dim=-1)
             token = self._id(int(top))  # a cut head's row -> its draft id
             if (i > 0 and float(top_p) < self.p_min) or token in self.cross.pair.draft_special:
                 break
             drafted.append(token)
-            if i < max_tokens:
-                logits = self._run([token])
-        if not drafted:
-            return EMPTY
-        text = self.cross.pair.draft_text(draft_ids, drafted)
-        tokens = self.cross.pair.target_continuation(context, text)[:max_tokens]
+            text = self.cross.pair.draft_text(draft_ids, drafted)
+            tokens = self.cross.pair.target_continuation(context, text, last_twin=self.twins[token])
+            if len(tokens) >= max_tokens or i == max_tokens:
+                break
+            logits = self._run([token])
+        tokens = tokens[:max_tokens]
         if any(t >= self.cross.vocab.target_size for t in tokens):  # a tokenizer id past the model's logits
             tokens = tokens[: [t >= self.cross.vocab.target_size for t in tokens].index(True)]
         return DraftProposal(tokens) if tokens else EMPTY

@@ -10,7 +10,8 @@ that the new tokens extend ("in" + "put") is re-split the way the draft's tokeni
 
 ``TokenizerPair.target_continuation`` goes the other way for SLEM: the draft's text is encoded
 by the target's tokenizer after the committed text, and the last token is cut (it may merge with
-what follows). None of this decides what is kept: a seam handled badly costs acceptance only.
+what follows) unless it is the twin of the draft's last token. None of this decides what is kept: a
+seam handled badly costs acceptance only.
 """
 
 from __future__ import annotations
@@ -53,19 +54,23 @@ class TokenizerPair:
         head = self.draft.decode(tail, skip_special_tokens=False)
         return whole[len(head):] if whole.startswith(head) else self.draft.decode(list(new))
 
-    def target_continuation(self, context: Sequence[int], text: str) -> list[int]:
-        """Target ids that continue ``context`` with ``text``, less the last (unstable) one.
+    def target_continuation(self, context: Sequence[int], text: str, last_twin: int = -1) -> list[int]:
+        """Target ids that continue ``context`` with ``text``, less the last (unstable) one unless it is
+        ``last_twin`` (the target twin of the draft's last token: both tokenizers end a token there, and
+        the draft wrote it whole, so it is kept without drafting what follows).
 
         The last few committed tokens are encoded with ``text``: where that gives them back
         unchanged, what follows is the target's own split; where the boundary merges ("in" +
         "put" -> "input"), ``text`` is encoded alone (a valid, rarer split). Cut before the
         first special token (the verifier ends the text at EOS itself).
-        Example: context ..."def", text " add(x" -> encoded " add", "(x" -> [" add"].
+        Example: context ..."def", text " add(x" -> encoded " add", "(x" -> [" add"] ("(x" kept
+        when last_twin is its id).
         """
         tail = list(context[-WINDOW:])
         ids = self.target.encode(self.target_text(tail) + text, add_special_tokens=False).ids
         new = ids[len(tail):] if ids[: len(tail)] == tail else self.target.encode(text, add_special_tokens=False).ids
-        new = new[:-1]
+        if new and new[-1] != last_twin:
+            new = new[:-1]
         for i, t in enumerate(new):
             if t in self.target_special:
                 return new[:i]
