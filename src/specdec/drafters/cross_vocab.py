@@ -259,9 +259,9 @@ class CrossVocabDrafter(DraftModelDrafter):
         drafted: list[int] = []
         tokens: list[int] = []
         for i in range(max_tokens + 1):
-            top_p, top = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-            token = self._id(int(top))  # a cut head's row -> its draft id
-            if (i > 0 and float(top_p) < self.p_min) or token in self.cross.pair.draft_special:
+            token = self._top(logits)  # a cut head's row -> its draft id
+            if token in self.cross.pair.draft_special or (
+                    i > 0 and self.p_min > 0 and float(torch.softmax(logits.float(), dim=-1).max()) < self.p_min):
                 break
             drafted.append(token)
             text = self.cross.pair.draft_text(draft_ids, drafted)
