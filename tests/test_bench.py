@@ -214,6 +214,7 @@ def test_quick_run_on_tiny_model(tiny_llama, tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert "| `transformers` |" in report and "| `transformers+prompt-lookup` |" in report
     assert "specdec bench" in report and "## Oracle analysis" in report
+    assert "rerun with `--ignore-eos`" in report  # creative is sampled: its lengths may differ by method
     # tiny_llama is a safetensors folder: the llama.cpp peers cannot load it, and the report says so
     assert "llama-cpp peer (llama.cpp llama-server) skipped: it needs a GGUF model" in report
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
@@ -252,6 +253,7 @@ def test_ignore_eos_runs_every_answer_to_the_limit(tiny_llama, tmp_path, monkeyp
     runs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert all(r["new_tokens"] == 7 * r["requests"] for r in runs if r["kind"] == "specdec")
     assert "max new tokens 7 (EOS ignored)" in (out / "report.md").read_text()
+    assert "rerun with `--ignore-eos`" not in (out / "report.md").read_text()  # equal lengths: no caveat
 
 
 def test_methods_run_interleaved_by_batch_in_a_rotating_order(tiny_llama, tmp_path, monkeypatch, capsys):
