@@ -17,12 +17,13 @@ for the prompt, a chat template's markers and the output) and drafts by one of t
   (its argmax), and the text is re-encoded by the target's tokenizer after the committed text;
   the last re-encoded token is cut (it may merge with what follows) unless it is the twin of the
   draft's last token (both tokenizers end a token there: no draft pass is spent on what follows),
-  and the draft ends before a special token. The proposal carries no q (``probs`` None): the verifier treats it as a
-  deterministic draft, one-hot at each token. That is exact under sampling because the draft is
-  a function of the committed context alone (verify.py: the verifier is exact given any fixed
-  tree, so cuts by its tokens are safe too). A draft *sampled* from the draft's q would be exact
-  as well (its draws are independent of the verifier's), but accepted less often than its argmax;
-  and it has no q in the target's vocabulary to accept with min(1, p/q), so argmax it is.
+  and the draft ends before a special token. The proposal carries no q (``probs`` None): the
+  verifier treats it as a deterministic draft, one-hot at each token. That is exact under
+  sampling because the draft is a function of the committed context alone (verify.py: the
+  verifier is exact given any fixed tree, so cuts by its tokens are safe too). A draft *sampled*
+  from the draft's q would be exact as well (its draws are independent of the verifier's), but
+  accepted less often than its argmax; and it has no q in the target's vocabulary to accept with
+  min(1, p/q), so argmax it is.
 - **auto**: each engine measures both: the first steps alternate between them, then the
   method with the higher mean of accepted tokens per step is used, the other re-tried every
   ``PROBE_EVERY`` steps. The choice reads past steps only, never the tokens being verified.
