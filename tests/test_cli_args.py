@@ -29,6 +29,21 @@ def test_bad_tree_settings_are_one_line(argv):
     assert "\n" not in str(err.value) and "spec-draft" in str(err.value)
 
 
+def test_kv_cache_dtype_reaches_every_command_and_a_bad_one_is_one_line():
+    from specdec.cli.args import add_model_args, model_options
+    from specdec.runners.load import KV_CACHE_DTYPES
+
+    p = Parser()
+    add_model_args(p)
+    assert model_options(p.parse_args([]))["kv_cache_dtype"] == "auto"
+    for kv in KV_CACHE_DTYPES:
+        assert model_options(p.parse_args(["--kv-cache-dtype", kv]))["kv_cache_dtype"] == kv
+    assert bench_config("--kv-cache-dtype", "float16").kv_cache_dtype == "float16"
+    with pytest.raises(UsageError) as err:
+        p.parse_args(["--kv-cache-dtype", "fp8"])
+    assert "\n" not in str(err.value) and "kv-cache-dtype" in str(err.value)
+
+
 def bench_config(*argv: str):
     from specdec.bench.cli import add_bench_args, config_from_args
 

@@ -217,6 +217,25 @@ def test_greedy_identity_draft_model(tiny, tiny_model_factory):
     assert seq.stats.acceptance_rate > 0.9  # the target drafting for itself
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["float16", "bfloat16"])
+def test_greedy_identity_with_a_16_bit_kv_cache(tiny_llama, kv_cache_dtype):
+    """--kv-cache-dtype float16 / bfloat16 (target and draft model): speculation still gives plain decoding's
+    tokens in that format; a draft model with the target's weights drafts with its own 16-bit cache, and a
+    replayed draft wrong at its third token rolls back keys already written."""
+    llm = LLM(str(tiny_llama), max_model_len=256, kv_cache_dtype=kv_cache_dtype, spec="none")
+    engine = Engine(llm.runner, draft_n_max=6, plan_drafts=False)
+    prompt = [5, 6, 7, 8] * 4
+    plain = run(engine, prompt, greedy(40), None).output_ids
+    spec = SpecConfig(types=(SpecType.DRAFT_MODEL,), draft_n_max=6, draft_model=str(tiny_llama))
+    resources = DraftResources(spec, llm.runner, llm.tokenizer, kv_cache_dtype=kv_cache_dtype)
+    assert resources.state(SpecType.DRAFT_MODEL).runner.kv_cache_label == kv_cache_dtype
+    for drafter in (resources.new_drafter(), ReplayDrafter(plain, len(prompt), wrong_at=2)):
+        seq = run(engine, prompt, greedy(40), drafter)
+        assert seq.output_ids == plain, drafter.name
+        assert seq.stats.drafted > 0 and seq.stats.accepted > 0, drafter.name
+    assert seq.stats.accepted < seq.stats.drafted  # the replayed draft's wrong tokens were rejected
+
+
 def test_greedy_identity_on_the_torch_backend(tiny_llama):
     """The torch backend (what CUDA runs) in float32 on a CPU: greedy output with a draft model, a
     chain and a tree equals plain decoding. Its verify rows are not bit-identical to

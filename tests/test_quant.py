@@ -256,6 +256,15 @@ def test_verify_rows_bit_identical_with_quantized_weights(tiny_model_factory, ar
     assert_verify_rows_bit_identical(runner)
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["float16", "bfloat16"])
+def test_verify_rows_bit_identical_with_quantized_weights_and_a_16_bit_cache(tiny_model_factory, kv_cache_dtype):
+    """--kv-cache-dtype on the integer-dot kernels: each row still has the bits of decoding it alone."""
+    runner, _ = load_runner(str(tiny_model_factory("qwen2")), max_seq_len=256, num_slots=2, quantization="q4_1",
+                            kv_cache_dtype=kv_cache_dtype)
+    assert runner.kv_cache_label == kv_cache_dtype
+    assert_verify_rows_bit_identical(runner)
+
+
 def _write_gguf(path, folder, arch: str, matrix_type: T, f16_names: tuple[str, ...] = ()) -> None:
     """The tiny model as llama.cpp's converter stores it: GGUF names, q/k rows interleaved for the
     llama architecture, matrices in ``matrix_type`` blocks (the ``f16_names`` in float16)."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from numba import njit
 
+from specdec.cache import kernel_view
 from specdec.model import decoder_kernels, kernels
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.runners.load import load_runner
@@ -93,19 +95,17 @@ def test_few_rows_matmul_matches_blas_and_keeps_row_bits():
 
 
 @pytest.mark.parametrize("dim", [16, 12])  # 12: not a multiple of 8, qkernels_attention.h's portable loops
-@pytest.mark.parametrize("bf16", [False, True])
-def test_attention_is_softmax_attention_over_the_keys_a_row_sees_wherever_they_sit(dim, bf16):
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_attention_is_softmax_attention_over_the_keys_a_row_sees_wherever_they_sit(dim, cache_dtype):
     """decoder_kernels.attention (its jobs in qkernels_attention.h) against float64 softmax attention, 4 query heads on
     2 KV heads, rows that see different keys; then one row's keys moved to other cache entries, in the same
     order (a tree node's path): the same bits, since the sums run over the keys seen, one after another."""
     rng = np.random.default_rng(3)
     n_heads, n_kv, length, scale = 4, 2, 40, 0.3
     k, v = (rng.standard_normal((1, n_kv, 64, dim)).astype(np.float32) for _ in range(2))
-    if bf16:  # the cache holds bfloat16 bits; the reference reads the values they stand for
-        k_cache, v_cache = (kernels.as_numpy(torch.from_numpy(a).bfloat16()) for a in (k, v))
-        k, v = (torch.from_numpy(a).bfloat16().float().numpy() for a in (k, v))
-    else:
-        k_cache, v_cache = k, v
+    # a 16-bit cache holds the bits KVCache.arrays gives the kernels; the reference reads the values they stand for
+    k_cache, v_cache = (kernel_view(torch.from_numpy(a).to(cache_dtype)) for a in (k, v))
+    k, v = (torch.from_numpy(a).to(cache_dtype).float().numpy() for a in (k, v))
     q = rng.standard_normal((3, n_heads, dim)).astype(np.float32)
     mask = np.zeros((3, length), dtype=bool)
     mask[0, :30], mask[1, :35], mask[2, [0, 5, 9, 33]] = True, True, True
@@ -132,14 +132,69 @@ def test_attention_is_softmax_attention_over_the_keys_a_row_sees_wherever_they_s
     assert np.array_equal(attend(q[2:], moved_k, moved_v, seen, np.array([7], dtype=np.int64))[0], out[2])
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(("dtype", "kv_cache_dtype"),
+                         [("float32", "auto"), ("bfloat16", "auto"), ("float32", "float16"), ("float32", "bfloat16")])
 @pytest.mark.parametrize("arch", list(TINY_CONFIGS))
-def test_verify_rows_are_bit_identical_to_decoding_alone(tiny_model_factory, arch, dtype):
+def test_verify_rows_are_bit_identical_to_decoding_alone(tiny_model_factory, arch, dtype, kv_cache_dtype):
     """CPU kernels: a token's logits in a chain, tree or batched pass have the same bits as
-    when it is decoded alone, so greedy speculation cannot differ from plain decoding."""
+    when it is decoded alone, so greedy speculation cannot differ from plain decoding; with any
+    KV cache type (a key is rounded into the cache the same way whichever pass wrote it)."""
     runner, _ = load_runner(str(tiny_model_factory(arch)), dtype=dtype, max_seq_len=256, num_slots=2,
-                            backend="cpu-kernels")
+                            backend="cpu-kernels", kv_cache_dtype=kv_cache_dtype)
+    assert runner.kv_cache_label == (dtype if kv_cache_dtype == "auto" else kv_cache_dtype)
     assert_verify_rows_bit_identical(runner)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["float16", "bfloat16"])
+def test_a_16_bit_cache_holds_each_key_rounded_to_nearest_even(tiny_llama, kv_cache_dtype):
+    """The fused pass writes keys and values rounded to nearest in the cache's type (the kernels' own float16
+    rounding included), and the torch backend, reading the same cache, agrees."""
+    fused, _ = load_runner(str(tiny_llama), max_seq_len=64, backend="cpu-kernels", kv_cache_dtype=kv_cache_dtype)
+    exact, _ = load_runner(str(tiny_llama), max_seq_len=64, backend="cpu-kernels")
+    ids = list(range(30, 42))
+    for r in (fused, exact):  # token by token: the fused kernels (a float model's prompt pass may go to BLAS)
+        slot = r.allocate()
+        for t in ids:
+            r.run([SeqInput(slot, [t])])
+    # Layer 0's keys come from the same embeddings in both runs: the float32 ones, rounded, are the cached ones,
+    # give or take one step of the 16-bit type (the kernels are compiled per cache type with fastmath, so a
+    # float32 key may differ in its last bits between the two builds; within one build every pass is the same)
+    want = exact.cache.k_all[0, 0, :, : len(ids)].to(fused.cache.k_all.dtype).view(torch.int16).int()
+    got = fused.cache.k_all[0, 0, :, : len(ids)].view(torch.int16).int()
+    assert (got - want).abs().max() <= 1 and (got == want).float().mean() > 0.95
+    torch_runner, _ = load_runner(str(tiny_llama), max_seq_len=64, backend="torch", kv_cache_dtype=kv_cache_dtype)
+    slot = torch_runner.allocate()
+    ref = torch_runner.run([SeqInput(slot, ids)]).logits[0]
+    assert torch_runner.cache.k_all.dtype == fused.cache.k_all.dtype
+    got = fused.run([SeqInput(0, [5])]).logits[0]
+    want_next = torch_runner.run([SeqInput(slot, [5])]).logits[0]
+    assert (got - want_next).abs().max() < 1e-3 * max(1.0, want_next.abs().max().item()) and ref.isfinite().all()
+
+
+def test_float16_bits_are_rounded_as_numpy_rounds():
+    """``decoder_kernels.half_bits``: float32 -> float16 bits, nearest even, subnormals, overflow to infinity."""
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(20000).astype(np.float32) * s for s in (1e-7, 1e-5, 1e-2, 1, 1e3, 7e4)]
+                       + [np.array([0.0, -0.0, np.inf, -np.inf, 65504, 65519.99, 65520, 2**-24, 2**-25, 3 * 2**-26,
+                                    6.1e-5, 1e-30], dtype=np.float32),
+                          rng.integers(0, 2**32, 50000, dtype=np.uint64).astype(np.uint32).view(np.float32)])
+    x = x[~np.isnan(x)]
+    got = np.array([decoder_kernels.half_bits(b) for b in x.view(np.uint32)[:2000]], dtype=np.int16)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).view(np.int16)
+    assert np.array_equal(got, want[:2000])
+    assert np.array_equal(_store_all(x), want)
+
+
+def _store_all(x: np.ndarray) -> np.ndarray:
+    out = np.empty(len(x), dtype=np.int16)
+    _store_rows(out, x)
+    return out
+
+
+@njit
+def _store_rows(dst, src):  # pragma: no cover - compiled
+    decoder_kernels._store(dst, src)
 
 
 def assert_verify_rows_bit_identical(runner) -> None:
@@ -267,6 +322,10 @@ def test_generic_runner_for_other_architectures(tiny_model_factory, tmp_path, de
     fast = SequenceState(prompt, params, drafter=spec)  # k4v trees fall back to their first path
     list(engine.generate(fast))
     assert fast.output_ids == plain.output_ids
+    from specdec.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="kv-cache-dtype float16: .*transformers"):  # its cache is transformers'
+        load_runner(str(tmp_path), max_seq_len=256, kv_cache_dtype="float16")
 
 
 def test_auto_backend_falls_back_to_torch_where_kernels_do_not_compile(monkeypatch, capsys):

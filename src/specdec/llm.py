@@ -81,6 +81,8 @@ class LLM:
     are, "none" dequantises them; default gguf for a GGUF file where the CPU kernels run.
     ``logprobs_mode``: what ``SamplingParams.logprobs`` report, vLLM's names: "raw_logprobs" (default),
     "raw_logits", "processed_logprobs", "processed_logits" (see ``specdec.logprobs``).
+    ``kv_cache_dtype``: "auto" (the compute dtype), "float32", "float16" or "bfloat16", for the target and a
+    draft model.
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class LLM:
         quantization: str | None = None,
         logprobs_mode: LogprobsMode | str = LogprobsMode.RAW_LOGPROBS,
         plan_drafts: bool = True,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.logprobs_mode = _logprobs_mode(logprobs_mode)
         # False: every step drafts the configured budget instead of what the measured pass costs
@@ -105,7 +108,7 @@ class LLM:
         backend = backend or os.environ.get("SPECDEC_BACKEND", "auto")
         self.runner, self.folder = load_runner(
             model, dtype=dtype, device=device, max_seq_len=max_model_len, num_slots=max_num_seqs, backend=backend,
-            quantization=quantization,
+            quantization=quantization, kv_cache_dtype=kv_cache_dtype,
         )
         if self.runner.device.type == "cpu":
             kernels = self.runner.backend == "cpu-kernels"
@@ -119,6 +122,7 @@ class LLM:
         self.model_name = str(model) if model else "SmolLM2-135M-Instruct"
         self.grammars = GrammarCompiler(self.tokenizer, self.runner.vocab_size, self.runner.eos_token_ids)
         self._dtype, self._device, self._max_num_seqs = dtype, device, max_num_seqs
+        self._kv_cache_dtype = kv_cache_dtype
         self._model = None if model is None else str(model)  # draft-mtp reads its MTP module
         self.set_spec(spec or SpecConfig())
 
@@ -133,7 +137,7 @@ class LLM:
         self.spec = spec
         self.drafts = drafts or DraftResources(spec, self.runner, self.tokenizer, self._max_num_seqs,
                                                self._dtype, self._device, target_model=self._model,
-                                               plan_drafts=self.plan_drafts)
+                                               plan_drafts=self.plan_drafts, kv_cache_dtype=self._kv_cache_dtype)
         self.engine = Engine(self.runner, spec.draft_n_max, spec.draft_n_min, plan_drafts=self.plan_drafts,
                              min_acceptance=spec.min_acceptance, logprobs_mode=self.logprobs_mode)
         return self.drafts

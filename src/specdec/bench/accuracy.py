@@ -49,7 +49,8 @@ def score(runner: ModelRunner, ids: list[int]) -> tuple[torch.Tensor, float]:
 
 def cmd_accuracy(args: argparse.Namespace) -> int:
     quant = args.quantization or "gguf"
-    kw = dict(dtype=args.dtype, device=args.device, backend=args.backend, max_model_len=args.tokens + 256, spec="none")
+    kw = dict(dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, device=args.device, backend=args.backend,
+              max_model_len=args.tokens + 256, spec="none")
     test = LLM(args.model, quantization=quant, **kw)
     ref = LLM(args.model, quantization="none", **kw)
     ids = test.encode(fixed_text())[: args.tokens]

@@ -68,6 +68,7 @@ class AdviseConfig:
     draft_n_max: int = 8
     model: str | None = None
     dtype: str = "float32"
+    kv_cache_dtype: str = "auto"
     device: str | None = None
     backend: str | None = None
     quantization: str | None = None
@@ -218,8 +219,9 @@ def first_requests(workload: Workload, num_requests: int, max_turns: int = 2) ->
 
 def bench_config(cfg: AdviseConfig, methods: list[Method]) -> BenchConfig:
     return BenchConfig(
-        methods=methods, workloads=[cfg.workload], model=cfg.model, dtype=cfg.dtype, device=cfg.device,
-        backend=cfg.backend, quantization=cfg.quantization, max_model_len=cfg.max_model_len,
+        methods=methods, workloads=[cfg.workload], model=cfg.model, dtype=cfg.dtype,
+        kv_cache_dtype=cfg.kv_cache_dtype, device=cfg.device, backend=cfg.backend, quantization=cfg.quantization,
+        max_model_len=cfg.max_model_len,
         batch_sizes=[cfg.batch_size], temperatures=[cfg.temperature], max_new_tokens=cfg.max_new_tokens,
         peers=[], draft_model=cfg.draft_model, draft_n_max=cfg.draft_n_max, seed=cfg.seed, oracle=False,
         command="specdec advise",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from specdec.bench.config import parse_methods
 from specdec.bench.workloads import WORKLOAD_NAMES, Workload, load_workload, load_workload_file
-from specdec.cli.args import add_model_args, positive_int
+from specdec.cli.args import add_model_args, model_options, positive_int
 from specdec.config import SpecConfig
 from specdec.errors import UsageError
 
@@ -73,8 +73,8 @@ def config_from_args(args: argparse.Namespace) -> advise.AdviseConfig:
     workload = advise.first_requests(replace(workload, temperature=temperature), args.prompts)
     return advise.AdviseConfig(
         workload=workload, temperature=temperature, batch_size=args.batch_size,
-        max_new_tokens=args.max_new_tokens, draft_n_max=args.spec_draft_n_max, model=args.model, dtype=args.dtype,
-        device=args.device, backend=args.backend, quantization=args.quantization, max_model_len=args.max_model_len,
+        max_new_tokens=args.max_new_tokens, draft_n_max=args.spec_draft_n_max, model=args.model,
+        **model_options(args),
         draft_model=args.draft_model, spec_model=args.spec_model, draft_vocab_size=args.spec_draft_vocab_size,
         datastore=args.spec_datastore, seed=args.seed,
     )

@@ -28,7 +28,7 @@ from specdec.bench.config import (
     parse_methods,
 )
 from specdec.bench.workloads import WORKLOAD_NAMES, load_workload, load_workload_file
-from specdec.cli.args import add_model_args, add_spec_args, positive_int, spec_from_args
+from specdec.cli.args import add_model_args, add_spec_args, model_options, positive_int, spec_from_args
 from specdec.errors import UsageError
 
 # --quick: a few prompts per workload, batch 1, greedy (creative keeps its temperature):
@@ -142,8 +142,7 @@ def config_from_args(args: argparse.Namespace, argv: list[str] | None = None) ->
         raise UsageError(f"unknown peer {unknown[0]!r}; choose from: {', '.join(PEER_NAMES)}, none")
     return BenchConfig(
         methods=methods, workloads=[w.limited(limit, max_turns) for w in workloads], model=args.model,
-        dtype=args.dtype, device=args.device, backend=args.backend, quantization=args.quantization,
-        max_model_len=args.max_model_len,
+        **model_options(args),
         batch_sizes=pick("batch_sizes"),
         temperatures=pick("temperatures"), max_new_tokens=pick("max_new_tokens"), limit=limit,
         ignore_eos=args.ignore_eos,
@@ -217,7 +216,7 @@ def run_meta(cfg: BenchConfig, result, wall: float, code: str) -> dict:
         "quick": cfg.quick, "draft_n_max": cfg.draft_n_max, "usd_per_hour": cfg.usd_per_hour,
         "requests": {w: len(r) for w, r in result.requests.items()},
         "specdec_threads": torch.get_num_threads(), "peer_threads": cfg.peer_threads or cfg.default_threads,
-        "wall_seconds": wall, "code": code, "weights": result.weights,
+        "wall_seconds": wall, "code": code, "weights": result.weights, "kv_cache": result.kv_cache,
     }
 
 

@@ -60,6 +60,7 @@ class BenchConfig:
     workloads: list[Workload]
     model: str | None = None
     dtype: str = "float32"
+    kv_cache_dtype: str = "auto"  # see runners.load.KV_CACHE_DTYPES
     device: str | None = None
     backend: str | None = None  # see model.backend; None = $SPECDEC_BACKEND or auto
     quantization: str | None = None  # see runners.load; None = gguf for a GGUF file

@@ -74,7 +74,8 @@ class MethodRunner:
 
     def __init__(self, cfg: BenchConfig) -> None:
         self.cfg = cfg
-        self.llm = LLM(cfg.model, dtype=cfg.dtype, max_model_len=cfg.max_model_len, device=cfg.device,
+        self.llm = LLM(cfg.model, dtype=cfg.dtype, kv_cache_dtype=cfg.kv_cache_dtype,
+                       max_model_len=cfg.max_model_len, device=cfg.device,
                        max_num_seqs=max(cfg.batch_sizes), backend=cfg.backend,
                        quantization=cfg.quantization)
         self._resources: dict[str, DraftResources] = {}
@@ -271,6 +272,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
     runner = MethodRunner(cfg)
     result.folder = str(runner.llm.folder)
     result.weights = runner.llm.runner.weights_label
+    result.kv_cache = runner.llm.runner.kv_cache_label
     runner.llm.warmup()
     peers = make_peers(result, runner.llm)
     # Progress counts requests: the reference run, then each cell (the plain greedy batch-1

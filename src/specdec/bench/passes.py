@@ -27,6 +27,7 @@ from numba import njit, prange
 
 from specdec.bench.records import peak_rss_bytes
 from specdec.bench.report import machine_info
+from specdec.cli.args import model_options
 from specdec.errors import ModelLoadError, UsageError
 from specdec.llm import LLM
 from specdec.model import clib
@@ -165,8 +166,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
     if not widths or widths[0] < 1:
         raise UsageError(f"--widths must be positive integers, got {args.widths!r}")
     longest = max(args.context + max(widths), args.prefill or 0)
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend, quantization=args.quantization,
-              max_model_len=longest + 8, spec="none")
+    llm = LLM(args.model, spec="none", **{**model_options(args), "max_model_len": longest + 8})
     runner = llm.runner
     nbytes = runner.weight_bytes()
     context = synthetic_context(runner, args.context)
@@ -182,7 +182,8 @@ def cmd_passes(args: argparse.Namespace) -> int:
     parts = {w: {**p, "rest": costs[w] - sum(p.values())} for w, p in parts.items()}
     one = costs[widths[0]]
     result = {
-        "model": llm.model_name, "dtype": args.dtype, "backend": runner.backend, "device": str(runner.device),
+        "model": llm.model_name, "dtype": args.dtype, "kv_cache": runner.kv_cache_label, "backend": runner.backend,
+        "device": str(runner.device),
         "context": args.context, "rounds": args.rounds, "weight_bytes": nbytes,
         "read_floor_ms": floor * 1e3, "read_floor_ms_range": [min(floor_times) * 1e3, max(floor_times) * 1e3],
         "read_gb_per_s": nbytes / floor / 1e9, "read_streams_per_core": floor_read.streams,
@@ -199,7 +200,8 @@ def cmd_passes(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     m = result["machine"]
-    print(f"{result['model']}, {runner.weights_label}, {args.dtype} compute, backend {runner.backend}, "
+    print(f"{result['model']}, {runner.weights_label}, {args.dtype} compute, {result['kv_cache']} KV cache, "
+          f"backend {runner.backend}, "
           f"{args.context}-token context; "
           f"CPU {m.get('cpu', '?')} ({m.get('cores', '?')} cores, {m.get('simd', '?')})")
     lo, hi = result["read_floor_ms_range"]

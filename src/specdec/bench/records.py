@@ -60,6 +60,7 @@ class BenchResult:
     notes: list[str] = field(default_factory=list)
     folder: str = ""  # the model folder specdec loaded
     weights: str = ""  # the weights' format (runner.weights_label)
+    kv_cache: str = ""  # the KV cache's element type
 
 
 def peak_rss_bytes() -> int:

@@ -296,7 +296,8 @@ def render(records: list[dict], meta: dict, notes: list[str], plots: list[str]) 
     out = [
         "# specdec bench report", "",
         "Command:", "", "```", meta["command"], "```", "",
-        f"- Model: `{meta['model']}` ({meta['folder']}), dtype **{meta['dtype']}**, device {meta['device']}, "
+        f"- Model: `{meta['model']}` ({meta['folder']}), dtype **{meta['dtype']}**, KV cache "
+        f"{meta.get('kv_cache') or meta['dtype']}, device {meta['device']}, "
         f"weights {meta.get('weights', '?')}",
         f"- Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; AVX2 {m['avx2']}, AVX-512 "
         f"{m['avx512']}, AVX512-BF16 {m['avx512_bf16']}, AMX {m['amx']}; {m['os']}",

@@ -29,6 +29,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", default=None,
                    help="a name from `specdec models`, GGUF file, HF folder or hub id (default: smollm2-135m)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
+                   help="the KV cache's type, the target's and a draft model's (default auto = --dtype); float16 "
+                        "(llama.cpp's default) or bfloat16 halve the cache and what a pass's attention reads")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--backend", default=None, choices=["auto", "cpu-kernels", "torch"],
                    help="how the model runs: cpu-kernels = specdec's fused CPU kernels, torch = PyTorch ops "
@@ -39,6 +42,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "default for a GGUF file), none = dequantise them to --dtype at load; q8_0, q4_0, ... = "
                         "quantize a float checkpoint to those GGUF blocks at load")
     p.add_argument("--max-model-len", type=positive_int, default=4096, help="context length (tokens)")
+
+
+def model_options(args: argparse.Namespace) -> dict:
+    """``LLM``'s keyword arguments from ``add_model_args``' flags (the model itself comes first)."""
+    return dict(dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, device=args.device, backend=args.backend,
+                quantization=args.quantization, max_model_len=args.max_model_len)
 
 
 def add_logprobs_mode_arg(p) -> None:

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from specdec.cli.args import add_model_args, positive_int
+from specdec.cli.args import add_model_args, model_options, positive_int
 from specdec.corpus import SOURCES
 from specdec.errors import UsageError
 
@@ -64,8 +64,7 @@ def cmd_answers(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix != ".jsonl":
         raise UsageError(f"--out {out}: answers are written as .jsonl (one answer a line)")
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
-              quantization=args.quantization, max_model_len=args.max_model_len)
+    llm = LLM(args.model, **model_options(args))
     t0 = time.perf_counter()
     log = lambda line: print(f"[specdec datastore answers] {line}", file=sys.stderr, flush=True)  # noqa: E731
     n = write_answers(llm, own_prompts(args.prompts), args.max_new_tokens, out, log)

@@ -16,7 +16,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specdec.cli.args import Parser, add_logprobs_mode_arg, add_model_args, add_spec_args, positive_int, spec_from_args
+from specdec.cli.args import (
+    Parser,
+    add_logprobs_mode_arg,
+    add_model_args,
+    add_spec_args,
+    model_options,
+    positive_int,
+    spec_from_args,
+)
 from specdec.config import SamplingParams, SpecConfig, StructuredKind, StructuredOutput
 from specdec.errors import ModelLoadError, UsageError
 from specdec.server.cli import add_serve_args, cmd_serve
@@ -223,8 +231,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     from specdec.llm import LLM  # torch and the model code: only once the arguments are known good
 
-    llm = LLM(args.model, dtype=args.dtype, spec=spec, max_model_len=args.max_model_len, device=args.device,
-              backend=args.backend, quantization=args.quantization, logprobs_mode=args.logprobs_mode)
+    llm = LLM(args.model, spec=spec, logprobs_mode=args.logprobs_mode, **model_options(args))
     inputs: list[str | list[int]] = []
     for p in prompts:
         if args.chat:

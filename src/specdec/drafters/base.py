@@ -126,6 +126,7 @@ class DraftSetup:
     dtype: str = "float32"
     device: str | None = None
     target_model: str | None = None
+    kv_cache_dtype: str = "auto"  # a draft model's, as the target's (runners.load.KV_CACHE_DTYPES)
 
 
 def _nothing() -> None:

@@ -111,7 +111,8 @@ class DraftModelState:
     def load(cls, setup: DraftSetup) -> DraftModelState:
         spec, target = setup.spec, setup.target
         runner, folder = load_runner(spec.draft_model, dtype=setup.dtype, device=setup.device,
-                                     max_seq_len=target.max_seq_len, num_slots=setup.max_num_seqs)
+                                     max_seq_len=target.max_seq_len, num_slots=setup.max_num_seqs,
+                                     kv_cache_dtype=setup.kv_cache_dtype)
         cross = cross_vocab_for(spec, target, runner, setup.tokenizer, folder)
         return cls(runner, draft_vocab_for(spec, runner, setup.tokenizer, target, cross), cross)
 

@@ -90,11 +90,13 @@ class DraftResources:
         device: str | None = None,
         target_model: str | None = None,
         plan_drafts: bool = True,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.spec = spec
         self.target = target
         self.plan_drafts = plan_drafts
-        setup = DraftSetup(spec, target, tokenizer, max_num_seqs, dtype, device, target_model)
+        setup = DraftSetup(spec, target, tokenizer, max_num_seqs=max_num_seqs, dtype=dtype, device=device,
+                           target_model=target_model, kv_cache_dtype=kv_cache_dtype)
         types = drafting_types(spec)
         states = ((kind, cls.shared_state(setup)) for kind, cls in DRAFTERS.items() if kind in types)
         self.shared: dict[SpecType, SharedState] = {kind: state for kind, state in states if state is not None}

@@ -18,7 +18,8 @@ Bit-identity. A row's attention output depends only on its query and its visible
 one after another in key order, wherever they sit in the cache; the norms, rope and the
 gated activation are elementwise or per row. So, with the products', a token's logits in
 a K-token verification pass are bit-identical to the same token decoded alone. The KV cache
-is float32, or bfloat16 bits (written with round-to-nearest-even).
+is float32, or 16-bit floats written with round-to-nearest-even: bfloat16 bits as uint16, float16
+bits as int16 (numba has neither type; ``KVCache.arrays``).
 """
 
 from __future__ import annotations
@@ -38,11 +39,49 @@ _KEY_CHUNK = 512  # keys per attention job (split-K); fixed boundaries keep ever
 
 
 def _store(dst, src):  # pragma: no cover - replaced by the overload below
-    """dst[:] = src (float32) in dst's element type (bfloat16 bits: round to nearest even)."""
+    """dst[:] = src (float32) in dst's element type (bfloat16 bits in uint16, float16 bits in int16: round to
+    nearest even)."""
+
+
+@njit(**_FLAGS)  # (inline="always" trips numba's SSA check on its branches; LLVM inlines it)
+def half_bits(b: np.uint32) -> np.int16:  # pragma: no cover - compiled
+    """IEEE float16 bits of the float32 with bits ``b``, rounded to nearest even (numpy's ``astype(float16)``):
+    overflow to infinity, subnormals kept, NaN stays NaN."""
+    sign = (b >> np.uint32(16)) & np.uint32(0x8000)
+    e = np.int64((b >> np.uint32(23)) & np.uint32(0xFF))
+    m = b & np.uint32(0x7FFFFF)
+    if e == 0xFF:
+        half = sign | np.uint32(0x7C00) | (np.uint32(0x200) if m else np.uint32(0))
+    elif e - 112 >= 0x1F:
+        half = sign | np.uint32(0x7C00)
+    elif e - 112 <= 0:  # a float16 subnormal (or zero): the implicit bit joins the mantissa
+        shift = 126 - e  # 14 - (e - 112)
+        if shift > 24:
+            half = sign
+        else:
+            m |= np.uint32(0x800000)
+            kept, rest, tie = m >> np.uint32(shift), m & np.uint32((1 << shift) - 1), np.uint32(1 << (shift - 1))
+            half = sign | (kept + np.uint32(rest > tie or (rest == tie and (kept & np.uint32(1)) != 0)))
+    else:
+        kept, rest = (np.uint32(e - 112) << np.uint32(10)) | (m >> np.uint32(13)), m & np.uint32(0x1FFF)
+        odd = (kept & np.uint32(1)) != 0
+        half = sign | (kept + np.uint32(rest > 0x1000 or (rest == 0x1000 and odd)))  # a carry may reach infinity
+    return np.int16(np.uint16(half))
 
 
 @overload(_store, inline="always")
 def _store_impl(dst, src):
+    if dst.dtype == types.int16:
+
+        def store(dst, src):
+            wide = np.empty(dst.shape[0], dtype=np.float32)
+            for i in range(dst.shape[0]):
+                wide[i] = src[i]
+            bits = wide.view(np.uint32)
+            for i in range(dst.shape[0]):
+                dst[i] = half_bits(bits[i])
+
+        return store
     if dst.dtype == types.uint16:
 
         def store(dst, src):
@@ -184,8 +223,18 @@ def _attend_part(q, k_cache, v_cache, slot, kvh, first, n_rows, group, row_pos, 
     scores = np.empty((n_rows, (n_keys + 7) // 8 * 8), dtype=np.float32)
     keys, values = k_cache[slot, kvh, k_start:], v_cache[slot, kvh, k_start:]
     _sd_attend(qg.ctypes.data, n_rows, group, dim, keys.ctypes.data, values.ctypes.data,
-               1 if k_cache.itemsize == 2 else 0, n_keys, seen.ctypes.data, scale, scores.ctypes.data,
+               _cache_kind(k_cache), n_keys, seen.ctypes.data, scale, scores.ctypes.data,
                top.ctypes.data, total.ctypes.data, acc.ctypes.data)
+
+
+def _cache_kind(cache):  # pragma: no cover - replaced by the overload below
+    """sd_attend's element type of a cache array: 0 float32, 1 bfloat16 bits (uint16), 2 float16 bits (int16)."""
+
+
+@overload(_cache_kind, inline="always")
+def _cache_kind_impl(cache):
+    kind = 1 if cache.dtype == types.uint16 else 2 if cache.dtype == types.int16 else 0
+    return lambda cache: kind
 
 
 # -- the fused decoder stack ------------------------------------------------------------------

@@ -21,6 +21,31 @@ INLINE float bf16_to_f32(uint16_t b) {
     return f;
 }
 
+/* IEEE float16 bits widened (exact: every float16 is a float32) */
+INLINE float half_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    uint32_t u;
+    if (e == 0x1F) u = sign | 0x7F800000 | (m << 13);
+    else if (e) u = sign | ((e + 112) << 23) | (m << 13);
+    else if (!m) u = sign;
+    else {  /* subnormal: normalise */
+        int s = 0;
+        uint32_t mm = m;
+        while (!(mm & 0x400)) { mm <<= 1; s++; }
+        u = sign | ((uint32_t)(113 - s) << 23) | ((mm & 0x3FF) << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* cache element i of a row: float32, bfloat16 bits (kind 1) or float16 bits (kind 2) */
+INLINE float cache1(const void *row, int kind, int64_t i) {
+    if (kind == 1) return bf16_to_f32(((const uint16_t *)row)[i]);
+    if (kind == 2) return half_to_f32(((const uint16_t *)row)[i]);
+    return ((const float *)row)[i];
+}
+
 /* exp(x) for 8 lanes: Cephes' expf (decoder_kernels.exp_shifted's constants), about 1 ulp; x clamped to [-87, 88] */
 #if defined(SD_AVX2)
 INLINE __m256 exp8(__m256 x) {
@@ -39,10 +64,11 @@ INLINE __m256 exp8(__m256 x) {
     return _mm256_mul_ps(e, _mm256_castsi256_ps(scale));
 }
 
-/* 8 values of a cache row from d: float32, or bfloat16 bits widened */
-INLINE __m256 cache8(const void *row, int bf16, int64_t d) {
-    if (bf16) {
+/* 8 values of a cache row from d: float32, or bfloat16 (kind 1) or float16 bits (kind 2) widened */
+INLINE __m256 cache8(const void *row, int kind, int64_t d) {
+    if (kind) {
         const __m128i b = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + d));
+        if (kind == 2) return _mm256_cvtph_ps(b);
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
     }
     return _mm256_loadu_ps((const float *)row + d);
@@ -51,13 +77,13 @@ INLINE __m256 cache8(const void *row, int bf16, int64_t d) {
 /* scores of R row-heads (q rows, stride dim) against J keys (stride dim): one 8-lane fused sum over dim
  * per pair, then hsum8; a pair's steps are the same whatever R and J (2 keys halve the row-heads' loads) */
 INLINE void attend_dots(const int R, const int J, const float *q, int64_t dim, const void *key, int64_t kstride,
-                        int bf16, float *s, int64_t spad) {
+                        int kind, float *s, int64_t spad) {
     __m256 a[4][2];
     for (int r = 0; r < R; r++)
         for (int j = 0; j < J; j++) a[r][j] = _mm256_setzero_ps();
     for (int64_t d = 0; d < dim; d += 8) {
         __m256 k[2];
-        for (int j = 0; j < J; j++) k[j] = cache8((const char *)key + j * kstride, bf16, d);
+        for (int j = 0; j < J; j++) k[j] = cache8((const char *)key + j * kstride, kind, d);
         for (int r = 0; r < R; r++) {
             const __m256 x = _mm256_loadu_ps(q + r * dim + d);
             for (int j = 0; j < J; j++) a[r][j] = _mm256_fmadd_ps(x, k[j], a[r][j]);
@@ -66,7 +92,7 @@ INLINE void attend_dots(const int R, const int J, const float *q, int64_t dim, c
     for (int r = 0; r < R; r++)
         for (int j = 0; j < J; j++) s[r * spad + j] = hsum8(a[r][j]);
 }
-#define CALL_DOTS(R) attend_dots(R, J, qi, dim, key, kstride, (int)bf16, scores + i0 * pad + j, pad)
+#define CALL_DOTS(R) attend_dots(R, J, qi, dim, key, kstride, (int)kind, scores + i0 * pad + j, pad)
 #define DOTS_SWITCH                                                                                         \
     switch (R) {                                                                                            \
     case 4: CALL_DOTS(4); break;                                                                            \
@@ -78,8 +104,8 @@ INLINE void attend_dots(const int R, const int J, const float *q, int64_t dim, c
 /* rows i (and i + 1 where R == 2) of a [., dim], dims d0 .. d0 + 8 NV, and of total: add one key block's
  * sum over the keys seen, in key order, of w[j] x values[j][d0 ..] (w: the row-heads' weights, stride pad;
  * the sums go on in key order across blocks). Two row-heads of one query row share each value load; NV,
- * R and BF are compile-time, so the sums stay in registers */
-INLINE void attend_values(const int NV, const int R, const int BF, const float *w, int64_t pad, const uint8_t *seen,
+ * R and KIND (the cache's element type, as cache8's) are compile-time, so the sums stay in registers */
+INLINE void attend_values(const int NV, const int R, const int KIND, const float *w, int64_t pad, const uint8_t *seen,
                           int64_t n_keys, const void *values, int64_t dim, int64_t d0, float *a, float *total) {
     __m256 v[2][4];
     for (int r = 0; r < R; r++)
@@ -89,9 +115,9 @@ INLINE void attend_values(const int NV, const int R, const int BF, const float *
         if (!seen[j]) continue;
         if (d0 == 0)  /* the weights' sum, one key after another: its bits never depend on where the keys sit */
             for (int r = 0; r < R; r++) t[r] += w[r * pad + j];
-        const void *row = (const char *)values + (size_t)j * dim * (BF ? 2 : 4);
+        const void *row = (const char *)values + (size_t)j * dim * (KIND ? 2 : 4);
         for (int c = 0; c < NV; c++) {
-            const __m256 x = cache8(row, BF, d0 + 8 * c);
+            const __m256 x = cache8(row, KIND, d0 + 8 * c);
             for (int r = 0; r < R; r++) v[r][c] = _mm256_fmadd_ps(_mm256_broadcast_ss(w + r * pad + j), x, v[r][c]);
         }
     }
@@ -99,9 +125,9 @@ INLINE void attend_values(const int NV, const int R, const int BF, const float *
         for (int c = 0; c < NV; c++) _mm256_storeu_ps(a + r * dim + d0 + 8 * c, v[r][c]);
     for (int r = 0; r < R; r++) total[r] = t[r];
 }
-#define CALL_VALUES(NV, R, BF) attend_values(NV, R, BF, s, pad, seen, nk, vals, dim, d0, a, total + i)
+#define CALL_VALUES(NV, R, KIND) attend_values(NV, R, KIND, s, pad, seen, nk, vals, dim, d0, a, total + i)
 #define VALUES_SWITCH(R)                                                                                    \
-    switch (nv + 4 * (bf16 != 0)) {                                                                         \
+    switch (nv + 4 * kind) {                                                                                \
     case 4: CALL_VALUES(4, R, 0); break;                                                                    \
     case 3: CALL_VALUES(3, R, 0); break;                                                                    \
     case 2: CALL_VALUES(2, R, 0); break;                                                                    \
@@ -109,7 +135,11 @@ INLINE void attend_values(const int NV, const int R, const int BF, const float *
     case 8: CALL_VALUES(4, R, 1); break;                                                                    \
     case 7: CALL_VALUES(3, R, 1); break;                                                                    \
     case 6: CALL_VALUES(2, R, 1); break;                                                                    \
-    default: CALL_VALUES(1, R, 1); break;                                                                   \
+    case 5: CALL_VALUES(1, R, 1); break;                                                                    \
+    case 12: CALL_VALUES(4, R, 2); break;                                                                   \
+    case 11: CALL_VALUES(3, R, 2); break;                                                                   \
+    case 10: CALL_VALUES(2, R, 2); break;                                                                   \
+    default: CALL_VALUES(1, R, 2); break;                                                                   \
     }
 #endif
 
@@ -125,19 +155,20 @@ INLINE void prefetch_rows(const char *p, int64_t bytes, int64_t rows_left, int64
 #endif
 
 /* One job: n row-heads (q [n, dim], row-head i of query row i / group) against n_keys cache rows
- * (keys, values: from the job's first key, a row every dim elements, float32 or bf16 bits); vis
+ * (keys, values: from the job's first key, a row every dim elements of the cache's type ``kind``: 0 float32,
+ * 1 bfloat16 bits, 2 float16 bits); vis
  * [n / group, n_keys] 1 where the row sees the key; scores [n, n_keys rounded up to 8] scratch.
  * Out: top [n] (the largest score seen; -inf if none), total [n] (the weights' sum, weights
  * exp(score - top)), acc [n, dim] (the weighted values), which kernels.attention combines across jobs. */
 void sd_attend(const float *q, int64_t n, int64_t group, int64_t dim, const void *keys, const void *values,
-               int64_t bf16, int64_t n_keys, const uint8_t *vis, double scale, float *scores, float *top,
+               int64_t kind, int64_t n_keys, const uint8_t *vis, double scale, float *scores, float *top,
                float *total, float *acc) {
     const int64_t pad = (n_keys + 7) & ~(int64_t)7;
     const float sc = (float)scale;
 #if defined(SD_AVX2)
     if (dim % 8 == 0) {
         /* keys in blocks that stay in L1 while every row-head meets them */
-        const size_t esize = bf16 ? 2 : 4;
+        const size_t esize = kind ? 2 : 4;
         const int64_t kstride = dim * (int64_t)esize, kb = 8192 / kstride > 8 ? 8192 / kstride : 8;
         for (int64_t j0 = 0; j0 < n_keys; j0 += kb)
         for (int64_t i0 = 0; i0 < n; i0 += 4) {
@@ -207,8 +238,7 @@ void sd_attend(const float *q, int64_t n, int64_t group, int64_t dim, const void
         for (int64_t j = 0; j < n_keys; j++) {
             float dot = 0.0f;
             for (int64_t d = 0; d < dim; d++) {
-                const float kd = bf16 ? bf16_to_f32(((const uint16_t *)keys)[j * dim + d]) : ((const float *)keys)[j * dim + d];
-                dot = fmaf(q[i * dim + d], kd, dot);
+                dot = fmaf(q[i * dim + d], cache1(keys, (int)kind, j * dim + d), dot);
             }
             s[j] = seen[j] ? dot * sc : -INFINITY;
             best = s[j] > best ? s[j] : best;
@@ -222,8 +252,7 @@ void sd_attend(const float *q, int64_t n, int64_t group, int64_t dim, const void
             const float w = expf(s[j] - best);
             total[i] += w;
             for (int64_t d = 0; d < dim; d++) {
-                const float vd = bf16 ? bf16_to_f32(((const uint16_t *)values)[j * dim + d]) : ((const float *)values)[j * dim + d];
-                a[d] = fmaf(w, vd, a[d]);
+                a[d] = fmaf(w, cache1(values, (int)kind, j * dim + d), a[d]);
             }
         }
     }

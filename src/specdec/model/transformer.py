@@ -353,5 +353,7 @@ class Transformer(nn.Module):
             k_all, v_all = ck[:B, :, :L], cv[:B, :, :L]
         else:
             k_all, v_all = ck[batch.slots, :, :L], cv[batch.slots, :, :L]
+        if k_all.dtype != q.dtype:  # a cache of another type (--kv-cache-dtype): widened, as the CPU kernels do
+            k_all, v_all = k_all.to(q.dtype), v_all.to(q.dtype)
         attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=self.scale, enable_gqa=True)
         return attn.transpose(1, 2).reshape(B, q.shape[2], -1)

@@ -92,6 +92,7 @@ class ModelRunner(ABC):
     config: ModelConfig | None = None
     backend: str = "torch"  # how the linear layers and attention run (see runners.load)
     weights_label: str = "float"  # the weights' format, for reports ("gguf Q4_1+Q8_0 (avx2+vnni)")
+    kv_dtype: torch.dtype | None = None  # the KV cache's element type (None: ``dtype``)
     # Whether a pass gives every sequence the widest one's rows (a [B, T] batch) rather than
     # running their rows back to back: what a batch's extra draft tokens cost (see budget.py).
     pads_batches: bool = True
@@ -145,6 +146,11 @@ class ModelRunner(ABC):
     def kv_bytes(self) -> int:
         """Bytes of the KV cache (0 when unknown)."""
         return 0
+
+    @property
+    def kv_cache_label(self) -> str:
+        """The KV cache's element type, for reports ("float32", "bfloat16")."""
+        return str(self.kv_dtype or self.dtype).removeprefix("torch.")
 
     @abstractmethod
     def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = (),

@@ -20,6 +20,11 @@ from specdec.runners.native import NativeRunner
 logger = get_logger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The KV cache's element type: "auto" = the compute dtype. float16 (llama.cpp's default) or bfloat16
+# halve the cache and what a pass's attention reads (vLLM's --kv-cache-dtype, llama.cpp's
+# --cache-type-k/-v); every pass, verify or decode, rounds a key or value the same way, so a verify
+# row still equals decoding it alone.
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 QUANTIZATIONS = ("none", "gguf", *AT_LOAD)
 
 
@@ -31,6 +36,7 @@ def load_runner(
     num_slots: int = 1,
     backend: str = "auto",
     quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> tuple[ModelRunner, Path]:
     """Load ``model`` (see ``resolve_model``) into the native runner, or the generic one.
 
@@ -38,18 +44,23 @@ def load_runner(
     quantization: "gguf" keeps a GGUF file's blocks and runs them on the integer-dot kernels
     (the default for a GGUF file where the CPU kernels run); "none" dequantises them at load;
     "q8_0", "q4_0", "q4_1", "q5_0", "q5_1" quantize a float checkpoint's matrices at load into
-    those GGUF blocks (llama.cpp's formats) for the same kernels. ``dtype`` stays the compute and
-    KV-cache type.
+    those GGUF blocks (llama.cpp's formats) for the same kernels. ``dtype`` stays the compute type.
+    kv_cache_dtype: the KV cache's type (``KV_CACHE_DTYPES``; "auto" = ``dtype``).
     """
     if dtype not in DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
     if quantization not in (None, *QUANTIZATIONS):
         raise ModelLoadError(f"unknown quantization {quantization!r}; choose from {', '.join(QUANTIZATIONS)}")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ModelLoadError(f"unknown KV cache dtype {kv_cache_dtype!r}; choose from {', '.join(KV_CACHE_DTYPES)}")
     torch_dtype = DTYPES[dtype]
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     folder = resolve_model(model, weights=False)
     config, _ = read_model_config(folder)
     if config is None:
+        if kv_cache_dtype != "auto":
+            raise ModelLoadError(f"--kv-cache-dtype {kv_cache_dtype}: {model} runs on transformers' model code, "
+                                 "whose cache keeps the compute dtype (choose auto)")
         return GenericRunner(resolve_model(model), torch_dtype, dev, max_seq_len, num_slots), folder
     max_seq_len = min(max_seq_len, config.max_position_embeddings)
     chosen = make_backend(backend, torch_dtype, dev)
@@ -73,7 +84,8 @@ def load_runner(
     net = Transformer(config, state, chosen, max_seq_len, dev)
     del state
     _return_freed_memory()
-    return NativeRunner(net, config, torch_dtype, dev, max_seq_len, num_slots), folder
+    kv_dtype = torch_dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
+    return NativeRunner(net, config, torch_dtype, dev, max_seq_len, num_slots, kv_dtype=kv_dtype), folder
 
 
 def _fixed_mmap_threshold() -> None:

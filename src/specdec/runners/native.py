@@ -39,7 +39,9 @@ class NativeRunner(ModelRunner):
         device: torch.device,
         max_seq_len: int,
         num_slots: int = 1,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
+        """kv_dtype: the KV cache's element type (None: ``dtype``)."""
         super().__init__(max_seq_len, num_slots)
         self.model, self.config = model, config
         self.vocab_size = config.vocab_size
@@ -48,7 +50,8 @@ class NativeRunner(ModelRunner):
         self.dtype, self.device = dtype, device
         self.backend = model.backend.name
         self.weights_label = model.weights_label(dtype)
-        self.cache = KVCache(config, num_slots, max_seq_len, dtype, device)
+        self.kv_dtype = kv_dtype or dtype
+        self.cache = KVCache(config, num_slots, max_seq_len, self.kv_dtype, device)
         self.fused = FusedDecoder.from_model(model) if model.backend.fused else None
         # The fused kernels run a batch's rows back to back (``Rows``): a sequence drafting 8
         # tokens beside plain ones costs 8 rows, not 8 per sequence. The torch path pads [B, T];

@@ -11,7 +11,14 @@ import os
 import sys
 
 from specdec.budget import DraftBudget
-from specdec.cli.args import add_logprobs_mode_arg, add_model_args, add_spec_args, positive_int, spec_from_args
+from specdec.cli.args import (
+    add_logprobs_mode_arg,
+    add_model_args,
+    add_spec_args,
+    model_options,
+    positive_int,
+    spec_from_args,
+)
 from specdec.config import SpecConfig, SpecType
 from specdec.errors import UsageError
 from specdec.server.edge import DEFAULT_MAX_BODY_BYTES, EdgePolicy
@@ -170,9 +177,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from specdec.server.app import create_app
 
     edge = EdgePolicy.for_bind(args.host, args.allowed_hosts, args.allowed_origins, args.metrics_public)
-    llm = LLM(args.model, dtype=args.dtype, spec=spec, max_model_len=args.max_model_len, device=args.device,
-              max_num_seqs=args.max_batch_size, backend=args.backend, quantization=args.quantization,
-              logprobs_mode=args.logprobs_mode)
+    llm = LLM(args.model, spec=spec, max_num_seqs=args.max_batch_size, logprobs_mode=args.logprobs_mode,
+              **model_options(args))
     llm.warmup()
     app = create_app(llm, served_model_name=args.served_model_name, api_key=args.api_key,
                      max_queue=args.max_queue, budget=budget, max_body_bytes=args.max_request_bytes,

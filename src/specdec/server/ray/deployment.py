@@ -67,8 +67,8 @@ class EngineReplica:
         self.replica_id = context.replica_id.unique_id
         # Built on this thread, as `specdec serve` does: LLM sets torch's (OpenMP) thread count, which
         # the scheduler thread started below inherits.
-        llm = LLM(s.model, dtype=s.dtype, spec=s.spec, max_model_len=s.max_model_len, device=s.device,
-                  max_num_seqs=s.max_batch_size, backend=s.backend, quantization=s.quantization,
+        llm = LLM(s.model, dtype=s.dtype, kv_cache_dtype=s.kv_cache_dtype, spec=s.spec, max_model_len=s.max_model_len,
+                  device=s.device, max_num_seqs=s.max_batch_size, backend=s.backend, quantization=s.quantization,
                   logprobs_mode=s.logprobs_mode)
         llm.warmup()
         # No API key, host or origin check here: only the ingress is reachable from outside, and it

@@ -11,6 +11,7 @@ import importlib.util
 from dataclasses import dataclass
 
 from specdec.budget import DraftBudget
+from specdec.cli.args import model_options
 from specdec.config import SpecConfig
 from specdec.errors import UsageError
 from specdec.server.edge import EdgePolicy
@@ -39,6 +40,7 @@ class ReplicaSettings:
     spec: SpecConfig
     budget: DraftBudget
     dtype: str = "float32"
+    kv_cache_dtype: str = "auto"
     device: str | None = None
     backend: str | None = None
     quantization: str | None = None
@@ -109,8 +111,7 @@ def check_ray_args(args: argparse.Namespace) -> None:
 
 def deployment_from_args(args: argparse.Namespace, spec: SpecConfig, budget: DraftBudget) -> RayDeployment:
     replica = ReplicaSettings(
-        model=args.model, spec=spec, budget=budget, dtype=args.dtype, device=args.device, backend=args.backend,
-        quantization=args.quantization, max_model_len=args.max_model_len, max_batch_size=args.max_batch_size,
+        model=args.model, spec=spec, budget=budget, **model_options(args), max_batch_size=args.max_batch_size,
         max_queue=args.max_queue, max_request_bytes=args.max_request_bytes,
         served_model_name=args.served_model_name, logprobs_mode=args.logprobs_mode,
     )
