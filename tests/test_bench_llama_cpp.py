@@ -69,6 +69,28 @@ def test_speculative_commands_cap_drafts_at_the_bench_budget(mode, tail):
     assert settings(mode, draft_n_max=None).command(1)[-2:] == ["--spec-type", mode]
 
 
+def test_the_peer_keeps_its_kv_cache_type_unless_the_bench_names_one():
+    """llama-server's default cache is f16; `bench --kv-cache-dtype X` runs both sides in X (-ctk/-ctv)."""
+    assert "-ctk" not in settings().command(1)
+    row = ServerSettings(Path("/b"), Path("/m.gguf"), "ngram-mod", 2, 512, draft_n_max=4, cache_type="f16")
+    assert row.command(1)[15:19] == ["-ctk", "f16", "-ctv", "f16"]
+    assert [llama_cpp.CACHE_TYPES.get(kv) for kv in ("auto", "float32", "float16", "bfloat16")] == [
+        None, "f32", "f16", "bf16"]
+
+
+def test_the_report_names_both_kv_cache_types():
+    from specdec.bench.cli import run_notes
+
+    meta = {"machine": {"amx": False, "avx512_bf16": False}, "device": "cpu", "kv_cache": "float32"}
+    kv = [n for n in run_notes(bench_config(peers=["llama-cpp"]), meta) if n.startswith("KV cache")]
+    assert kv == ["KV cache: specdec float32, llama-server f16 (its default; --kv-cache-dtype float16 runs both "
+                  "alike)."]
+    kv = [n for n in run_notes(bench_config(peers=["llama-cpp"], kv_cache_dtype="float16"), meta)
+          if n.startswith("KV cache")]
+    assert kv == ["KV cache: specdec float16, llama-server float16 too (-ctk/-ctv, as --kv-cache-dtype asked)."]
+    assert not [n for n in run_notes(bench_config(peers=[]), meta) if n.startswith("KV cache")]
+
+
 def test_unknown_mode_is_rejected():
     with pytest.raises(ValueError, match="unknown llama.cpp mode"):
         settings("ngram-cache")

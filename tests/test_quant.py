@@ -252,13 +252,14 @@ def test_verify_rows_bit_identical_with_quantized_weights(tiny_model_factory, ar
     """A quantized target keeps the guarantee: a token's logits in a chain, tree or batched pass have
     the bits of decoding it alone."""
     runner, _ = load_runner(str(tiny_model_factory(arch)), max_seq_len=256, num_slots=2, quantization=quantization)
-    assert runner.weights_label.startswith("gguf")
+    assert runner.weights_label.startswith("gguf") and runner.kv_cache_label == "float16"  # auto: as llama.cpp
     assert_verify_rows_bit_identical(runner)
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["float16", "bfloat16"])
-def test_verify_rows_bit_identical_with_quantized_weights_and_a_16_bit_cache(tiny_model_factory, kv_cache_dtype):
-    """--kv-cache-dtype on the integer-dot kernels: each row still has the bits of decoding it alone."""
+@pytest.mark.parametrize("kv_cache_dtype", ["float32", "bfloat16"])
+def test_verify_rows_bit_identical_with_quantized_weights_and_another_cache(tiny_model_factory, kv_cache_dtype):
+    """--kv-cache-dtype on the integer-dot kernels (whose default cache is float16, the other tests'): each row
+    still has the bits of decoding it alone."""
     runner, _ = load_runner(str(tiny_model_factory("qwen2")), max_seq_len=256, num_slots=2, quantization="q4_1",
                             kv_cache_dtype=kv_cache_dtype)
     assert runner.kv_cache_label == kv_cache_dtype

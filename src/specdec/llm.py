@@ -81,8 +81,8 @@ class LLM:
     are, "none" dequantises them; default gguf for a GGUF file where the CPU kernels run.
     ``logprobs_mode``: what ``SamplingParams.logprobs`` report, vLLM's names: "raw_logprobs" (default),
     "raw_logits", "processed_logprobs", "processed_logits" (see ``specdec.logprobs``).
-    ``kv_cache_dtype``: "auto" (the compute dtype), "float32", "float16" or "bfloat16", for the target and a
-    draft model.
+    ``kv_cache_dtype``: "auto" (float16 for quantized blocks, as llama.cpp; else the compute dtype), "float32",
+    "float16" or "bfloat16", for the target and a draft model.
     """
 
     def __init__(

@@ -246,6 +246,11 @@ def run_notes(cfg: BenchConfig, meta: dict) -> list[str]:
                      "read bf16 weights and compute in float32, while torch's bf16 matmuls (the peers') are "
                      "emulated and slow; float32 is the like-for-like setting against the peers here"
                      + (" — this run used bfloat16." if cfg.dtype == "bfloat16" else "."))
+    if "llama-cpp" in cfg.peers:
+        ours = cfg.kv_cache_dtype if cfg.kv_cache_dtype != "auto" else meta.get("kv_cache") or cfg.dtype
+        notes.append(f"KV cache: specdec {ours}, llama-server "
+                     + (f"{ours} too (-ctk/-ctv, as --kv-cache-dtype asked)." if cfg.kv_cache_dtype != "auto"
+                        else "f16 (its default; --kv-cache-dtype float16 runs both alike)."))
     notes.append("The creative workload always runs at temperature 1.0 (its own setting), whatever "
                  "--temperatures says; greedy checks do not apply to sampled runs.")
     notes.append("specdec's methods run interleaved: each batch of a workload's requests runs under every method "

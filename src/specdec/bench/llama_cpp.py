@@ -91,6 +91,7 @@ class ServerSettings:
     n_ctx: int
     draft_n_max: int | None = None  # cap on drafted tokens per step (the bench's budget); None: llama.cpp's
     draft_gguf: Path | None = None  # the draft model of DRAFT_MODE
+    cache_type: str | None = None  # its KV cache's (-ctk/-ctv: f32, f16, bf16); None: llama.cpp's default, f16
 
     def __post_init__(self) -> None:
         if self.mode not in (*MODES, DRAFT_MODE):
@@ -106,6 +107,8 @@ class ServerSettings:
         """The argv, e.g. [bin, -m, x.gguf, --host, 127.0.0.1, --port, 8080, -t, 2, ..., --spec-type, ngram-mod]."""
         cmd = [str(self.binary), "-m", str(self.gguf), "--host", "127.0.0.1", "--port", str(port),
                "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.n_ctx), "-np", "1"]
+        if self.cache_type is not None:
+            cmd += ["-ctk", self.cache_type, "-ctv", self.cache_type]
         if self.mode == "plain":
             return cmd
         cmd += ["--spec-type", self.mode]
@@ -398,6 +401,10 @@ class LlamaServerPeer:
         return outputs, stats
 
 
+# --kv-cache-dtype -> llama.cpp's --cache-type-k/-v names
+CACHE_TYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
 def server_peers(cfg: BenchConfig, gguf: Path | None, notes: list[str]) -> list[LlamaServerPeer]:
     """The llama.cpp rows this machine can run, plain first; otherwise one notice saying why not."""
     binary = find_llama_server()
@@ -420,14 +427,17 @@ def server_peers(cfg: BenchConfig, gguf: Path | None, notes: list[str]) -> list[
         _notice(notes, f"{binary} lacks llama.cpp modes {', '.join(m for m in MODES if m not in modes)}.")
     family = Family(notes)
     threads = cfg.peer_threads or os.cpu_count() or 1
-    rows = [LlamaServerPeer(ServerSettings(binary, gguf, m, threads, cfg.max_model_len, cfg.draft_n_max), family)
+    cache_type = CACHE_TYPES.get(cfg.kv_cache_dtype)  # specdec's own, where --kv-cache-dtype named one
+    rows = [LlamaServerPeer(ServerSettings(binary, gguf, m, threads, cfg.max_model_len, cfg.draft_n_max,
+                                           cache_type=cache_type), family)
             for m in modes]
     draft = draft_gguf(cfg, notes)
     if draft is not None and not supports_draft_model(help_text):
         _notice(notes, f"llama.cpp {DRAFT_MODE} skipped: {binary} lacks --spec-type {DRAFT_MODE} / "
                        "--spec-draft-model.")
     elif draft is not None:
-        settings = ServerSettings(binary, gguf, DRAFT_MODE, threads, cfg.max_model_len, cfg.draft_n_max, draft)
+        settings = ServerSettings(binary, gguf, DRAFT_MODE, threads, cfg.max_model_len, cfg.draft_n_max, draft,
+                                  cache_type=cache_type)
         rows.append(LlamaServerPeer(settings, family))
     return rows
 

@@ -30,8 +30,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="a name from `specdec models`, GGUF file, HF folder or hub id (default: smollm2-135m)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
-                   help="the KV cache's type, the target's and a draft model's (default auto = --dtype); float16 "
-                        "(llama.cpp's default) or bfloat16 halve the cache and what a pass's attention reads")
+                   help="the KV cache's type, the target's and a draft model's (default auto: float16 for a GGUF "
+                        "file's blocks, as llama.cpp, else --dtype); a 16-bit cache halves what attention reads")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--backend", default=None, choices=["auto", "cpu-kernels", "torch"],
                    help="how the model runs: cpu-kernels = specdec's fused CPU kernels, torch = PyTorch ops "

@@ -20,10 +20,11 @@ from specdec.runners.native import NativeRunner
 logger = get_logger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# The KV cache's element type: "auto" = the compute dtype. float16 (llama.cpp's default) or bfloat16
-# halve the cache and what a pass's attention reads (vLLM's --kv-cache-dtype, llama.cpp's
-# --cache-type-k/-v); every pass, verify or decode, rounds a key or value the same way, so a verify
-# row still equals decoding it alone.
+# The KV cache's element type (vLLM's --kv-cache-dtype, llama.cpp's --cache-type-k/-v). "auto" is
+# float16 where the weights run as quantized blocks (a GGUF file, or --quantization q8_0 ...), as
+# llama.cpp caches the same file, else the compute dtype (vLLM's auto). A 16-bit cache halves what a
+# pass's attention reads; every pass, verify or decode, rounds a key or value the same way, so a
+# verify row still equals decoding it alone.
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 QUANTIZATIONS = ("none", "gguf", *AT_LOAD)
 
@@ -45,7 +46,8 @@ def load_runner(
     (the default for a GGUF file where the CPU kernels run); "none" dequantises them at load;
     "q8_0", "q4_0", "q4_1", "q5_0", "q5_1" quantize a float checkpoint's matrices at load into
     those GGUF blocks (llama.cpp's formats) for the same kernels. ``dtype`` stays the compute type.
-    kv_cache_dtype: the KV cache's type (``KV_CACHE_DTYPES``; "auto" = ``dtype``).
+    kv_cache_dtype: the KV cache's type (``KV_CACHE_DTYPES``; "auto": float16 for quantized blocks, else
+    ``dtype``).
     """
     if dtype not in DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
@@ -84,7 +86,8 @@ def load_runner(
     net = Transformer(config, state, chosen, max_seq_len, dev)
     del state
     _return_freed_memory()
-    kv_dtype = torch_dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
+    blocks = keep_blocks or quantization in AT_LOAD
+    kv_dtype = DTYPES[kv_cache_dtype] if kv_cache_dtype != "auto" else torch.float16 if blocks else torch_dtype
     return NativeRunner(net, config, torch_dtype, dev, max_seq_len, num_slots, kv_dtype=kv_dtype), folder
 
 
