@@ -69,9 +69,16 @@ def half_bits(b: np.uint32) -> np.int16:  # pragma: no cover - compiled
     return np.int16(np.uint16(half))
 
 
+@njit(inline="always", **_FLAGS)
+def bfloat16_bits(b: np.uint32) -> np.uint16:  # pragma: no cover - compiled
+    """bfloat16 bits of the float32 with bits ``b``, rounded to nearest even."""
+    return np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+
 @overload(_store, inline="always")
 def _store_impl(dst, src):
-    if dst.dtype == types.int16:
+    if dst.dtype in (types.int16, types.uint16):
+        to_bits = half_bits if dst.dtype == types.int16 else bfloat16_bits
 
         def store(dst, src):
             wide = np.empty(dst.shape[0], dtype=np.float32)
@@ -79,19 +86,7 @@ def _store_impl(dst, src):
                 wide[i] = src[i]
             bits = wide.view(np.uint32)
             for i in range(dst.shape[0]):
-                dst[i] = half_bits(bits[i])
-
-        return store
-    if dst.dtype == types.uint16:
-
-        def store(dst, src):
-            wide = np.empty(dst.shape[0], dtype=np.float32)
-            for i in range(dst.shape[0]):
-                wide[i] = src[i]
-            bits = wide.view(np.uint32)
-            for i in range(dst.shape[0]):
-                b = bits[i]
-                dst[i] = np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+                dst[i] = to_bits(bits[i])
 
         return store
 

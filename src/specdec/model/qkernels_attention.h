@@ -21,28 +21,10 @@ INLINE float bf16_to_f32(uint16_t b) {
     return f;
 }
 
-/* IEEE float16 bits widened (exact: every float16 is a float32) */
-INLINE float half_to_f32(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
-    uint32_t u;
-    if (e == 0x1F) u = sign | 0x7F800000 | (m << 13);
-    else if (e) u = sign | ((e + 112) << 23) | (m << 13);
-    else if (!m) u = sign;
-    else {  /* subnormal: normalise */
-        int s = 0;
-        uint32_t mm = m;
-        while (!(mm & 0x400)) { mm <<= 1; s++; }
-        u = sign | ((uint32_t)(113 - s) << 23) | ((mm & 0x3FF) << 13);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* cache element i of a row: float32, bfloat16 bits (kind 1) or float16 bits (kind 2) */
+/* cache element i of a row: float32, bfloat16 bits (kind 1) or float16 bits (kind 2; qkernels.c's f16_to_f32) */
 INLINE float cache1(const void *row, int kind, int64_t i) {
     if (kind == 1) return bf16_to_f32(((const uint16_t *)row)[i]);
-    if (kind == 2) return half_to_f32(((const uint16_t *)row)[i]);
+    if (kind == 2) return f16_to_f32((const uint8_t *)((const uint16_t *)row + i));
     return ((const float *)row)[i];
 }
 

@@ -185,7 +185,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                      edge=edge)
     print(f"specdec: serving {args.served_model_name or llm.model_name} on http://{args.host}:{args.port}/v1 "
           f"(batch {args.max_batch_size}, spec {','.join(t.value for t in spec.types)}, "
-          f"backend {llm.runner.backend}); playground http://{args.host}:{args.port}/, dashboard /dashboard",
+          f"backend {llm.runner.backend}, KV cache {llm.runner.kv_cache_label} "
+          f"{llm.runner.kv_bytes() / 2**20:.0f} MiB); playground http://{args.host}:{args.port}/, dashboard /dashboard",
           file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
