@@ -3,7 +3,7 @@
  *
  * numba's loops ran a job at 70-120 cycles per (row-head, key) pair (Qwen2.5-Coder-1.5B, 8 rows x 6 heads
  * against 300 keys: 355 us a job, 490 us a layer, 13.7 ms of an 8-token pass): a horizontal sum per dot,
- * an exp call per 16 keys, the mask read twice. Here 4 row-heads share each key's loads (2 keys at a
+ * an exp call per 16 keys, the mask read twice. Here up to 6 row-heads share each key's loads (2 keys at a
  * time), the weights are exp'd 8 at a time, and two row-heads' weighted values accumulate in registers,
  * in key blocks that stay in L1. The same job: 355 -> 135 us (Zen 4, one thread).
  *
@@ -57,10 +57,13 @@ INLINE __m256 cache8(const void *row, int kind, int64_t d) {
 }
 
 /* scores of R row-heads (q rows, stride dim) against J keys (stride dim): one 8-lane fused sum over dim
- * per pair, then hsum8; a pair's steps are the same whatever R and J (2 keys halve the row-heads' loads) */
+ * per pair, then hsum8; a pair's steps are the same whatever R and J (2 keys halve the row-heads' loads).
+ * R up to 6, a job's row-heads split evenly (a 1-row pass of a 6-head group was 4 + 2, the 2 waiting on the
+ * FMA latency): Zen 2, the 1.5B, scripts/attention_stream.py alternated twice, 1 row 194 -> 180 us a layer at
+ * 2,000 keys, 101 -> 95 at 1,000, 28 -> 27.5 at 300; 2 rows 315 -> 301 at 2,000 */
 INLINE void attend_dots(const int R, const int J, const float *q, int64_t dim, const void *key, int64_t kstride,
                         int kind, float *s, int64_t spad) {
-    __m256 a[4][2];
+    __m256 a[6][2];
     for (int r = 0; r < R; r++)
         for (int j = 0; j < J; j++) a[r][j] = _mm256_setzero_ps();
     for (int64_t d = 0; d < dim; d += 8) {
@@ -77,6 +80,8 @@ INLINE void attend_dots(const int R, const int J, const float *q, int64_t dim, c
 #define CALL_DOTS(R) attend_dots(R, J, qi, dim, key, kstride, (int)kind, scores + i0 * pad + j, pad)
 #define DOTS_SWITCH                                                                                         \
     switch (R) {                                                                                            \
+    case 6: CALL_DOTS(6); break;                                                                            \
+    case 5: CALL_DOTS(5); break;                                                                            \
     case 4: CALL_DOTS(4); break;                                                                            \
     case 3: CALL_DOTS(3); break;                                                                            \
     case 2: CALL_DOTS(2); break;                                                                            \
@@ -85,8 +90,9 @@ INLINE void attend_dots(const int R, const int J, const float *q, int64_t dim, c
 
 /* rows i (and i + 1 where R == 2) of a [., dim], dims d0 .. d0 + 8 NV, and of total: add one key block's
  * sum over the keys seen, in key order, of w[j] x values[j][d0 ..] (w: the row-heads' weights, stride pad;
- * the sums go on in key order across blocks). Two row-heads of one query row share each value load; NV,
- * R and KIND (the cache's element type, as cache8's) are compile-time, so the sums stay in registers */
+ * the sums go on in key order across blocks). Two row-heads of one query row share each value load (three
+ * measured no faster on Zen 2); NV, R and KIND (the cache's element type, as cache8's) are compile-time, so
+ * the sums stay in registers */
 INLINE void attend_values(const int NV, const int R, const int KIND, const float *w, int64_t pad, const uint8_t *seen,
                           int64_t n_keys, const void *values, int64_t dim, int64_t d0, float *a, float *total) {
     __m256 v[2][4];
@@ -153,8 +159,8 @@ void sd_attend(const float *q, int64_t n, int64_t group, int64_t dim, const void
         const size_t esize = kind ? 2 : 4;
         const int64_t kstride = dim * (int64_t)esize, kb = 8192 / kstride > 8 ? 8192 / kstride : 8;
         for (int64_t j0 = 0; j0 < n_keys; j0 += kb)
-        for (int64_t i0 = 0; i0 < n; i0 += 4) {
-            const int R = n - i0 < 4 ? (int)(n - i0) : 4;
+        for (int64_t i0 = 0, most = (n + (n + 5) / 6 - 1) / ((n + 5) / 6); i0 < n; i0 += most) {
+            const int R = n - i0 < most ? (int)(n - i0) : (int)most;  /* up to 6 row-heads, split evenly */
             const float *qi = q + i0 * dim;
             for (int64_t j = j0; j < n_keys && j < j0 + kb; j += 2) {
                 const void *key = (const char *)keys + (size_t)(j * kstride);
