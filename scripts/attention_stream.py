@@ -19,8 +19,8 @@ from numba import njit
 
 from specdec.bench.passes import alternated, synthetic_context
 from specdec.bench.report import cpu_info
-from specdec.cache import kernel_view, zeros
-from specdec.model import clib, decoder_kernels
+from specdec.cache import zeros
+from specdec.model import clib, decoder_kernels, kernels
 from specdec.model.kernels import _FLAGS
 from specdec.runners.base import SeqInput
 from specdec.runners.load import load_runner
@@ -60,7 +60,7 @@ def main() -> None:
             rows = runner._make_rows([SeqInput(slot, [1] * width)]).layout
             q = rng.standard_normal((width, c.num_heads, c.head_dim)).astype(np.float32)
             out = np.empty_like(q)
-            calls = {name: partial(every_layer, q, kernel_view(kc), kernel_view(vc), rows, arch.scale, out)
+            calls = {name: partial(every_layer, q, kernels.as_numpy(kc), kernels.as_numpy(vc), rows, arch.scale, out)
                      for name, (kc, vc) in caches.items()}
             med = alternated(calls, args.rounds)
             t, h = (med[n] / c.num_layers * 1e6 for n in ("torch", "cache"))

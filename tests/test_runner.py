@@ -7,7 +7,6 @@ import pytest
 import torch
 from numba import njit
 
-from specdec.cache import kernel_view
 from specdec.model import decoder_kernels, kernels
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.runners.load import load_runner
@@ -103,8 +102,8 @@ def test_attention_is_softmax_attention_over_the_keys_a_row_sees_wherever_they_s
     rng = np.random.default_rng(3)
     n_heads, n_kv, length, scale = 4, 2, 40, 0.3
     k, v = (rng.standard_normal((1, n_kv, 64, dim)).astype(np.float32) for _ in range(2))
-    # a 16-bit cache holds the bits KVCache.arrays gives the kernels; the reference reads the values they stand for
-    k_cache, v_cache = (kernel_view(torch.from_numpy(a).to(cache_dtype)) for a in (k, v))
+    # a 16-bit cache holds the bits kernels.as_numpy gives the kernels; the reference reads the values they stand for
+    k_cache, v_cache = (kernels.as_numpy(torch.from_numpy(a).to(cache_dtype)) for a in (k, v))
     k, v = (torch.from_numpy(a).to(cache_dtype).float().numpy() for a in (k, v))
     q = rng.standard_normal((3, n_heads, dim)).astype(np.float32)
     mask = np.zeros((3, length), dtype=bool)

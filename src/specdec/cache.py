@@ -32,10 +32,6 @@ class KVCache:
         self.v_all = zeros(shape, dtype, torch.device(device))
         self.k, self.v = list(self.k_all), list(self.v_all)
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """The CPU kernels' views of (k_all, v_all) (``kernel_view``)."""
-        return kernel_view(self.k_all), kernel_view(self.v_all)
-
     @property
     def nbytes(self) -> int:
         return 2 * self.k_all.numel() * self.k_all.element_size()
@@ -51,13 +47,6 @@ class KVCache:
             dst = slice(start, start + len(keep))
             for cache in (self.k_all, self.v_all):
                 cache[:, slot, :, dst] = cache[:, slot, :, src]
-
-
-def kernel_view(t: torch.Tensor) -> np.ndarray:
-    """The CPU kernels' view of a cache tensor: float32, or a 16-bit float's raw bits, bfloat16 in uint16 and
-    float16 in int16 (numba has neither type; the element type tells the kernels which)."""
-    bits = {torch.bfloat16: np.uint16, torch.float16: np.int16}.get(t.dtype)
-    return t.numpy() if bits is None else t.view(torch.int16).numpy().view(bits)
 
 
 _ALIGN = 4096

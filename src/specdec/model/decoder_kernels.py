@@ -19,7 +19,7 @@ one after another in key order, wherever they sit in the cache; the norms, rope 
 gated activation are elementwise or per row. So, with the products', a token's logits in
 a K-token verification pass are bit-identical to the same token decoded alone. The KV cache
 is float32, or 16-bit floats written with round-to-nearest-even: bfloat16 bits as uint16, float16
-bits as int16 (numba has neither type; ``KVCache.arrays``).
+bits as int16 (numba has neither type; ``kernels.as_numpy``).
 """
 
 from __future__ import annotations

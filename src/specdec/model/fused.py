@@ -139,7 +139,7 @@ class FusedDecoder:
             hidden_at[layer] = j
         hidden = np.empty((max(1, int((hidden_at >= 0).sum())), *xn.shape), dtype=np.float32)
         decoder_kernels.decode_layers(
-            xn, rows.layout, self.weights, *cache.arrays(),
+            xn, rows.layout, self.weights, kernels.as_numpy(cache.k_all), kernels.as_numpy(cache.v_all),
             self.rope, self.arch, self.model.run_mask(layers), hidden_at, hidden,
         )
         normed = np.empty_like(xn)

@@ -42,8 +42,10 @@ _FLAGS = dict(fastmath=True, cache=True, boundscheck=False, error_model="numpy")
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
-    """A NumPy view of a CPU tensor; bfloat16 (which NumPy lacks) as its raw uint16 bits."""
-    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
+    """A NumPy view of a CPU tensor; a 16-bit float as its raw bits (numba has neither type; the element type
+    tells the kernels which): bfloat16 in uint16, float16 (a KV cache's) in int16."""
+    bits = {torch.bfloat16: np.uint16, torch.float16: np.int16}.get(t.dtype)
+    return t.numpy() if bits is None else t.view(torch.int16).numpy().view(bits)
 
 
 # -- float32 <-> stored element --------------------------------------------------------------
