@@ -158,9 +158,10 @@ void sd_attend(const float *q, int64_t n, int64_t group, int64_t dim, const void
         /* keys in blocks that stay in L1 while every row-head meets them */
         const size_t esize = kind ? 2 : 4;
         const int64_t kstride = dim * (int64_t)esize, kb = 8192 / kstride > 8 ? 8192 / kstride : 8;
+        const int64_t parts = (n + 5) / 6, most = (n + parts - 1) / parts;  /* up to 6 row-heads, split evenly */
         for (int64_t j0 = 0; j0 < n_keys; j0 += kb)
-        for (int64_t i0 = 0, most = (n + (n + 5) / 6 - 1) / ((n + 5) / 6); i0 < n; i0 += most) {
-            const int R = n - i0 < most ? (int)(n - i0) : (int)most;  /* up to 6 row-heads, split evenly */
+        for (int64_t i0 = 0; i0 < n; i0 += most) {
+            const int R = n - i0 < most ? (int)(n - i0) : (int)most;
             const float *qi = q + i0 * dim;
             for (int64_t j = j0; j < n_keys && j < j0 + kb; j += 2) {
                 const void *key = (const char *)keys + (size_t)(j * kstride);
