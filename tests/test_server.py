@@ -601,6 +601,57 @@ def test_openai_client_raises_typed_errors(tiny, client):
         bad_key.models.list()
 
 
+def test_tokenize_and_detokenize(tiny, client):
+    """/tokenize gives the ids a completion or chat request would run (the same count the usage reports),
+    /detokenize their text back; bad input is a 400, a wrong model a 404, no key a 401."""
+    url, llm, _ = tiny
+    text = "def add(a, b):\n    return a + b"
+    r = httpx.post(url + "/tokenize", json={"model": llm.model_name, "prompt": text, "return_token_strs": True},
+                   headers=AUTH)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["tokens"] == llm.encode(text) and got["count"] == len(got["tokens"]) and got["max_model_len"] == MAX_LEN
+    assert got["token_strs"] == llm.tokenizer.convert_ids_to_tokens(got["tokens"])
+    done = client.completions.create(model=llm.model_name, prompt=text, max_tokens=1, temperature=0)
+    assert done.usage.prompt_tokens == got["count"]
+    bare = httpx.post(url + "/tokenize", json={"prompt": text, "add_special_tokens": False}, headers=AUTH).json()
+    assert bare["tokens"] == llm.tokenizer(text, add_special_tokens=False).input_ids and "token_strs" not in bare
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add 2 and 3."}]
+    chat = httpx.post(url + "/tokenize", json={"messages": messages}, headers=AUTH).json()
+    assert chat["tokens"] == llm.chat_prompt(messages)
+    done = client.chat.completions.create(model=llm.model_name, messages=messages, max_tokens=1, temperature=0)
+    assert done.usage.prompt_tokens == chat["count"]
+    open_turn = httpx.post(url + "/tokenize", json={"messages": messages, "add_generation_prompt": False},
+                           headers=AUTH).json()
+    assert open_turn["tokens"] == llm.chat_prompt(messages, add_generation_prompt=False) != chat["tokens"]
+
+    back = httpx.post(url + "/detokenize", json={"model": llm.model_name, "tokens": bare["tokens"]}, headers=AUTH)
+    assert back.status_code == 200 and back.json() == {"prompt": text}, back.text
+    assert httpx.post(url + "/detokenize", json={"tokens": chat["tokens"]}, headers=AUTH).json()["prompt"] \
+        == llm.tokenizer.decode(chat["tokens"])
+
+    vocab = llm.runner.vocab_size
+    for path, body, status, param in [
+        ("/tokenize", {"prompt": text, "messages": messages}, 400, None),
+        ("/tokenize", {}, 400, None),
+        ("/tokenize", {"prompt": ""}, 400, "prompt"),
+        ("/tokenize", {"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "x"}]}, 400,
+         "messages.1.role"),
+        ("/tokenize", {"prompt": text, "model": "no-such-model"}, 404, "model"),
+        ("/detokenize", {"tokens": [1, vocab]}, 400, "tokens"),
+        ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
+        ("/detokenize", {"tokens": []}, 400, "tokens"),
+        ("/detokenize", {"tokens": "abc"}, 400, "tokens"),
+    ]:
+        r = httpx.post(url + path, json=body, headers=AUTH)
+        assert r.status_code == status, (path, body, r.text)
+        assert r.json()["error"]["message"] and r.json()["error"]["param"] == param, (path, body, r.text)
+    for path in ("/tokenize", "/detokenize"):
+        r = httpx.post(url + path, json={"prompt": text, "tokens": [1]}, headers={"Authorization": "Bearer nope"})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+
+
 def test_metrics_move(tiny, client):
     url, llm, _ = tiny
     before = metric_values(url)

@@ -24,14 +24,15 @@ def as_prompt_list(prompts: str | list[int] | Sequence[str | list[int]]) -> Sequ
     return prompts
 
 
-def encode_prompt(tokenizer, prompt: str | list[int]) -> list[int]:
+def encode_prompt(tokenizer, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
     """Token ids of a plain prompt: text goes through the tokenizer (special tokens such as BOS
-    included), token ids pass through unchanged. Raises ValueError on empty text."""
+    included unless ``add_special_tokens`` is False), token ids pass through unchanged. Raises
+    ValueError on empty text."""
     if isinstance(prompt, list):
         return prompt
     if not prompt:
         raise ValueError("the prompt is empty")
-    return tokenizer(prompt).input_ids
+    return tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
 
 
 def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,

@@ -2,6 +2,7 @@
 
     POST /v1/completions, POST /v1/chat/completions (``stream: true`` = SSE ending with ``data: [DONE]``)
     GET  /v1/models, GET /health, GET /metrics (Prometheus)
+    POST /tokenize, POST /detokenize (``tokenize.py``)
     GET  / (playground), GET /dashboard, GET /metrics/live (the dashboard's data): see ``web.py``
 
 Every token streamed or returned comes with its provenance (``spec_decode.tokens``
@@ -36,6 +37,7 @@ from specdec.server.jobs import ChatJob, CompletionJob, Job, ServerState
 from specdec.server.metrics import ServerMetrics
 from specdec.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, SamplingRequest
 from specdec.server.scheduler import QueueFullError, Scheduler, SchedulerDownError
+from specdec.server.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from specdec.server.web import add_web_routes
 from specdec.text import as_prompt_list
 
@@ -93,8 +95,8 @@ def create_app(
 
 
 def add_api_routes(app, state: ServerState) -> None:
-    """/health, /metrics, /v1/models, /v1/completions, /v1/chat/completions; a body that fails
-    validation is a 400 with the first offending field."""
+    """/health, /metrics, /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize; a body
+    that fails validation is a 400 with the first offending field."""
     from fastapi import Request as HTTPRequest
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
@@ -125,6 +127,18 @@ def add_api_routes(app, state: ServerState) -> None:
         check_model(state, body.model)
         prompts = await asyncio.to_thread(encode_prompts, llm, body.prompt)
         return await serve(state, request, body, prompts, CompletionJob)
+
+    @app.post("/tokenize")
+    async def tokenize_route(body: TokenizeRequest):
+        check_model(state, body.model)
+        answer = await asyncio.to_thread(tokenize, llm.tokenizer, body, state.max_model_len)
+        return answer.model_dump(exclude_none=True)
+
+    @app.post("/detokenize")
+    async def detokenize_route(body: DetokenizeRequest):
+        check_model(state, body.model)
+        answer = await asyncio.to_thread(detokenize, llm.tokenizer, body, llm.runner.vocab_size)
+        return answer.model_dump()
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: HTTPRequest):

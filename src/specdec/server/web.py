@@ -18,7 +18,8 @@ from pathlib import Path
 STATIC_DIR = Path(__file__).parent / "static"
 LIVE_PATH = "/metrics/live"
 CONFIG_PATH = "/playground/config"
-PROTECTED_PATHS = ("/v1", LIVE_PATH, CONFIG_PATH)  # where GuardMiddleware asks for the API key
+# where GuardMiddleware asks for the API key
+PROTECTED_PATHS = ("/v1", "/tokenize", "/detokenize", LIVE_PATH, CONFIG_PATH)
 MAX_WINDOW = 900  # seconds of history /metrics/live returns at most (live.KEEP_SECONDS)
 
 
