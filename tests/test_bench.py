@@ -202,6 +202,24 @@ def test_decode_speedup_table_divides_by_plain_decodings_rate_in_the_same_worklo
     assert table[2:] == ["| `none` | 1.00× | 1.00× |", "| `suffix` | 1.25× | 1.30× |", "| `llama-server` | 1.10× | — |"]
 
 
+def test_detail_table_puts_each_methods_step_beside_its_pass():
+    from specdec.bench.report import detail_table
+
+    def rec(method, workload, seconds, prefill, target, passes):
+        return {"kind": "specdec", "method": method, "workload": workload, "batch_size": 1, "temperature": 0.0,
+                "seconds": seconds, "prefill_seconds": prefill, "target_seconds": target, "decode_passes": passes,
+                "new_tokens": passes, "drafted": 0, "accepted": 0, "accepted_per_pos": [], "drafted_per_pos": [],
+                "draft_seconds": 0.0, "kv_bytes": None, "drafter_bytes": None, "peak_rss_bytes": 0}
+
+    # none: (1.0 - 0.2 + 2.5 - 0.5) s over 40 + 60 passes = 28 ms a step, (0.98 - 0.2 + 2.44 - 0.5) / 100 = 27.2 a pass
+    records = [rec("none", "qa", 1.0, 0.2, 0.98, 40), rec("none", "rag", 2.5, 0.5, 2.44, 60),
+               rec("suffix", "qa", 1.0, 0.2, 0.7, 20), rec("suffix", "rag", 1.0, 1.0, 1.0, 0)]
+    table = detail_table(records, 0.0, 1, usd_per_hour=1.0)
+    column = table[0].strip("|").split("|").index(" step / pass ms ")
+    cells = {row.split("|")[1].strip(): row.strip("|").split("|")[column].strip() for row in table[2:]}
+    assert cells == {"`none`": "28.0 / 27.2", "`suffix`": "40.0 / 25.0"}
+
+
 # -- end to end ---------------------------------------------------------------------------------
 
 
