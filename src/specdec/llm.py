@@ -149,8 +149,8 @@ class LLM:
         self.drafts.forget_prefixes()
 
     # -- prompts -------------------------------------------------------------------------------
-    def encode(self, prompt: str | list[int]) -> list[int]:
-        return encode_prompt(self.tokenizer, prompt)
+    def encode(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt, add_special_tokens)
 
     def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True,
                     tools: list[dict] | None = None) -> list[int]:

@@ -2,7 +2,7 @@
 
     POST /v1/completions, POST /v1/chat/completions (``stream: true`` = SSE ending with ``data: [DONE]``)
     GET  /v1/models, GET /health, GET /metrics (Prometheus)
-    POST /tokenize, POST /detokenize (``tokenize.py``)
+    POST /tokenize, POST /detokenize (vLLM's: a prompt's or a conversation's token ids, the text of ids)
     GET  / (playground), GET /dashboard, GET /metrics/live (the dashboard's data): see ``web.py``
 
 Every token streamed or returned comes with its provenance (``spec_decode.tokens``
@@ -35,9 +35,18 @@ from specdec.server.edge import DEFAULT_MAX_BODY_BYTES, EdgePolicy, GuardMiddlew
 from specdec.server.errors import APIError, add_error_handlers, error_body
 from specdec.server.jobs import ChatJob, CompletionJob, Job, ServerState
 from specdec.server.metrics import ServerMetrics
-from specdec.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, SamplingRequest
+from specdec.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    SamplingRequest,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from specdec.server.scheduler import QueueFullError, Scheduler, SchedulerDownError
-from specdec.server.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from specdec.server.web import add_web_routes
 from specdec.text import as_prompt_list
 
@@ -129,16 +138,16 @@ def add_api_routes(app, state: ServerState) -> None:
         return await serve(state, request, body, prompts, CompletionJob)
 
     @app.post("/tokenize")
-    async def tokenize_route(body: TokenizeRequest):
+    async def tokenize(body: TokenizeRequest):
         check_model(state, body.model)
-        answer = await asyncio.to_thread(tokenize, llm.tokenizer, body, state.max_model_len)
+        answer = await asyncio.to_thread(tokenize_request, state, body)  # a long text takes a while
         return answer.model_dump(exclude_none=True)
 
     @app.post("/detokenize")
-    async def detokenize_route(body: DetokenizeRequest):
+    async def detokenize(body: DetokenizeRequest):
         check_model(state, body.model)
-        answer = await asyncio.to_thread(detokenize, llm.tokenizer, body, llm.runner.vocab_size)
-        return answer.model_dump()
+        text = await asyncio.to_thread(token_text, llm, body.tokens)
+        return DetokenizeResponse(prompt=text).model_dump()
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: HTTPRequest):
@@ -169,7 +178,7 @@ def check_model(state: ServerState, model: str | None) -> None:
                        "not_found_error", "model_not_found", "model")
 
 
-def encode_prompts(llm, prompt) -> list[list[int]]:
+def encode_prompts(llm, prompt, add_special_tokens: bool = True) -> list[list[int]]:
     """str | list[str] | list[int] | list[list[int]] -> token ids per prompt (400 when unusable)."""
     prompt = as_prompt_list(prompt)
     if not prompt:
@@ -180,28 +189,50 @@ def encode_prompts(llm, prompt) -> list[list[int]]:
             if not p:
                 raise APIError(400, "the prompt is empty", code="empty_prompt", param="prompt")
             try:
-                ids = llm.encode(p)
+                ids = llm.encode(p, add_special_tokens)
             except Exception as exc:  # noqa: BLE001 - e.g. text the tokenizer cannot encode
                 raise APIError(400, f"cannot tokenize the prompt: {exc}", param="prompt") from None
         else:
             ids = list(p)
-            vocab = llm.runner.vocab_size
-            if any(not 0 <= t < vocab for t in ids):
-                raise APIError(400, f"token ids must be in [0, {vocab})", param="prompt")
+            check_token_ids(llm, ids, "prompt")
         if not ids:
             raise APIError(400, "the prompt is empty", code="empty_prompt", param="prompt")
         out.append(ids)
     return out
 
 
-def encode_chat(llm, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+def check_token_ids(llm, ids: list[int], param: str) -> None:
+    vocab = llm.runner.vocab_size
+    if any(not 0 <= t < vocab for t in ids):
+        raise APIError(400, f"token ids must be in [0, {vocab})", param=param)
+
+
+def encode_chat(llm, messages: list[dict], tools: list[dict] | None = None,
+                add_generation_prompt: bool = True) -> list[int]:
     try:
-        ids = llm.chat_prompt(messages, tools=tools)
+        ids = llm.chat_prompt(messages, add_generation_prompt, tools=tools)
     except Exception as exc:  # noqa: BLE001 - template errors (role order, ...) are the caller's input
         raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from None
     if not ids:
         raise APIError(400, "the chat prompt is empty", code="empty_prompt", param="messages")
     return ids
+
+
+def tokenize_request(state: ServerState, body: TokenizeRequest) -> TokenizeResponse:
+    """/tokenize: the ids a completion (``prompt``) or chat (``messages``) request with this input runs."""
+    llm = state.llm
+    if body.messages is not None:
+        ids = encode_chat(llm, [m.as_template_dict() for m in body.messages], None, body.add_generation_prompt)
+    else:
+        ids = encode_prompts(llm, body.prompt, body.add_special_tokens)[0]
+    strs = llm.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+    return TokenizeResponse(count=len(ids), max_model_len=state.max_model_len, tokens=ids, token_strs=strs)
+
+
+def token_text(llm, ids: list[int]) -> str:
+    """/detokenize: the text of ``ids``, special tokens included."""
+    check_token_ids(llm, ids, "tokens")
+    return llm.tokenizer.decode(ids)
 
 
 def sampling_params(state: ServerState, body: SamplingRequest, prompt_len: int, job: type[Job]) -> SamplingParams:

@@ -341,6 +341,28 @@ class ChatCompletionRequest(SamplingRequest):
         return [t.model_dump(exclude_none=True) for t in self.tools]
 
 
+class TokenizeRequest(_Request):
+    """POST /tokenize (vLLM's): a prompt (text) or chat messages (rendered by the chat template), exactly one."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True  # a prompt's BOS and the like (the chat template writes its own)
+    add_generation_prompt: bool = True  # messages: end with the assistant's turn opening, as a chat request
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        return self
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[int] = Field(min_length=1)
+
+
 # -- responses -------------------------------------------------------------------------------------
 class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0  # prompt tokens whose K/V an earlier request left in the cache (not prefilled again)
@@ -519,6 +541,17 @@ class CompletionChunk(BaseModel):
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
     spec_decode: SpecDecodeInfo | None = None
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str  # special tokens included: the inverse of /tokenize
 
 
 class ModelCard(BaseModel):
