@@ -123,7 +123,12 @@ def overall(records: Iterable[dict], workloads: list[str] | None = None) -> dict
                     if acc["prefill_seconds"] and acc["seconds"] > acc["prefill_seconds"] else None,
                     "workloads": list(acc["names"]),
                     "draft_share": acc["draft_seconds"] / acc["seconds"] if acc["seconds"] else 0.0,
-                    "target_share": acc["target_seconds"] / acc["seconds"] if acc["seconds"] else 0.0}
+                    "target_share": acc["target_seconds"] / acc["seconds"] if acc["seconds"] else 0.0,
+                    # a decode step beside its target pass, after prefill (as each record's step_ms / pass_ms)
+                    "step_ms": 1e3 * (acc["seconds"] - acc["prefill_seconds"]) / acc["decode_passes"]
+                    if acc["decode_passes"] else None,
+                    "pass_ms": 1e3 * (acc["target_seconds"] - acc["prefill_seconds"]) / acc["decode_passes"]
+                    if acc["decode_passes"] else None}
     for (_method, batch, temp), row in out.items():
         base = _plain_over(sums, batch if row["kind"] == "specdec" else 1, temp, row["workloads"])
         row["speedup"] = row["tokens_per_s"] / base if base else None

@@ -150,22 +150,12 @@ def detail_table(records: list[dict], temperature: float, batch: int, usd_per_ho
         rows.append([
             f"`{name}`", _f(acceptance_rate) if is_spec and drafted else "—", _f(tot.get("tau")), by_pos,
             f"{tot['draft_share']:.1%}" if is_spec else "—", f"{tot['target_share']:.1%}" if is_spec else "—",
-            _step_and_pass(mine) if is_spec else "—", f"{kv / MIB:.1f}" if kv else "—",
+            f"{tot['step_ms']:.1f} / {tot['pass_ms']:.1f}" if is_spec and tot.get("step_ms") is not None else "—",
+            f"{kv / MIB:.1f}" if kv else "—",
             f"{max(drafter) / 1024:.0f}" if drafter else "—",
             f"{max(r['peak_rss_bytes'] for r in mine) / MIB:.0f}", usd,
         ])
     return _table(header, rows)
-
-
-def _step_and_pass(records: list[dict]) -> str:
-    """A method's mean decode step beside its target pass after prefill, in ms ("33.2 / 33.0"): what drafting,
-    verification and bookkeeping add to the pass (issue 33: a plain step should cost its pass)."""
-    passes = sum(r["decode_passes"] or 0 for r in records)
-    if not passes:
-        return "—"
-    step = sum(r["seconds"] - r["prefill_seconds"] for r in records) / passes
-    target = sum(r["target_seconds"] - r["prefill_seconds"] for r in records) / passes
-    return f"{1e3 * step:.1f} / {1e3 * target:.1f}"
 
 
 def batch_table(records: list[dict], temperature: float) -> list[str]:
