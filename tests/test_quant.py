@@ -161,22 +161,24 @@ def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype, wide):
         qm.permute_rows(np.arange(45)[::-1])
 
 
-@pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
-def test_streamed_groups_have_the_bits_of_a_wider_pass(qtype):
+@pytest.mark.parametrize("qtype, wide", [(t, False) for t in X8_TYPES] + [(T.Q4_K, True), (T.Q6_K, True)],
+                         ids=lambda v: v.name if isinstance(v, T) else ("x16" if v else "x8"))
+def test_streamed_groups_have_the_bits_of_a_wider_pass(qtype, wide):
     """A 1-2 row pass reads a chunk's interleaved groups as a few runs advanced about 1 KB at a time
     (qkernels_x8.h's x8_streams, where the AVX2 kernels run; an even and an uneven split here), the
-    partial sums carried between turns: each row's bits stay those of the same row in a 3-row pass,
-    which multiplies one group at a time."""
+    partial sums carried between turns, and AVX-512 multiplies a 16-row Q4_K group's 1-2 rows a
+    sub-block pair at a time (qkernels_x16.h's X16_PAIR_ROWS): each row's bits stay those of the same
+    row in a 3-row pass, which multiplies one group, one sub-block at a time."""
     rng = np.random.default_rng(41 + int(qtype))
-    for n_rows in (1024, 1004):  # 64-row chunks: 4 runs of 2 groups; the last chunk 5 groups and 4 loose rows
-        qm = QuantMatrix.from_blocks(_random_blocks(qtype, n_rows, 768, rng), qtype, 768).interleaved(wide=False)
+    for n_rows in (1024, 1004):  # chunks of whole groups split into runs; the last with loose rows
+        qm = QuantMatrix.from_blocks(_random_blocks(qtype, n_rows, 768, rng), qtype, 768).interleaved(wide=wide)
         x = rng.standard_normal((3, 768)).astype(np.float32)
-        wide = np.empty((3, n_rows), dtype=np.float32)
-        kernels.qmatmul(*qm.arrays(), x, wide)
+        three = np.empty((3, n_rows), dtype=np.float32)
+        kernels.qmatmul(*qm.arrays(), x, three)
         for m in (1, 2):
             narrow = np.empty((m, n_rows), dtype=np.float32)
             kernels.qmatmul(*qm.arrays(), x[:m], narrow)
-            assert np.array_equal(narrow, wide[:m])
+            assert np.array_equal(narrow, three[:m])
 
 
 _X8_PRODUCTS = """
