@@ -99,6 +99,28 @@ INLINE __m512i x16_bcast(const int8_t *p) {  /* 4 activation bytes to every lane
     return _mm512_set1_epi32(v);
 }
 
+/* one step's two weight vectors (values 32 apart: a sub-block pair's nibbles, a chunk pair) against R activation
+ * rows (x: the first one's 4 bytes; the second's 32 on), into NA independent sums a row (exact, so the same bits:
+ * one chain of vpdpbusd a row bound a 1-row pass by its latency) */
+INLINE void x16_pair_step(const int R, const int NA, int t, __m512i w0, __m512i w1, const int8_t *x, int64_t k,
+                          __m512i *a0, __m512i *a1) {
+    for (int r = 0; r < R; r++) {
+        const int c = r + R * (t % NA);
+        a0[c] = _mm512_dpbusd_epi32(a0[c], w0, x16_bcast(x + r * k));
+        a1[c] = _mm512_dpbusd_epi32(a1[c], w1, x16_bcast(x + r * k + 32));
+    }
+}
+
+/* the pair's NA sums a row folded, times their 16 rows' scales, into sumi */
+INLINE void x16_pair_scale(const int R, const int NA, __m512i *a0, __m512i *a1, __m512i s0, __m512i s1, __m512i *sumi) {
+    for (int r = R; r < R * NA; r++) {
+        a0[r % R] = _mm512_add_epi32(a0[r % R], a0[r]);
+        a1[r % R] = _mm512_add_epi32(a1[r % R], a1[r]);
+    }
+    for (int r = 0; r < R; r++)
+        sumi[r] = _mm512_add_epi32(sumi[r], _mm512_add_epi32(_mm512_mullo_epi32(a0[r], s0), _mm512_mullo_epi32(a1[r], s1)));
+}
+
 /* R activation rows against one Q4KX16 group: out[r * os + i], i < 16.
  * Up to X16_PAIR_ROWS rows take a sub-block pair's steps together: one load of a step's 64 bytes gives both
  * sub-blocks' weights (low and high nibbles), where the 8-row loop below loads each step twice (its
@@ -131,20 +153,9 @@ INLINE void x16_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
                 for (int t = 0; t < 8; t++) {
                     const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * t));
                     const __m512i w0 = _mm512_and_si512(v, m4), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                    for (int r = 0; r < R; r++) {
-                        const int8_t *x = xk + r * k + QK * b + 64 * p + 4 * t;
-                        const int c = r + R * (t % NA);
-                        a0[c] = _mm512_dpbusd_epi32(a0[c], w0, x16_bcast(x));
-                        a1[c] = _mm512_dpbusd_epi32(a1[c], w1, x16_bcast(x + 32));
-                    }
+                    x16_pair_step(R, NA, t, w0, w1, xk + QK * b + 64 * p + 4 * t, k, a0, a1);
                 }
-                for (int r = R; r < R * NA; r++) {
-                    a0[r % R] = _mm512_add_epi32(a0[r % R], a0[r]);
-                    a1[r % R] = _mm512_add_epi32(a1[r % R], a1[r]);
-                }
-                for (int r = 0; r < R; r++)
-                    sumi[r] = _mm512_add_epi32(sumi[r], _mm512_add_epi32(_mm512_mullo_epi32(a0[r], sc0),
-                                                                         _mm512_mullo_epi32(a1[r], sc1)));
+                x16_pair_scale(R, NA, a0, a1, sc0, sc1, sumi);
             }
         } else
         for (int j = 0; j < 8; j++) {
@@ -214,22 +225,12 @@ INLINE void x16_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
                 const __m512i h1 = pair ? _mm512_srli_epi16(h, 2) : _mm512_slli_epi16(h, 2);
                 const __m512i w0 = _mm512_ternarylogic_epi32(_mm512_and_si512(l, m4), h0, m30, 0xF8);  /* a | (b & c) */
                 const __m512i w1 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), h1, m30, 0xF8);
-                for (int r = 0; r < R; r++) {
-                    const int8_t *x = xk + r * k + QK * b + 32 * c0 + 4 * t;
-                    const int c = r + R * (t % NA);
-                    a0[c] = _mm512_dpbusd_epi32(a0[c], w0, x16_bcast(x));
-                    a1[c] = _mm512_dpbusd_epi32(a1[c], w1, x16_bcast(x + 32));
-                }
-            }
-            for (int r = R; r < R * NA; r++) {
-                a0[r % R] = _mm512_add_epi32(a0[r % R], a0[r]);
-                a1[r % R] = _mm512_add_epi32(a1[r % R], a1[r]);
+                x16_pair_step(R, NA, t, w0, w1, xk + QK * b + 32 * c0 + 4 * t, k, a0, a1);
             }
             const uint8_t *sg = blk + 32 + 16 * (2 * c0 + half);  /* scale group of chunk c0 (+ 32: of c0 + 1) */
             const __m512i s0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sg));
             const __m512i s1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sg + 32)));
-            for (int r = 0; r < R; r++)
-                sumi[r] = _mm512_add_epi32(sumi[r], _mm512_add_epi32(_mm512_mullo_epi32(a0[r], s0), _mm512_mullo_epi32(a1[r], s1)));
+            x16_pair_scale(R, NA, a0, a1, s0, s1, sumi);
         }
         /* q6x8_epilogue per lane: values are q - 32, so 32 x sum_g scale_g x bk_g is taken back */
         for (int gp = 0; gp < 8; gp++) {
