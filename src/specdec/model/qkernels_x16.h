@@ -148,7 +148,7 @@ INLINE void x16_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
                 const __m512i sc1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 80 + 32 * p)));
                 const uint8_t *qs = blk + 320 + 512 * p;
                 const int NA = R == 1 ? 2 : 1;
-                __m512i a0[2], a1[2];
+                __m512i a0[2 * X16_PAIR_ROWS], a1[2 * X16_PAIR_ROWS];  /* R * NA sums, whatever X16_PAIR_ROWS is */
                 for (int r = 0; r < R * NA; r++) a0[r] = a1[r] = _mm512_setzero_si512();
                 for (int t = 0; t < 8; t++) {
                     const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * t));
