@@ -63,10 +63,13 @@ static void kgroup_dequantize(int G, int q4, const uint8_t *grp, int i, int64_t 
 }
 
 #if defined(SD_AVX512) && defined(__AVX512VL__)
-#define X16ROWS 8 /* activation rows per tile: 3 zmm each (products, super-block sums, float sums) */
-#ifndef Q6_X16ROWS
-#define Q6_X16ROWS 4 /* Q6_K's two product sums a row: 8 rows spilled (Zen 4: 4 rows 91-96 GMAC/s, 8 rows 72-74) */
-#endif
+/* activation rows per tile, Q4_K's (3 zmm a row: products, super-block sums, float sums) and Q6_K's (its first
+ * kernel spilled at 8 rows, so it went 4 at a time: 4 rows 91-96 GMAC/s, 8 rows 72-74). With the pair step
+ * (x16_pair_step) Q6_K's 5-8 rows run best as one tile: Zen 4, one core, weights in L1, 5 / 6 / 7 / 8 rows
+ * 107 / 111 / 119 / 127 GMAC/s as 4 + the rest, 124 / 136 / 135 / 124 as one; out of cache 8 rows 153 -> 170
+ * GMAC/s (two threads), where a second 4-row tile read every group again; the 1.5B's 5-8 token passes 7-12%
+ * faster, alternated in one process */
+#define X16ROWS 8
 #ifndef Q6_NA1
 #define Q6_NA1 1
 #endif
@@ -263,7 +266,6 @@ static void tiles_x16(int fmt, int R, const uint8_t *g, int64_t k, const int8_t 
  * they are the reference the AVX-512 bits are tested against): Q4KX8's and Q6KX8's integers and fused
  * float steps at the 16-row offsets */
 #define X16ROWS 1
-#define Q6_X16ROWS 1
 static void tiles_x16(int fmt, int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
                       float *out, int64_t os) {
     const int64_t nsb = k / QK;
@@ -302,9 +304,8 @@ static void tiles_x16(int fmt, int R, const uint8_t *grp, int64_t k, const int8_
 /* one group (weight rows n .. n + 15, at q + n * q_stride) against every activation row */
 static void x16_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
                       int64_t rows, float *out, int64_t out_stride) {
-    const int step = fmt == FMT_Q6KX16 ? Q6_X16ROWS : X16ROWS;
-    for (int64_t r0 = 0; r0 < rows; r0 += step) {
-        const int R = rows - r0 < step ? (int)(rows - r0) : step;
+    for (int64_t r0 = 0; r0 < rows; r0 += X16ROWS) {
+        const int R = rows - r0 < X16ROWS ? (int)(rows - r0) : X16ROWS;
         tiles_x16(fmt, R, grp, k, xk + r0 * k, dk + r0 * (k / QK), bk + r0 * (k / 16), out + r0 * out_stride, out_stride);
     }
 }
