@@ -151,7 +151,7 @@ def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype, wide):
     assert np.abs(out - x @ dense.T).max() < 0.02 * np.abs(x @ dense.T).max()
     alone = np.empty((1, 45), dtype=np.float32)
     x = np.concatenate([x, rng.standard_normal((27, 512)).astype(np.float32)])
-    for m in (1, 3, 4, 5, 6, 7, 9, 13, 16, 17, 40):  # 5-8: one AVX-512 tile; 16 rows on: AMX tiles, where the CPU has them
+    for m in (1, 3, 4, 5, 6, 7, 9, 13, 16, 17, 40):  # 5-8: one AVX-512 tile; 16 on: AMX tiles where the CPU has them
         wide = np.empty((m, 45), dtype=np.float32)
         kernels.qmatmul(*qm.arrays(), x[:m], wide)
         for r in range(m):
