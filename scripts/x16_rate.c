@@ -1,0 +1,88 @@
+/* GMAC/s of the AVX-512 16-row K-quant tiles (qkernels_x16.h) on one core, against the vpdpbusd zmm pipe's own
+ * rate: the measurements behind docs/performance.md's Zen 4 thirty-fifth session. It includes the kernels'
+ * source, so a -D flag or an edited copy of qkernels_x16.h is measured as built:
+ *
+ *     gcc -O3 -march=native -ffp-contract=off -std=gnu11 scripts/x16_rate.c -o /tmp/x16_rate -lm
+ *     for r in 1 2 4 8; do /tmp/x16_rate $r 6; /tmp/x16_rate $r 4; done      # Q6_K, Q4_K, one group in L1
+ *     /tmp/x16_rate 8 6 400                                                 # 400 groups: 8 MB, out of L2
+ *     /tmp/x16_rate peak                                                    # independent vpdpbusd zmm alone
+ *
+ * Arguments: activation rows R (1-8), 4 or 6 (Q4_K or Q6_K), groups of 16 x 1536 weights (default 1: 14 or 20
+ * KB). Random valid blocks (d = 1), best of 15 repetitions of ~2 GMAC. Build on an AVX-512 VNNI CPU: elsewhere
+ * the file compiles the portable reference, which says nothing about speed. */
+#include "../src/specdec/model/qkernels.c"
+#include <stdio.h>
+#include <stdlib.h>
+#include "clock.h"
+
+#if defined(SD_AVX512)
+static void peak(void) {  /* 12 independent chains: the pipe's throughput, not one chain's latency */
+    __m512i a[12];
+    for (int i = 0; i < 12; i++) a[i] = _mm512_set1_epi32(i);
+    const __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
+    const long n = 200000000;
+    const double t0 = now();
+    for (long i = 0; i < n; i++) {
+#pragma GCC unroll 12
+        for (int c = 0; c < 12; c++) a[c] = _mm512_dpbusd_epi32(a[c], w, x);
+        __asm__ volatile("" : : "v"(w), "v"(x));
+    }
+    const double t = now() - t0;
+    __m512i s = a[0];
+    for (int c = 1; c < 12; c++) s = _mm512_add_epi32(s, a[c]);
+    printf("vpdpbusd zmm: %.2f G/s = %.1f GMAC/s one core (%d)\n", n * 12 / t / 1e9, n * 12 * 64 / t / 1e9,
+           _mm512_reduce_add_epi32(s));
+}
+#endif
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s ROWS 4|6 [GROUPS] | peak\n", argv[0]);
+        return 2;
+    }
+    if (argv[1][0] == 'p') {
+#if defined(SD_AVX512)
+        peak();
+        return 0;
+#else
+        fprintf(stderr, "no AVX-512 VNNI in this build\n");
+        return 1;
+#endif
+    }
+    const int R = atoi(argv[1]), q6 = argc > 2 && argv[2][0] == '6', groups = argc > 3 ? atoi(argv[3]) : 1;
+    const int fmt = q6 ? FMT_Q6KX16 : FMT_Q4KX16;
+    if (R < 1 || R > 8 || groups < 1) {
+        fprintf(stderr, "rows 1-8, groups >= 1\n");
+        return 2;
+    }
+    const int64_t k = 1536, nsb = k / QK, sb = q6 ? Q6KX16_BYTES : Q4KX16_BYTES;
+    const size_t gbytes = (size_t)sb * nsb;
+    uint8_t *w = aligned_alloc(64, gbytes * groups);
+    for (size_t i = 0; i < gbytes * groups; i++) w[i] = (uint8_t)rand();
+    for (int g = 0; g < groups; g++)
+        for (int64_t b = 0; b < nsb; b++)
+            for (int i = 0; i < 32; i++) {  /* d (and Q4_K's dmin) = 1.0 in f16 */
+                w[g * gbytes + sb * b + 2 * i] = 0;
+                w[g * gbytes + sb * b + 2 * i + 1] = 0x3C;
+            }
+    int8_t *xk = aligned_alloc(64, R * k);
+    float *dk = aligned_alloc(64, 64 * ((4 * R * nsb + 63) / 64));
+    int16_t *bk = aligned_alloc(64, 64 * ((2 * R * k / 16 + 63) / 64));
+    float *out = aligned_alloc(64, 64 * ((4 * R * 16 * groups + 63) / 64));
+    for (int i = 0; i < R * k; i++) xk[i] = (int8_t)rand();
+    for (int i = 0; i < R * nsb; i++) dk[i] = 1.0f;
+    for (int i = 0; i < R * k / 16; i++) bk[i] = (int16_t)(rand() % 2000 - 1000);
+    const long iters = (long)(2e9 / (16.0 * k * R * groups)) + 1;
+    double best = 1e9;
+    for (int rep = 0; rep < 15; rep++) {
+        const double t0 = now();
+        for (long it = 0; it < iters; it++)
+            for (int g = 0; g < groups; g++)
+                x16_group(fmt, w + g * gbytes, k, xk, dk, bk, R, out + 16 * g, 16 * (int64_t)groups);
+        const double t = now() - t0;
+        if (t < best) best = t;
+    }
+    printf("Q%c_K, %d row(s), %d group(s) of 16 x %lld: %.1f GMAC/s one core (out[0] %g)\n", q6 ? '6' : '4', R,
+           groups, (long long)k, iters * 16.0 * k * R * groups / best / 1e9, out[0]);
+    return 0;
+}
