@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8", help="activation rows per product (default 1,8)")
     ap.add_argument("--copies", type=int, default=64,
                     help="matrices per format (default 64: 509 / 723 MB; x 4 for Q5_0 / Q8_0: 384 / 593 MB)")
-    ap.add_argument("--group-rows", type=int, choices=(8, 16), help="K-quant rows per interleaved group "
+    ap.add_argument("--group-rows", type=int, choices=(8, 16), help="rows per interleaved group "
                     "(default: the kernels' own, clib.wide_groups)")
     args = ap.parse_args()
     wide = None if args.group_rows is None else args.group_rows == 16

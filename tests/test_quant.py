@@ -133,15 +133,15 @@ def test_a_pass_asked_for_argmax_gives_its_logits_argmax(tiny_model_factory, qua
 @pytest.mark.parametrize("wide", [False, True], ids=["x8", "x16"])
 @pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
 def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype, wide):
-    """Groups of 8 rows packed at load (Q4KX8, Q6KX8, Q80X8, Q50X8, Q40X8, Q41X8; wide: pairs of K-quant
-    groups as Q4KX16 / Q6KX16): the same values (a row not in a whole group keeps its layout), products
+    """Groups of 8 rows packed at load (Q4KX8, Q6KX8, Q80X8, Q50X8, Q40X8, Q41X8; wide: pairs of groups
+    as Q4KX16, Q6KX16, Q80X16, ...): the same values (a row not in a whole group keeps its layout), products
     within the activations' rounding of the dense product, and every row's bits those of its product
     alone at every pass width and tile position."""
     rng = np.random.default_rng(300 + int(qtype))
     data = _random_blocks(qtype, 45, 512, rng)
     qm = QuantMatrix.from_blocks(data, qtype, 512).interleaved(wide=wide)
     assert np.count_nonzero(np.isin(qm.fmt, quant.INTERLEAVED)) == 40  # 5 whole groups of 8
-    if wide and qtype in (T.Q4_K, T.Q6_K):  # 2 of 16 at rows 0 and 16, 1 of 8 at 32
+    if wide:  # 2 of 16 at rows 0 and 16, 1 of 8 at 32
         assert list(np.unique(qm.fmt[:40], return_counts=True)[1]) == [8, 32]
     dense = quants.dequantize(data, qtype).reshape(45, 512)
     assert np.array_equal(qm.dense(), dense)
@@ -161,13 +161,14 @@ def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype, wide):
         qm.permute_rows(np.arange(45)[::-1])
 
 
-@pytest.mark.parametrize("qtype, wide", [(t, False) for t in X8_TYPES] + [(T.Q4_K, True), (T.Q6_K, True)],
+@pytest.mark.parametrize("qtype, wide", [(t, w) for w in (False, True) for t in X8_TYPES],
                          ids=lambda v: v.name if isinstance(v, T) else ("x16" if v else "x8"))
 def test_streamed_groups_have_the_bits_of_a_wider_pass(qtype, wide):
     """A 1-2 row pass reads a chunk's interleaved groups as a few runs advanced about 1 KB at a time
     (qkernels_x8.h's x8_streams, where the AVX2 kernels run; an even and an uneven split here), the
     partial sums carried between turns, and AVX-512 multiplies a 16-row Q4_K group's 1-2 rows a
-    sub-block pair at a time (qkernels_x16.h's X16_PAIR_ROWS): each row's bits stay those of the same
+    sub-block pair at a time (qkernels_x16.h's X16_PAIR_ROWS; a 16-row 32-value group's 1-2 rows in 4 or 2
+    sums a row): each row's bits stay those of the same
     row in a 3-row pass, which multiplies one group, one sub-block at a time."""
     rng = np.random.default_rng(41 + int(qtype))
     for n_rows in (1024, 1004):  # chunks of whole groups split into runs; the last with loose rows
@@ -189,9 +190,8 @@ from specdec.model.quant import QuantMatrix
 from tests.test_quant import _random_blocks
 clib.load_qkernels()
 rng, out = np.random.default_rng(9), []
-# the 16-row K-quant layouts too (AVX-512's; every other build multiplies them in portable C)
-for qtype, wide in [(T.Q4_K, False), (T.Q4_K, True), (T.Q6_K, False), (T.Q6_K, True), (T.Q8_0, False),
-                    (T.Q5_0, False), (T.Q4_0, False), (T.Q4_1, False)]:
+# the 16-row layouts too (AVX-512's; every other build multiplies them in portable C)
+for qtype, wide in [(t, w) for t in (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1) for w in (False, True)]:
     # 512 rows: 32-row chunks of 4 groups, which 1-2 row passes read as runs (AVX2's x8_streams)
     qm = QuantMatrix.from_blocks(_random_blocks(qtype, 512, 1024, rng), qtype, 1024).interleaved(wide=wide)
     assert qm.fmt[0] >= 7, (qtype, qm.fmt[0])  # interleaved

@@ -191,7 +191,7 @@ def _activation_forms(fmt):  # pragma: no cover - compiled
     other = np.uint8(0)
     for i in range(fmt.shape[0]):
         f = fmt[i]
-        is_k = np.uint8((f >= 4) & (f <= 8)) | np.uint8(f >= 13)
+        is_k = np.uint8((f >= 4) & (f <= 8)) | np.uint8((f >= 13) & (f <= 14))
         kq |= is_k
         other |= is_k ^ np.uint8(1)
     return (2 if kq else 0) | (1 if other else 0)

@@ -706,7 +706,7 @@ void sd_qmatmul(const uint8_t *q, const float *s, const float *m, const int8_t *
         }
 #endif
         if (x16_layout(fmt[n])) {  /* rows n .. n + 15, interleaved (n % 16 == 0) */
-            x16_group(fmt[n], qn, k, xk, dk, bk, rows, out + n, out_stride);
+            x16_group(fmt[n], qn, k, xq, dx8, bs32, xk, dk, bk, rows, out + n, out_stride);
             n += X16 - 1;
             continue;
         }
@@ -791,14 +791,18 @@ void sd_dequantize_rows(const uint8_t *q, const float *s, const float *m, const 
         const uint8_t *qn = q + n * q_stride;
         const float *sn = s + n * s_stride, *mn = m + n * s_stride;
         float *o = out + i * k;
-        if (x16_layout(fmt[n]) || fmt[n] == FMT_Q4KX8 || fmt[n] == FMT_Q6KX8) {
-            const int G = x16_layout(fmt[n]) ? X16 : X8;
+        if (kx16_layout(fmt[n]) || kx8_layout(fmt[n])) {
+            const int G = kx16_layout(fmt[n]) ? X16 : X8;
             kgroup_dequantize(G, fmt[n] == FMT_Q4KX8 || fmt[n] == FMT_Q4KX16, q + (n & ~(int64_t)(G - 1)) * q_stride,
                               (int)(n & (G - 1)), k, o);
             continue;
         }
+        if (bx16_layout(fmt[n])) {
+            bgroup_dequantize(X16, bx16_narrow(fmt[n]), q + (n & ~(int64_t)(X16 - 1)) * q_stride, (int)(n & (X16 - 1)), k, o);
+            continue;
+        }
         if (x8_layout(fmt[n])) {
-            x8_dequantize(fmt[n], q + (n & ~(int64_t)(X8 - 1)) * q_stride, (int)(n & (X8 - 1)), k, o);
+            bgroup_dequantize(X8, fmt[n], q + (n & ~(int64_t)(X8 - 1)) * q_stride, (int)(n & (X8 - 1)), k, o);
             continue;
         }
         if (fmt[n] >= FMT_Q4K) {

@@ -1,4 +1,4 @@
-/* 16-row interleaved K-quant layouts for AVX-512 (included by qkernels.c after qkernels_x8.h).
+/* 16-row interleaved layouts for AVX-512 (included by qkernels.c after qkernels_x8.h).
  *
  * Q4KX8 / Q6KX8 put 8 rows in a 32-byte vector; a zmm then holds two steps, and every product pays a
  * vpermd to give each half its step's activations, and the sub-block scales, mins and the float epilogue
@@ -6,7 +6,9 @@
  * share each step: one 64-byte load is one step of 16 rows, a step's 4 activation bytes reach every lane
  * by a broadcast load (no permute), and the scale products, min sums and epilogue cover 16 rows per
  * instruction. Measured on Zen 4 (one thread, weights
- * in L3): Q4_K 8 activation rows 105 -> 159 GMAC/s, 1 row 50 -> 67. The layouts are the X8 ones with
+ * in L3): Q4_K 8 activation rows 105 -> 159 GMAC/s, 1 row 50 -> 67; the 32-value types (two threads, in L3,
+ * alternated in one process) Q5_0 1 / 2 / 4 / 8 rows 86 / 115 / 147 / 165 -> 102 / 169 / 223 / 205 GMAC/s, Q8_0
+ * 85 / 109 / 137 / 141 -> 103 / 148 / 180 / 182. The layouts are the X8 ones with
  * every per-row run 16 rows wide (quant.QuantMatrix.interleaved packs them where the kernels are
  * AVX-512 without AMX: clib.wide_groups):
  *
@@ -18,14 +20,19 @@
  *     [288, 3648) for quad h < 2, step t < 8: 192 bytes = L0, L1, H, 64 bytes each: value 32c + 4t + u of
  *                 chunk c = 4h + cc has its low 4 bits in L0 (cc 0: low nibble, cc 1: high) or L1 (cc 2, 3)
  *                 and its high 2 bits at bits 2 cc of H (Q6KX8 packed so until the B0, B1, B2 steps)
+ *   Q80X16, Q50X16, Q40X16, Q41X16, per block of 32 values of 16 rows: Q80X8's ... with every per-row run 16 rows
+ *     wide (d [0, 32); Q5_0's H [32, 96); Q4_1's m [32, 64); a step or a nibble pair 64 bytes): 2 x the X8 bytes
  *
  * Bits: the same exact integers and, per lane, the same fused float steps as the X8 kernels and the
  * portable C below (which every other build runs), so a row's bits never depend on its layout either.
  */
-enum { FMT_Q4KX16 = 13, FMT_Q6KX16 = 14 };
+enum { FMT_Q4KX16 = 13, FMT_Q6KX16 = 14, FMT_Q80X16 = 15, FMT_Q50X16 = 16, FMT_Q40X16 = 17, FMT_Q41X16 = 18 };
 enum { X16 = 16, Q4KX16_BYTES = 16 * 148, Q6KX16_BYTES = 16 * 210 };
 
-INLINE int x16_layout(int fmt) { return fmt == FMT_Q4KX16 || fmt == FMT_Q6KX16; }
+INLINE int kx16_layout(int fmt) { return fmt == FMT_Q4KX16 || fmt == FMT_Q6KX16; }
+INLINE int bx16_layout(int fmt) { return fmt >= FMT_Q80X16 && fmt <= FMT_Q41X16; }  /* 32-value blocks */
+INLINE int x16_layout(int fmt) { return kx16_layout(fmt) || bx16_layout(fmt); }
+INLINE int bx16_narrow(int fmt) { return fmt - FMT_Q80X16 + FMT_Q80X8; }  /* Q80X16 -> Q80X8, ... */
 
 /* value e (0..255) of row i of a super-block, unsigned (Q6_K: before its -32) */
 INLINE int q4x16_value(const uint8_t *blk, int i, int e) {
@@ -255,14 +262,82 @@ INLINE void x16_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
     }
     for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * os, acc[r]);
 }
+/* R activation rows against one 16-row group of a 32-value layout (Q80X16, Q50X16, Q40X16, Q41X16): x8_b32's
+ * integers and per-lane float steps (acc += (d dx) sum, macc += m bs32, out = acc + macc), a step of 16 rows a zmm
+ * and its 4 activation bytes a broadcast load. Q8_0's signed weights go as |w| against x negated where w < 0
+ * (vpsignb has no zmm form): the same products */
+INLINE void x16_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, const int8_t *xq, const float *dx8,
+                    const float *bs32, float *out, int64_t os) {
+    const int F8 = bx16_narrow(FMT);
+    const int64_t nb = k / 32;
+    const int bytes = 2 * bx8_bytes(F8), nib = 2 * bx8_nibbles(F8);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+    const int NA = R == 1 ? 4 : R == 2 ? 2 : 1;  /* independent sums a row, as x16_q4k's */
+    __m512 acc[X16ROWS], macc[X16ROWS];
+    for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + (int64_t)bytes * b;
+        x16_prefetch(R, blk, 0, (bytes + 63) / 64);  /* 1 row: this block's lines (AMD; 2 KB on alike) */
+        __m512i a[X16ROWS];  /* R x NA <= 8 */
+        for (int r = 0; r < R * NA; r++) a[r] = _mm512_setzero_si512();
+        const __m512i h = F8 == FMT_Q50X8 ? _mm512_loadu_si512((const void *)(blk + 32)) : _mm512_setzero_si512();
+        for (int t = 0; t < 8; t++) {
+            __m512i w;
+            __mmask64 neg = 0;
+            if (F8 == FMT_Q80X8) {
+                const __m512i v = _mm512_loadu_si512((const void *)(blk + 32 + 64 * t));
+                neg = _mm512_movepi8_mask(v);
+                w = _mm512_abs_epi8(v);
+            } else {
+                const __m512i v = _mm512_loadu_si512((const void *)(blk + nib + 64 * (t % 4)));
+                w = _mm512_and_si512(t < 4 ? v : _mm512_srli_epi16(v, 4), m4);
+                if (F8 == FMT_Q50X8) {  /* bit t of H's bytes to bit 4 (bx8_fifth) */
+                    const __m512i hs = t < 4 ? _mm512_slli_epi16(h, 4 - t) : t == 4 ? h : _mm512_srli_epi16(h, t - 4);
+                    w = _mm512_ternarylogic_epi32(w, hs, m10, 0xF8);  /* a | (b & c) */
+                }
+            }
+            for (int r = 0; r < R; r++) {
+                __m512i xv = x16_bcast(xq + r * k + 32 * b + 4 * t);
+                if (F8 == FMT_Q80X8) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+                const int c = r + R * (t % NA);
+                a[c] = _mm512_dpbusd_epi32(a[c], w, xv);
+            }
+        }
+        for (int r = R; r < R * NA; r++) a[r % R] = _mm512_add_epi32(a[r % R], a[r]);
+        const __m512 vd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        const __m512 vm = F8 == FMT_Q41X8 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
+                        : _mm512_mul_ps(vd, _mm512_set1_ps(bx8_offset(F8)));
+        for (int r = 0; r < R; r++) {
+            const __m512 scale = _mm512_mul_ps(vd, _mm512_set1_ps(dx8[r * (k / 4) + 8 * b]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r]), scale, acc[r]);
+            if (F8 != FMT_Q80X8) macc[r] = _mm512_fmadd_ps(vm, _mm512_set1_ps(bs32[r * nb + b]), macc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * os, F8 == FMT_Q80X8 ? acc[r] : _mm512_add_ps(acc[r], macc[r]));
+}
 #define CALL_Q4KX16(R) x16_q4k(R, g, k, xk, dk, bk, out, os)
 #define CALL_Q6KX16(R) x16_q6k(R, g, k, xk, dk, bk, out, os)
-static void tiles_x16(int fmt, int R, const uint8_t *g, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
-                      float *out, int64_t os) {
-    if (fmt == FMT_Q4KX16) {
-        ROWS_SWITCH(CALL_Q4KX16)
-    } else {
-        ROWS_SWITCH(CALL_Q6KX16)
+#define CALL_BX16(R) x16_b32(R, FMT, g, k, xq, dx8, bs32, out, os)
+/* one function per 32-value layout: FMT a constant the inlined kernel folds */
+#define BX16TILES(NAME, F)                                                                                  \
+    static void NAME(int R, const uint8_t *g, int64_t k, const int8_t *xq, const float *dx8, const float *bs32, \
+                     float *out, int64_t os) {                                                              \
+        const int FMT = F;                                                                                  \
+        ROWS_SWITCH(CALL_BX16)                                                                              \
+    }
+BX16TILES(tiles_q80x16, FMT_Q80X16)
+BX16TILES(tiles_q50x16, FMT_Q50X16)
+BX16TILES(tiles_q40x16, FMT_Q40X16)
+BX16TILES(tiles_q41x16, FMT_Q41X16)
+static void tiles_x16(int fmt, int R, const uint8_t *g, int64_t k, const int8_t *xq, const float *dx8, const float *bs32,
+                      const int8_t *xk, const float *dk, const int16_t *bk, float *out, int64_t os) {
+    switch (fmt) {
+    case FMT_Q4KX16: ROWS_SWITCH(CALL_Q4KX16) break;
+    case FMT_Q6KX16: ROWS_SWITCH(CALL_Q6KX16) break;
+    case FMT_Q80X16: tiles_q80x16(R, g, k, xq, dx8, bs32, out, os); break;
+    case FMT_Q50X16: tiles_q50x16(R, g, k, xq, dx8, bs32, out, os); break;
+    case FMT_Q40X16: tiles_q40x16(R, g, k, xq, dx8, bs32, out, os); break;
+    default: tiles_q41x16(R, g, k, xq, dx8, bs32, out, os); break;
     }
 }
 #else
@@ -270,10 +345,28 @@ static void tiles_x16(int fmt, int R, const uint8_t *g, int64_t k, const int8_t 
  * they are the reference the AVX-512 bits are tested against): Q4KX8's and Q6KX8's integers and fused
  * float steps at the 16-row offsets */
 #define X16ROWS 1
-static void tiles_x16(int fmt, int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
-                      float *out, int64_t os) {
+static void tiles_x16(int fmt, int R, const uint8_t *grp, int64_t k, const int8_t *xq, const float *dx8, const float *bs32,
+                      const int8_t *xk, const float *dk, const int16_t *bk, float *out, int64_t os) {
     const int64_t nsb = k / QK;
     (void)R;
+    if (bx16_layout(fmt)) {  /* x8_b32's portable steps at the 16-row offsets */
+        const int F8 = bx16_narrow(fmt);
+        const int64_t nb = k / 32;
+        for (int i = 0; i < X16; i++) {
+            float acc = 0.0f, macc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = grp + (int64_t)2 * bx8_bytes(F8) * b;
+                int32_t dot = 0;
+                for (int l = 0; l < 32; l++) dot += bx_value(X16, F8, blk, i, l) * xq[32 * b + l];
+                const float d = f16_to_f32(blk + 2 * i);
+                acc = fmaf((float)dot, d * dx8[8 * b], acc);
+                const float m = F8 == FMT_Q41X8 ? f16_to_f32(blk + 32 + 2 * i) : d * bx8_offset(F8);
+                if (F8 != FMT_Q80X8) macc = fmaf(m, bs32[b], macc);
+            }
+            out[i] = F8 == FMT_Q80X8 ? acc : acc + macc;
+        }
+        return;
+    }
     for (int i = 0; i < X16; i++) {
         float acc = 0.0f;
         for (int64_t b = 0; b < nsb; b++) {
@@ -306,10 +399,11 @@ static void tiles_x16(int fmt, int R, const uint8_t *grp, int64_t k, const int8_
 #endif
 
 /* one group (weight rows n .. n + 15, at q + n * q_stride) against every activation row */
-static void x16_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
-                      int64_t rows, float *out, int64_t out_stride) {
+static void x16_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xq, const float *dx8, const float *bs32,
+                      const int8_t *xk, const float *dk, const int16_t *bk, int64_t rows, float *out, int64_t out_stride) {
     for (int64_t r0 = 0; r0 < rows; r0 += X16ROWS) {
         const int R = rows - r0 < X16ROWS ? (int)(rows - r0) : X16ROWS;
-        tiles_x16(fmt, R, grp, k, xk + r0 * k, dk + r0 * (k / QK), bk + r0 * (k / 16), out + r0 * out_stride, out_stride);
+        tiles_x16(fmt, R, grp, k, xq + r0 * k, dx8 + r0 * (k / 4), bs32 + r0 * (k / 32), xk + r0 * k,
+                  dk + r0 * (k / QK), bk + r0 * (k / 16), out + r0 * out_stride, out_stride);
     }
 }

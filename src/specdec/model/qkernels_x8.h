@@ -47,14 +47,14 @@ INLINE int bx8_bytes(int fmt) { return fmt == FMT_Q80X8 ? 272 : fmt == FMT_Q50X8
 INLINE int bx8_nibbles(int fmt) { return fmt == FMT_Q50X8 ? 48 : fmt == FMT_Q40X8 ? 16 : 32; }
 INLINE float bx8_offset(int fmt) { return fmt == FMT_Q50X8 ? -16.0f : -8.0f; }
 
-/* value l (0..31) of row i of a 32-value block of a group, as the kernels multiply it (Q8_0 signed,
- * the others unsigned, before OFF) */
-INLINE int bx8_value(int fmt, const uint8_t *blk, int i, int l) {
+/* value l (0..31) of row i of a 32-value block of a group of G = 8 rows (fmt an X8 layout) or 16 (qkernels_x16.h's
+ * Q80X16 ..: every per-row run G rows wide), as the kernels multiply it (Q8_0 signed, the others unsigned, before OFF) */
+INLINE int bx_value(int G, int fmt, const uint8_t *blk, int i, int l) {
     const int t = l / 4, u = l % 4;
-    if (fmt == FMT_Q80X8) return (int8_t)blk[16 + 32 * t + 4 * i + u];
-    const uint8_t byte = blk[bx8_nibbles(fmt) + 32 * (t % 4) + 4 * i + u];
+    if (fmt == FMT_Q80X8) return (int8_t)blk[2 * G + 4 * G * t + 4 * i + u];
+    const uint8_t byte = blk[bx8_nibbles(fmt) / X8 * G + 4 * G * (t % 4) + 4 * i + u];
     const int low = t < 4 ? byte & 15 : byte >> 4;
-    return fmt == FMT_Q50X8 ? low | (((blk[16 + 4 * i + u] >> t) & 1) << 4) : low;
+    return fmt == FMT_Q50X8 ? low | (((blk[2 * G + 4 * i + u] >> t) & 1) << 4) : low;
 }
 
 /* value e (0..255) of row i of a super-block of a group, unsigned (Q6_K: before its -32) */
@@ -615,7 +615,7 @@ INLINE void x8_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, co
                 const uint8_t *blk = grp + (int64_t)bx8_bytes(FMT) * b;
                 const int8_t *x = xq + r * k + 32 * b;
                 int32_t dot = 0;
-                for (int l = 0; l < 32; l++) dot += bx8_value(FMT, blk, i, l) * x[l];
+                for (int l = 0; l < 32; l++) dot += bx_value(X8, FMT, blk, i, l) * x[l];
                 const float d = f16_to_f32(blk + 2 * i);
                 acc = fmaf((float)dot, d * dx8[r * (k / 4) + 8 * b], acc);
                 const float m = FMT == FMT_Q41X8 ? f16_to_f32(blk + 16 + 2 * i) : d * bx8_offset(FMT);
@@ -789,15 +789,15 @@ static void x8_streams(int fmt, const uint8_t *q0, int64_t gstride, int64_t grou
 }
 #endif
 
-/* row i of a 32-value interleaved group as float32 (the embedding look-up; GGUF's dequantization formula;
- * the K-quant groups: qkernels_x16.h's kgroup_dequantize) */
-static void x8_dequantize(int fmt, const uint8_t *grp, int i, int64_t k, float *o) {
+/* row i of a 32-value interleaved group of G = 8 or 16 rows (fmt its X8 layout) as float32 (the embedding look-up;
+ * GGUF's dequantization formula; the K-quant groups: qkernels_x16.h's kgroup_dequantize) */
+static void bgroup_dequantize(int G, int fmt, const uint8_t *grp, int i, int64_t k, float *o) {
     for (int64_t b = 0; b < k / 32; b++) {  /* d (u - OFF), Q4_1 d u + m, Q8_0 d q */
-        const uint8_t *blk = grp + (int64_t)bx8_bytes(fmt) * b;
+        const uint8_t *blk = grp + (int64_t)bx8_bytes(fmt) / X8 * G * b;
         const float d = f16_to_f32(blk + 2 * i);
         for (int l = 0; l < 32; l++) {
-            const float v = (float)bx8_value(fmt, blk, i, l);
-            o[32 * b + l] = fmt == FMT_Q80X8 ? d * v : fmt == FMT_Q41X8 ? d * v + f16_to_f32(blk + 16 + 2 * i)
+            const float v = (float)bx_value(G, fmt, blk, i, l);
+            o[32 * b + l] = fmt == FMT_Q80X8 ? d * v : fmt == FMT_Q41X8 ? d * v + f16_to_f32(blk + 2 * G + 2 * i)
                           : d * (v + bx8_offset(fmt));
         }
     }

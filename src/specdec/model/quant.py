@@ -13,8 +13,8 @@ the caller (one notice line).
 interleaved layout (qkernels_x8.h: one 32-bit lane per weight row): Q4_K and Q6_K into Q4KX8 /
 Q6KX8, Q8_0, Q5_0, Q4_0 and Q4_1 into Q80X8 / Q50X8 / Q40X8 / Q41X8 (each at GGUF's own bytes,
 where U8M spent 10 bits on a 5-bit weight), which the model does once at load for the matrices its
-passes multiply by. Where the kernels run AVX-512 (without AMX), two K-quant groups at a multiple of 16
-rows pack as one group of 16 (Q4KX16 / Q6KX16, qkernels_x16.h: a zmm per step, no permutes).
+passes multiply by. Where the kernels run AVX-512 (without AMX), two groups of a type at a multiple of 16
+rows pack as one group of 16 (Q4KX16, Q6KX16, Q80X16, ..., qkernels_x16.h: a zmm per step, no permutes).
 """
 
 from __future__ import annotations
@@ -28,13 +28,15 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants
 
 U4M, U8M, I8, Q4K, Q5K, Q6K, Q4KX8, Q6KX8, Q80X8, Q50X8, Q40X8, Q41X8 = 0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12
-Q4KX16, Q6KX16 = 13, 14  # qkernels_x16.h: the K-quant layouts 16 rows wide, for AVX-512
+# qkernels_x16.h: the layouts 16 rows wide, for AVX-512
+Q4KX16, Q6KX16, Q80X16, Q50X16, Q40X16, Q41X16 = 13, 14, 15, 16, 17, 18
 # bytes per 256 values and row
 SUPER_BLOCK = {Q4K: 144, Q5K: 176, Q6K: 210, Q4KX8: 148, Q6KX8: 210, Q4KX16: 148, Q6KX16: 210}
-BLOCK = {Q80X8: 34, Q50X8: 22, Q40X8: 18, Q41X8: 20}  # bytes per 32 values and row: GGUF's own
+X8_BLOCK = {Q80X8: 34, Q50X8: 22, Q40X8: 18, Q41X8: 20}  # bytes per 32 values and row: GGUF's own
 X8 = 8  # weight rows per interleaved group (X16: 16)
-X8_LAYOUTS = (Q4KX8, Q6KX8, *BLOCK)
-WIDE = {Q4KX8: Q4KX16, Q6KX8: Q6KX16}  # an 8-row layout -> its 16-row one
+X8_LAYOUTS = (Q4KX8, Q6KX8, *X8_BLOCK)
+WIDE = {Q4KX8: Q4KX16, Q6KX8: Q6KX16, Q80X8: Q80X16, Q50X8: Q50X16, Q40X8: Q40X16, Q41X8: Q41X16}  # 8 -> 16 rows
+BLOCK = X8_BLOCK | {WIDE[f]: size for f, size in X8_BLOCK.items()}  # the 32-value layouts, both widths
 INTERLEAVED = (*X8_LAYOUTS, *WIDE.values())
 GROUP_ROWS = {**dict.fromkeys(X8_LAYOUTS, X8), **dict.fromkeys(WIDE.values(), 2 * X8)}
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)  # super-blocks of 256 values
@@ -104,8 +106,8 @@ class QuantMatrix:
     def interleaved(self, wide: bool | None = None) -> QuantMatrix:
         """The same matrix with every group of 8 rows (at a multiple of 8) that shares a type packed into its
         interleaved layout (``x8_layouts``); other rows as they are. With ``wide`` (default: where the
-        kernels run AVX-512 without AMX, ``clib.wide_groups``) two such K-quant groups at a multiple of 16
-        pack as one of 16 rows (``WIDE``). Bytes per row grow by 4 per Q4_K super-block (its 12 packed
+        kernels run AVX-512 without AMX, ``clib.wide_groups``) two such groups at a multiple of 16 pack as
+        one of 16 rows (``WIDE``). Bytes per row grow by 4 per Q4_K super-block (its 12 packed
         scale bytes unpacked); the other layouts keep GGUF's bytes."""
         groups = x8_layouts(self)[: len(self.fmt) // X8 * X8].reshape(-1, X8)
         # a group of Q4_0 rows beside Q4_1 ones is Q4_1 with m = -8 d
@@ -422,25 +424,27 @@ def _block_values(mat: QuantMatrix, rows: np.ndarray) -> np.ndarray:
 
 
 def _x8_blocks(layout: int):
-    """Rows of one 32-value type, 8 a group -> the group's blocks [G, nb, 8 x BLOCK[layout]] (qkernels_x8.h)."""
+    """Rows of one 32-value type, n = 8 or 16 a group -> the group's blocks [G, nb, n x BLOCK[layout]]
+    (qkernels_x8.h; qkernels_x16.h: every per-row run n rows wide)."""
+    narrow = {v: k for k, v in WIDE.items()}.get(layout, layout)
 
     def packed(mat: QuantMatrix, rows: np.ndarray, groups: int) -> np.ndarray:
-        nb = mat.k // 32
-        v = _block_values(mat, rows).reshape(groups, X8, nb, 8, 4)  # [G, row, block, step, 4]
-        d = mat.s[rows, :nb].astype(np.float16).reshape(groups, X8, nb).transpose(0, 2, 1)  # [G, block, row]
-        parts = [np.ascontiguousarray(d).view(np.uint8).reshape(groups, nb, 16)]
-        if layout == Q41X8:
-            mn = mat.m[rows, :nb].astype(np.float16).reshape(groups, X8, nb).transpose(0, 2, 1)
-            parts.append(np.ascontiguousarray(mn).view(np.uint8).reshape(groups, nb, 16))
+        nb, n = mat.k // 32, len(rows) // groups
+        v = _block_values(mat, rows).reshape(groups, n, nb, 8, 4)  # [G, row, block, step, 4]
+        d = mat.s[rows, :nb].astype(np.float16).reshape(groups, n, nb).transpose(0, 2, 1)  # [G, block, row]
+        parts = [np.ascontiguousarray(d).view(np.uint8).reshape(groups, nb, 2 * n)]
+        if narrow == Q41X8:
+            mn = mat.m[rows, :nb].astype(np.float16).reshape(groups, n, nb).transpose(0, 2, 1)
+            parts.append(np.ascontiguousarray(mn).view(np.uint8).reshape(groups, nb, 2 * n))
         steps = v.transpose(0, 2, 3, 1, 4)  # [G, block, step, row, 4]
-        if layout == Q80X8:
-            parts.append(steps.reshape(groups, nb, 256))
+        if narrow == Q80X8:
+            parts.append(steps.reshape(groups, nb, 32 * n))
         else:
-            if layout == Q50X8:  # bit t of byte 4 i + u: the fifth bit of row i's value 4 t + u
+            if narrow == Q50X8:  # bit t of byte 4 i + u: the fifth bit of row i's value 4 t + u
                 high = ((v >> 4) & 1).transpose(0, 2, 1, 4, 3)  # [G, block, row, u, step]
-                parts.append(np.packbits(high, axis=-1, bitorder="little").reshape(groups, nb, 32))
+                parts.append(np.packbits(high, axis=-1, bitorder="little").reshape(groups, nb, 4 * n))
             low = steps & 15
-            parts.append((low[:, :, :4] | (low[:, :, 4:] << 4)).reshape(groups, nb, 128))
+            parts.append((low[:, :, :4] | (low[:, :, 4:] << 4)).reshape(groups, nb, 16 * n))
         return np.concatenate(parts, axis=-1).astype(np.uint8)
 
     return packed
