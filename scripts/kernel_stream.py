@@ -7,6 +7,7 @@ against each in turn is timed (best of 5) and compared with reading a buffer of 
 core (the read floor of `specdec bench passes`). Build variants through the kernels' extra flags:
 
     python scripts/kernel_stream.py --rows 1,8 --copies 64
+    python scripts/kernel_stream.py --rows 1,2,4,8 --copies 1 --group-rows both   # 8- against 16-row groups, in L3
     SPECDEC_QKERNELS_CFLAGS="-mno-avx512f" python scripts/kernel_stream.py        # the AVX2 (+VNNI) path
     SPECDEC_QKERNELS_CFLAGS="-DPF_AHEAD=1024" python scripts/kernel_stream.py     # another prefetch distance
 """
@@ -61,32 +62,40 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8", help="activation rows per product (default 1,8)")
     ap.add_argument("--copies", type=int, default=64,
                     help="matrices per format (default 64: 509 / 723 MB; x 4 for Q5_0 / Q8_0: 384 / 593 MB)")
-    ap.add_argument("--group-rows", type=int, choices=(8, 16), help="rows per interleaved group "
-                    "(default: the kernels' own, clib.wide_groups)")
+    ap.add_argument("--group-rows", choices=("8", "16", "both"), help="rows per interleaved group (default: "
+                    "the kernels' own, clib.wide_groups; both: 8 and 16 alternated, three times, in one process)")
     args = ap.parse_args()
-    wide = None if args.group_rows is None else args.group_rows == 16
+    widths = {None: [None], "8": [False], "16": [True], "both": [False, True]}[args.group_rows]
     clib.load_qkernels()
     rng = np.random.default_rng(0)
     print(f"kernels: {clib.isa()}")
     largest = 0
     for qtype, (n, k) in SHAPES.items():
-        base = QuantMatrix.from_blocks(random_k_blocks(qtype, n, k, rng), qtype, k).interleaved(wide=wide)
+        blocks = random_k_blocks(qtype, n, k, rng)
         copies = args.copies * (1 if qtype in (T.Q4_K, T.Q6_K) else 4)
-        mats = [tuple(a.copy() for a in base.arrays()) for _ in range(copies)]
-        nbytes = sum(m[0].nbytes for m in mats)
+        layouts = {}
+        for wide in widths:
+            base = QuantMatrix.from_blocks(blocks, qtype, k).interleaved(wide=wide)
+            layouts[wide] = [tuple(a.copy() for a in base.arrays()) for _ in range(copies)]
+        nbytes = sum(m[0].nbytes for m in layouts[widths[0]])
         largest = max(largest, nbytes)
         for rows in (int(r) for r in args.rows.split(",")):
             x = rng.standard_normal((rows, k)).astype(np.float32)
             out = np.empty((rows, n), dtype=np.float32)
+            best = dict.fromkeys(widths, float("inf"))
+            for _ in range(3 if len(widths) > 1 else 1):
+                for wide, mats in layouts.items():
 
-            def products(mats=mats, x=x, out=out) -> None:
-                for m in mats:
-                    kernels.qmatmul(*m, x, out)
+                    def products(mats=mats, x=x, out=out) -> None:
+                        for m in mats:
+                            kernels.qmatmul(*m, x, out)
 
-            sec = best_seconds(products)
-            rate, macs = nbytes / sec / 1e9, rows * n * k * copies / sec / 1e9
-            print(f"{qtype.name} {rows} row(s): {sec * 1e3:.1f} ms for {nbytes / 1e6:.0f} MB = {rate:.1f} GB/s, "
-                  f"{macs:.0f} GMAC/s")
+                    best[wide] = min(best[wide], best_seconds(products))
+            for wide, sec in best.items():
+                rate, macs = nbytes / sec / 1e9, rows * n * k * copies / sec / 1e9
+                label = "" if wide is None else f" ({16 if wide else 8}-row groups)"
+                print(f"{qtype.name} {rows} row(s){label}: {sec * 1e3:.1f} ms for {nbytes / 1e6:.0f} MB = {rate:.1f} "
+                      f"GB/s, {macs:.0f} GMAC/s")
 
     floor = best_seconds(floor_reader(largest, torch.device("cpu")))
     print(f"read floor: {largest / floor / 1e9:.1f} GB/s ({largest / 1e6:.0f} MB on every core)")
