@@ -318,17 +318,10 @@ INLINE void x16_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, c
 #define CALL_Q4KX16(R) x16_q4k(R, g, k, xk, dk, bk, out, os)
 #define CALL_Q6KX16(R) x16_q6k(R, g, k, xk, dk, bk, out, os)
 #define CALL_BX16(R) x16_b32(R, FMT, g, k, xq, dx8, bs32, out, os)
-/* one function per 32-value layout: FMT a constant the inlined kernel folds */
-#define BX16TILES(NAME, F)                                                                                  \
-    static void NAME(int R, const uint8_t *g, int64_t k, const int8_t *xq, const float *dx8, const float *bs32, \
-                     float *out, int64_t os) {                                                              \
-        const int FMT = F;                                                                                  \
-        ROWS_SWITCH(CALL_BX16)                                                                              \
-    }
-BX16TILES(tiles_q80x16, FMT_Q80X16)
-BX16TILES(tiles_q50x16, FMT_Q50X16)
-BX16TILES(tiles_q40x16, FMT_Q40X16)
-BX16TILES(tiles_q41x16, FMT_Q41X16)
+B32TILES(tiles_q80x16, FMT_Q80X16, ROWS_SWITCH, CALL_BX16)  /* qkernels_x8.h's macro */
+B32TILES(tiles_q50x16, FMT_Q50X16, ROWS_SWITCH, CALL_BX16)
+B32TILES(tiles_q40x16, FMT_Q40X16, ROWS_SWITCH, CALL_BX16)
+B32TILES(tiles_q41x16, FMT_Q41X16, ROWS_SWITCH, CALL_BX16)
 static void tiles_x16(int fmt, int R, const uint8_t *g, int64_t k, const int8_t *xq, const float *dx8, const float *bs32,
                       const int8_t *xk, const float *dk, const int16_t *bk, float *out, int64_t os) {
     switch (fmt) {

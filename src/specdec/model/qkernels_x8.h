@@ -648,7 +648,7 @@ INLINE void x8_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, co
 #define CALL_Q4KX8(R) x8_q4k(R, g, k, xk, dk, bk, out, os)
 #endif
 #define CALL_Q6KX8(R) x8_q6k(R, g, k, xk, dk, bk, out, os)
-#define CALL_BX8(R) x8_b32(R, fmt, g, k, xq, dx8, bs32, out, os)
+#define CALL_BX8(R) x8_b32(R, FMT, g, k, xq, dx8, bs32, out, os)
 static void tiles_q4kx8(int R, const uint8_t *g, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
                         float *out, int64_t os) {
     X8SWITCH(CALL_Q4KX8)
@@ -657,17 +657,18 @@ static void tiles_q6kx8(int R, const uint8_t *g, int64_t k, const int8_t *xk, co
                         float *out, int64_t os) {
     X8SWITCH(CALL_Q6KX8)
 }
-/* one function per 32-value layout: fmt is a constant the inlined kernel folds */
-#define BX8TILES(NAME, FMT)                                                                                 \
+/* one function per 32-value layout (8 or 16 rows a group): FMT a constant the inlined kernel CALL folds, SWITCH
+ * the row count's switch */
+#define B32TILES(NAME, F, SWITCH, CALL)                                                                     \
     static void NAME(int R, const uint8_t *g, int64_t k, const int8_t *xq, const float *dx8, const float *bs32, \
                      float *out, int64_t os) {                                                              \
-        const int fmt = FMT;                                                                                \
-        X8SWITCH(CALL_BX8)                                                                                  \
+        const int FMT = F;                                                                                  \
+        SWITCH(CALL)                                                                                        \
     }
-BX8TILES(tiles_q80x8, FMT_Q80X8)
-BX8TILES(tiles_q50x8, FMT_Q50X8)
-BX8TILES(tiles_q40x8, FMT_Q40X8)
-BX8TILES(tiles_q41x8, FMT_Q41X8)
+B32TILES(tiles_q80x8, FMT_Q80X8, X8SWITCH, CALL_BX8)
+B32TILES(tiles_q50x8, FMT_Q50X8, X8SWITCH, CALL_BX8)
+B32TILES(tiles_q40x8, FMT_Q40X8, X8SWITCH, CALL_BX8)
+B32TILES(tiles_q41x8, FMT_Q41X8, X8SWITCH, CALL_BX8)
 
 /* activation rows per tile, by layout (at most XROWS). AVX-512 builds keep Q6_K at 4 rows: the zmm Q6KX8
  * tile that kept two int32 sums a row spilled at 8, and 4-row tiles ran 8 and 16 rows at 97-106 GMAC/s
