@@ -270,7 +270,7 @@ INLINE void x16_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, c
                     const float *bs32, float *out, int64_t os) {
     const int F8 = bx16_narrow(FMT);
     const int64_t nb = k / 32;
-    const int bytes = 2 * bx8_bytes(F8), nib = 2 * bx8_nibbles(F8);
+    const int bytes = bx_bytes(X16, F8), nib = 2 * bx8_nibbles(F8);
     const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
     const int NA = R == 1 ? 4 : R == 2 ? 2 : 1;  /* independent sums a row, as x16_q4k's */
     __m512 acc[X16ROWS], macc[X16ROWS];
@@ -342,22 +342,8 @@ static void tiles_x16(int fmt, int R, const uint8_t *grp, int64_t k, const int8_
                       const int8_t *xk, const float *dk, const int16_t *bk, float *out, int64_t os) {
     const int64_t nsb = k / QK;
     (void)R;
-    if (bx16_layout(fmt)) {  /* x8_b32's portable steps at the 16-row offsets */
-        const int F8 = bx16_narrow(fmt);
-        const int64_t nb = k / 32;
-        for (int i = 0; i < X16; i++) {
-            float acc = 0.0f, macc = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = grp + (int64_t)2 * bx8_bytes(F8) * b;
-                int32_t dot = 0;
-                for (int l = 0; l < 32; l++) dot += bx_value(X16, F8, blk, i, l) * xq[32 * b + l];
-                const float d = f16_to_f32(blk + 2 * i);
-                acc = fmaf((float)dot, d * dx8[8 * b], acc);
-                const float m = F8 == FMT_Q41X8 ? f16_to_f32(blk + 32 + 2 * i) : d * bx8_offset(F8);
-                if (F8 != FMT_Q80X8) macc = fmaf(m, bs32[b], macc);
-            }
-            out[i] = F8 == FMT_Q80X8 ? acc : acc + macc;
-        }
+    if (bx16_layout(fmt)) {
+        bgroup_product(X16, bx16_narrow(fmt), 1, grp, k, xq, dx8, bs32, out, os);
         return;
     }
     for (int i = 0; i < X16; i++) {

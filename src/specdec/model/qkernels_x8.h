@@ -57,6 +57,31 @@ INLINE int bx_value(int G, int fmt, const uint8_t *blk, int i, int l) {
     return fmt == FMT_Q50X8 ? low | (((blk[2 * G + 4 * i + u] >> t) & 1) << 4) : low;
 }
 
+/* bytes per 32-value block of a group of G rows (fmt its X8 layout) */
+INLINE int bx_bytes(int G, int fmt) { return bx8_bytes(fmt) / X8 * G; }
+
+/* R activation rows against one 32-value group of G = 8 or 16 rows (fmt its X8 layout), in portable C: the
+ * integers and fused float steps (fmaf) every ISA's kernel takes per lane, so the reference for both widths */
+static inline void bgroup_product(int G, int fmt, int R, const uint8_t *grp, int64_t k, const int8_t *xq,
+                                  const float *dx8, const float *bs32, float *out, int64_t os) {
+    const int64_t nb = k / 32;
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < G; i++) {
+            float acc = 0.0f, macc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = grp + (int64_t)bx_bytes(G, fmt) * b;
+                const int8_t *x = xq + r * k + 32 * b;
+                int32_t dot = 0;
+                for (int l = 0; l < 32; l++) dot += bx_value(G, fmt, blk, i, l) * x[l];
+                const float d = f16_to_f32(blk + 2 * i);
+                acc = fmaf((float)dot, d * dx8[r * (k / 4) + 8 * b], acc);
+                const float m = fmt == FMT_Q41X8 ? f16_to_f32(blk + 2 * G + 2 * i) : d * bx8_offset(fmt);
+                if (fmt != FMT_Q80X8) macc = fmaf(m, bs32[r * nb + b], macc);
+            }
+            out[r * os + i] = fmt == FMT_Q80X8 ? acc : acc + macc;
+        }
+}
+
 /* value e (0..255) of row i of a super-block of a group, unsigned (Q6_K: before its -32) */
 INLINE int q4x8_value(const uint8_t *blk, int i, int e) {
     const int j = e / 32, l = e % 32;
@@ -607,22 +632,7 @@ INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
 }
 INLINE void x8_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, const int8_t *xq, const float *dx8,
                    const float *bs32, float *out, int64_t os) {
-    const int64_t nb = k / 32;
-    for (int r = 0; r < R; r++)
-        for (int i = 0; i < X8; i++) {
-            float acc = 0.0f, macc = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = grp + (int64_t)bx8_bytes(FMT) * b;
-                const int8_t *x = xq + r * k + 32 * b;
-                int32_t dot = 0;
-                for (int l = 0; l < 32; l++) dot += bx_value(X8, FMT, blk, i, l) * x[l];
-                const float d = f16_to_f32(blk + 2 * i);
-                acc = fmaf((float)dot, d * dx8[r * (k / 4) + 8 * b], acc);
-                const float m = FMT == FMT_Q41X8 ? f16_to_f32(blk + 16 + 2 * i) : d * bx8_offset(FMT);
-                if (FMT != FMT_Q80X8) macc = fmaf(m, bs32[r * nb + b], macc);
-            }
-            out[r * os + i] = FMT == FMT_Q80X8 ? acc : acc + macc;
-        }
+    bgroup_product(X8, FMT, R, grp, k, xq, dx8, bs32, out, os);
 }
 #endif
 
@@ -794,7 +804,7 @@ static void x8_streams(int fmt, const uint8_t *q0, int64_t gstride, int64_t grou
  * GGUF's dequantization formula; the K-quant groups: qkernels_x16.h's kgroup_dequantize) */
 static void bgroup_dequantize(int G, int fmt, const uint8_t *grp, int i, int64_t k, float *o) {
     for (int64_t b = 0; b < k / 32; b++) {  /* d (u - OFF), Q4_1 d u + m, Q8_0 d q */
-        const uint8_t *blk = grp + (int64_t)bx8_bytes(fmt) / X8 * G * b;
+        const uint8_t *blk = grp + (int64_t)bx_bytes(G, fmt) * b;
         const float d = f16_to_f32(blk + 2 * i);
         for (int l = 0; l < 32; l++) {
             const float v = (float)bx_value(G, fmt, blk, i, l);
