@@ -289,7 +289,8 @@ def test_with_every_member_off_no_rows_are_planned_and_the_back_offs_still_run_o
         drafter.accept(context, 0)
         context = truth[: len(context) + 1]
     assert monitor.mode.value == "probe" and drafter.planned_alpha(0.9) == monitor.probe_alpha
-    assert drafter.planned_alpha(0.3) == monitor.probe_alpha  # the sequence's alpha, of budgeted tokens only, does not cap it
+    # the sequence's alpha (of the tokens its budgets let through) does not cap it
+    assert drafter.planned_alpha(0.3) == monitor.probe_alpha
 
 
 class Lookup(IndexingDrafter):
