@@ -219,9 +219,12 @@ def test_local_trie_drafts_beyond_max_depth():
 
 def test_max_spec_factor_limits_short_matches():
     context = [1, 2, 3, 4, 5, 6, 1]
-    drafter = SuffixDrafter()  # factor 1: a 1-token match drafts 1 token
+    drafter = SuffixDrafter(max_spec_factor=1.0)  # a 1-token match drafts 1 token
     drafter.begin(context, SAMPLING)
     assert drafter.propose(context, 8).token_ids == [2]
+    drafter = SuffixDrafter()  # the default, 2: it drafts 2
+    drafter.begin(context, SAMPLING)
+    assert drafter.propose(context, 8).token_ids == [2, 3]
 
 
 def test_tree_mode_proposes_alternatives():
