@@ -270,7 +270,7 @@ INLINE void x16_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, c
                     const float *bs32, float *out, int64_t os) {
     const int F8 = bx16_narrow(FMT);
     const int64_t nb = k / 32;
-    const int bytes = bx_bytes(X16, F8), nib = 2 * bx8_nibbles(F8);
+    const int bytes = bx_bytes(X16, F8), nib = bx_nibbles(X16, F8);
     const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
     const int NA = R == 1 ? 4 : R == 2 ? 2 : 1;  /* independent sums a row, as x16_q4k's */
     __m512 acc[X16ROWS], macc[X16ROWS];

@@ -47,18 +47,19 @@ INLINE int bx8_bytes(int fmt) { return fmt == FMT_Q80X8 ? 272 : fmt == FMT_Q50X8
 INLINE int bx8_nibbles(int fmt) { return fmt == FMT_Q50X8 ? 48 : fmt == FMT_Q40X8 ? 16 : 32; }
 INLINE float bx8_offset(int fmt) { return fmt == FMT_Q50X8 ? -16.0f : -8.0f; }
 
+/* bytes per 32-value block of a group of G rows (fmt its X8 layout), and where its nibbles start */
+INLINE int bx_bytes(int G, int fmt) { return bx8_bytes(fmt) / X8 * G; }
+INLINE int bx_nibbles(int G, int fmt) { return bx8_nibbles(fmt) / X8 * G; }
+
 /* value l (0..31) of row i of a 32-value block of a group of G = 8 rows (fmt an X8 layout) or 16 (qkernels_x16.h's
  * Q80X16 ..: every per-row run G rows wide), as the kernels multiply it (Q8_0 signed, the others unsigned, before OFF) */
 INLINE int bx_value(int G, int fmt, const uint8_t *blk, int i, int l) {
     const int t = l / 4, u = l % 4;
     if (fmt == FMT_Q80X8) return (int8_t)blk[2 * G + 4 * G * t + 4 * i + u];
-    const uint8_t byte = blk[bx8_nibbles(fmt) / X8 * G + 4 * G * (t % 4) + 4 * i + u];
+    const uint8_t byte = blk[bx_nibbles(G, fmt) + 4 * G * (t % 4) + 4 * i + u];
     const int low = t < 4 ? byte & 15 : byte >> 4;
     return fmt == FMT_Q50X8 ? low | (((blk[2 * G + 4 * i + u] >> t) & 1) << 4) : low;
 }
-
-/* bytes per 32-value block of a group of G rows (fmt its X8 layout) */
-INLINE int bx_bytes(int G, int fmt) { return bx8_bytes(fmt) / X8 * G; }
 
 /* R activation rows against one 32-value group of G = 8 or 16 rows (fmt its X8 layout), in portable C: the
  * integers and fused float steps (fmaf) every ISA's kernel takes per lane, so the reference for both widths */
