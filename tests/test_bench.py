@@ -274,28 +274,41 @@ def test_ignore_eos_runs_every_answer_to_the_limit(tiny_llama, tmp_path, monkeyp
     assert "rerun with `--ignore-eos`" not in (out / "report.md").read_text()  # equal lengths: no caveat
 
 
-def test_methods_run_interleaved_by_batch_in_a_rotating_order(tiny_llama, tmp_path, monkeypatch, capsys):
-    """Machine drift must hit every method alike: each batch of a cell's requests runs under every
-    method in turn (plain decoding among them), the first method rotating by batch."""
-    order = []
-    run = harness.MethodRunner.run
+def test_methods_run_in_lockstep_in_a_rotating_order(tiny_llama, tmp_path, monkeypatch, capsys):
+    """Machine drift must meet every method alike: each batch of a cell's requests runs under every
+    method at once (plain decoding among them), a step of each in turn, the first method rotating by batch."""
+    calls = []
+    timed = harness.MethodTurn.timed
 
-    def spy(self, requests, temperature, batch_size, tick):
-        order.append((self.llm.spec.types[0].value, requests[0].conv_id))
-        return run(self, requests, temperature, batch_size, tick)
+    def spy(self, work):
+        calls.append((self.name, work.__name__))
+        return timed(self, work)
 
-    monkeypatch.setattr(harness.MethodRunner, "run", spy)
+    monkeypatch.setattr(harness.MethodTurn, "timed", spy)
     out = tmp_path / "out"
     rc = main(["bench", "--quick", "--model", str(tiny_llama), "--limit", "3", "--max-turns", "1",
-               "--max-new-tokens", "4", "--workloads", "qa", "--methods", "none,ngram,suffix", "--peers", "none",
+               "--max-new-tokens", "6", "--workloads", "qa", "--methods", "none,ngram,suffix", "--peers", "none",
                "--no-oracle", "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
-    convs = list(dict.fromkeys(c for _, c in order))
-    assert len(convs) == 3 and [m for m, _ in order] == ["none", "ngram", "suffix", "ngram", "suffix", "none",
-                                                         "suffix", "none", "ngram"]
-    assert [c for _, c in order] == [c for c in convs for _ in range(3)]
+    starts = [i for i, (_, what) in enumerate(calls) if what == "start"]
+    assert [calls[i][0] for i in starts] == ["none", "ngram", "suffix", "ngram", "suffix", "none",
+                                             "suffix", "none", "ngram"]
+    for r in range(3):  # a round: its three prefills, then one step of each running method in turn
+        order = [calls[i][0] for i in starts[3 * r:3 * r + 3]]
+        end = starts[3 * r + 3] if r < 2 else len(calls)
+        steps = [name for name, what in calls[starts[3 * r + 2] + 1:end]]
+        left = {m: steps.count(m) for m in order}
+        assert left["none"] == 6  # plain decoding: a step a token
+        expected = []
+        while any(left.values()):
+            for m in order:
+                if left[m]:
+                    expected.append(m)
+                    left[m] -= 1
+        assert steps == expected
     runs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sorted(r["requests"] for r in runs if r["kind"] == "specdec") == [3, 3, 3]
+    assert all(r["new_tokens"] > 0 and r["seconds"] > 0 for r in runs if r["kind"] == "specdec")
 
 
 def test_greedy_mismatch_fails_loudly(tiny_llama, tmp_path, monkeypatch, capsys):

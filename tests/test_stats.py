@@ -62,3 +62,13 @@ def test_acceptance_rate_is_accepted_over_drafted_not_alpha():
     s = SpecStats()
     s.record_draft(5, 2, [("ngram", 5)], ["ngram"] * 2)  # 2 kept of 5 drafted; the verifier tested 3
     assert s.acceptance_rate == pytest.approx(2 / 5)  # alpha (monitor.py) would be 2 / 3
+
+
+def test_a_batch_counts_its_wall_time_its_passes_once_and_one_prefill():
+    """Each sequence's stats count a batched pass in full: the batch's counters take its own times."""
+    a = SpecStats(new_tokens=5, decode_passes=5, target_seconds=2.0, prefill_seconds=0.5, seconds=3.0)
+    b = SpecStats(new_tokens=3, decode_passes=5, target_seconds=2.0, prefill_seconds=0.7, seconds=3.0)
+    batch = SpecStats.of_batch([a, b], seconds=3.5, target_seconds=2.2)
+    assert (batch.new_tokens, batch.decode_passes) == (8, 10)
+    assert (batch.seconds, batch.target_seconds, batch.prefill_seconds) == (3.5, 2.2, 0.7)
+    assert SpecStats.of_batch([], 0.0, 0.0) == SpecStats()

@@ -403,23 +403,14 @@ class Engine:
         Finished sequences leave the batch, and free their slot, at once. ``on_step(running, results)``
         sees each step's results (``LLM.generate`` collects token origins from them).
         """
+        batch = StaticBatch(self, seqs)
         try:
-            pass_seconds = self.start(seqs)
-            running = [s for s in seqs if not s.finished]
-            while running:
-                results = self.step(running)
-                pass_seconds += results[0].pass_seconds
-                if on_step is not None:
-                    on_step(running, results)
-                for s in running:
-                    if s.finished:
-                        self.finish(s)
-                running = [s for s in running if not s.finished]
-            return pass_seconds
+            batch.start()
+            while batch.running:
+                batch.step(on_step)
+            return batch.pass_seconds
         finally:
-            for s in seqs:
-                if s.slot >= 0:
-                    self.finish(s)
+            batch.close()
 
     def generate(self, seq: SequenceState) -> Iterator[StepResult]:
         """Run ``seq`` alone until it finishes, yielding each step's result."""
@@ -433,6 +424,38 @@ class Engine:
         finally:
             seq.stats.seconds = time.perf_counter() - t0
             self.finish(seq)
+
+
+class StaticBatch:
+    """A static batch run a step at a time (``Engine.run_batch``'s loop), for a caller that takes turns
+    between batches: the bench steps every method's batch in turn, so the machine's drift meets them alike."""
+
+    def __init__(self, engine: Engine, seqs: list[SequenceState]) -> None:
+        self.engine, self.seqs = engine, seqs
+        self.running: list[SequenceState] = []
+        self.pass_seconds = 0.0  # each batched pass once
+
+    def start(self) -> None:
+        """Slots and prefill (``Engine.start``)."""
+        self.pass_seconds += self.engine.start(self.seqs)
+        self.running = [s for s in self.seqs if not s.finished]
+
+    def step(self, on_step: Callable[[list[SequenceState], list[StepResult]], None] | None = None) -> None:
+        """One step of the running sequences; the finished ones leave and free their slot at once."""
+        results = self.engine.step(self.running)
+        self.pass_seconds += results[0].pass_seconds
+        if on_step is not None:
+            on_step(self.running, results)
+        for s in self.running:
+            if s.finished:
+                self.engine.finish(s)
+        self.running = [s for s in self.running if not s.finished]
+
+    def close(self) -> None:
+        """Free every slot still held (a batch stopped early, or by an error)."""
+        for s in self.seqs:
+            if s.slot >= 0:
+                self.engine.finish(s)
 
 
 def _rejected(tree: DraftTree, node: int) -> list[int]:

@@ -249,20 +249,15 @@ class LLM:
 
         pass_seconds = self.engine.run_batch(seqs, collect)
         wall = time.perf_counter() - t0
-        batch = SpecStats()
         for (out, p), seq in zip(todo, seqs, strict=True):
             text = TextStream(self.tokenizer, p.stop).final(seq.output_ids)
             logprobs = seq.logprobs if p.logprobs is not None else None
             out.choices.append(Completion(text, seq.output_ids, seq.finish_reason, origins[id(seq)], logprobs))
             out.stats.merge(seq.stats)
             out.prompt_logprobs = seq.prompt_logprobs
-            batch.merge(seq.stats)
         for out in {id(out): out for out, _ in todo}.values():
             out.stats.seconds += wall  # the wall time of the batches its choices ran in
-        # Each sequence's stats count a batched pass in full: the batch counts it once.
-        batch.seconds, batch.target_seconds = wall, pass_seconds
-        batch.prefill_seconds = max(seq.stats.prefill_seconds for seq in seqs)  # one prefill pass, shared
-        return batch
+        return SpecStats.of_batch([seq.stats for seq in seqs], wall, pass_seconds)
 
     def warmup(self) -> None:
         """One short generation so timings exclude first-call costs (allocations, kernel picks).

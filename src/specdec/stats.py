@@ -102,6 +102,17 @@ class SpecStats:
             else:
                 raise TypeError(f"SpecStats.merge: no rule for field {f.name} ({type(mine).__name__})")
 
+    @classmethod
+    def of_batch(cls, per_sequence: Iterable[SpecStats], seconds: float, target_seconds: float) -> SpecStats:
+        """A static batch's counters: its sequences' summed, with the batch's wall time and pass seconds
+        (each sequence's own stats count a batched pass in full: the batch counts it once) and one prefill."""
+        batch, prefills = cls(), [0.0]
+        for stats in per_sequence:
+            batch.merge(stats)
+            prefills.append(stats.prefill_seconds)
+        batch.seconds, batch.target_seconds, batch.prefill_seconds = seconds, target_seconds, max(prefills)
+        return batch
+
     def to_dict(self) -> dict:
         out = asdict(self)
         out.update(

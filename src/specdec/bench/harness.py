@@ -7,7 +7,7 @@ Flow of one ``run_bench``:
    Its answers build later turns' prompts, so every method and peer gets the
    same token ids; its outputs are what greedy runs must reproduce exactly.
 2. specdec methods over workloads x batch sizes x temperatures, plain decoding
-   among them, interleaved by batch of requests (``run_interleaved``). Greedy
+   among them, in lockstep by batch of requests (``run_interleaved``). Greedy
    outputs are compared with the reference, full lists, exactly: a mismatch
    stops the run (GreedyMismatchError).
 3. peers at batch size 1 on the same token ids; their mismatches are counted.
@@ -16,6 +16,7 @@ Flow of one ``run_bench``:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from tqdm import tqdm
@@ -28,6 +29,7 @@ from specdec.bench.records import GREEDY, BenchResult, Cell, Request, peak_rss_b
 from specdec.bench.workloads import Conversation, Workload
 from specdec.config import SamplingParams, SpecType
 from specdec.drafters.registry import DraftResources
+from specdec.engine import StaticBatch
 from specdec.llm import LLM
 from specdec.stats import SpecStats
 
@@ -76,7 +78,8 @@ class MethodRunner:
         self.cfg = cfg
         self.llm = LLM(cfg.model, dtype=cfg.dtype, kv_cache_dtype=cfg.kv_cache_dtype,
                        max_model_len=cfg.max_model_len, device=cfg.device,
-                       max_num_seqs=max(cfg.batch_sizes), backend=cfg.backend,
+                       max_num_seqs=max(*cfg.batch_sizes, len(cfg.methods)),  # batch 1: every method at once
+                       backend=cfg.backend,
                        quantization=cfg.quantization)
         self._resources: dict[str, DraftResources] = {}
 
@@ -125,8 +128,9 @@ class MethodRunner:
     def params(self, request: Request, temperature: float) -> SamplingParams:
         return request.params(temperature, self.cfg.max_new_tokens, self.cfg.ignore_eos)
 
-    def kv_bytes(self) -> int | None:
-        return self.llm.runner.kv_bytes() or None
+    def kv_bytes(self, batch_size: int) -> int | None:
+        """The KV cache a batch of ``batch_size`` holds (the cache has a slot for every method's sequence)."""
+        return self.llm.runner.kv_bytes() * batch_size // self.llm.runner.num_slots or None
 
 
 def build_requests(runner: MethodRunner, w: Workload, notes: list[str], first_seed: int,
@@ -167,20 +171,57 @@ def settings(cfg: BenchConfig, w: Workload) -> list[tuple[float, int]]:
     return [(t, b) for t in temps for b in cfg.batch_sizes]
 
 
+class MethodTurn:
+    """One method's batch of a lockstep round (``run_interleaved``): the batch and the wall time of its own steps."""
+
+    def __init__(self, name: str, batch: StaticBatch) -> None:
+        self.name, self.batch, self.seconds = name, batch, 0.0
+
+    def timed(self, work: Callable[[], None]) -> None:
+        t0 = time.perf_counter()
+        work()
+        self.seconds += time.perf_counter() - t0
+
+    def stats(self) -> SpecStats:
+        return SpecStats.of_batch([s.stats for s in self.batch.seqs], self.seconds, self.batch.pass_seconds)
+
+
 def run_interleaved(runner: MethodRunner, methods: list[Method], requests: list[Request], temperature: float,
                     batch_size: int, bar: tqdm, workload: str) -> dict[str, tuple[list[list[int]], SpecStats]]:
     """Every method's (outputs, stats) on ``requests``: each batch of them runs under every method in
-    turn, the order rotating by batch, so machine drift hits all methods alike. (Run a whole cell
-    after another, plain's 1-token pass moved 37-55 ms between the workloads of one run on a 2-core
-    VM, and one cell's ratio by +-10%.)"""
+    lockstep, one step of each method's batch in turn (prefills too), each method timed over its own
+    steps, the order rotating by batch, so the machine's drift meets every method alike. Where the
+    cache has too few slots for every method's batch at once, as many methods as fit step together and
+    the rest follow. (Run a whole cell after another, plain's 1-token pass moved 37-55 ms between the
+    workloads of one run on a 2-core VM; run request by request in turn, the memory's speed still
+    flipped under one method's requests: a group of 4 MT-bench requests read 0.74x for suffix, which
+    drafted 100 tokens in 968 passes, its 1-token passes 38.8 ms against plain's 27.7.)"""
     done: dict[str, tuple[list[list[int]], SpecStats]] = {m.name: ([], SpecStats()) for m in methods}
+    together = max(1, runner.llm.runner.num_slots // batch_size)
+    bar.set_description(f"{workload} B{batch_size} T{temperature:g}")
     for i, start in enumerate(range(0, len(requests), batch_size)):
-        for method in methods[i % len(methods):] + methods[: i % len(methods)]:
-            runner.use(method, forget=i == 0)
-            bar.set_description(f"{method.name} {workload} B{batch_size} T{temperature:g}")
-            outputs, stats = runner.run(requests[start:start + batch_size], temperature, batch_size, bar.update)
-            done[method.name][0].extend(outputs)
-            done[method.name][1].merge(stats)
+        chunk = requests[start:start + batch_size]
+        order = methods[i % len(methods):] + methods[: i % len(methods)]
+        for first in range(0, len(order), together):
+            turns = []
+            try:
+                for method in order[first:first + together]:
+                    runner.use(method, forget=i == 0)
+                    seqs = [runner.llm.new_sequence(list(r.prompt_ids), runner.params(r, temperature)) for r in chunk]
+                    turns.append(MethodTurn(method.name, StaticBatch(runner.llm.engine, seqs)))
+                for turn in turns:
+                    turn.timed(turn.batch.start)
+                while any(turn.batch.running for turn in turns):
+                    for turn in turns:
+                        if turn.batch.running:
+                            turn.timed(turn.batch.step)
+            finally:
+                for turn in turns:
+                    turn.batch.close()
+            for turn in turns:
+                done[turn.name][0].extend(list(s.output_ids) for s in turn.batch.seqs)
+                done[turn.name][1].merge(turn.stats())
+                bar.update(len(chunk))
     return done
 
 
@@ -207,7 +248,7 @@ def run_workload(runner: MethodRunner, result: BenchResult, w: Workload, peers: 
             res = runner.resources(method)
             outputs, stats = runs[method.name]
             cell = Cell(method.name, "specdec", w.name, batch_size, temperature, outputs, stats,
-                        kv_bytes=runner.kv_bytes(), drafter_bytes=metrics.drafter_bytes(res),
+                        kv_bytes=runner.kv_bytes(batch_size), drafter_bytes=metrics.drafter_bytes(res),
                         peak_rss_bytes=peak_rss_bytes())
             result.cells.append(cell)
             if temperature == GREEDY:
