@@ -30,8 +30,10 @@ import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from tqdm import tqdm
+
 from specdec.bench.config import BenchConfig, Method
-from specdec.bench.harness import MethodRunner, build_requests, check_greedy
+from specdec.bench.harness import MethodRunner, build_requests, check_greedy, run_interleaved
 from specdec.bench.metrics import acceptance_by_pos
 from specdec.bench.passes import measure as measure_passes
 from specdec.bench.records import GREEDY, Cell, Request
@@ -263,11 +265,14 @@ def run_advise(cfg: AdviseConfig, methods: list[Method], log: Callable[[str], No
     costs = PassCost()
     for w, s in seconds.items():
         costs.observe(w, s)
+    # plain decoding too (the reference run above was the warm-up of every shape), every method in lockstep
+    log(f"{', '.join(m.name for m in methods)} in lockstep: {len(requests)} requests, batch {cfg.batch_size}, "
+        f"temperature {cfg.temperature:g}")
+    runs = run_interleaved(runner, methods, requests, cfg.temperature, cfg.batch_size, tqdm(disable=True),
+                           cfg.workload.name)
     stats: dict[str, SpecStats] = {}
-    for m in methods:  # plain decoding too: the reference run above was the warm-up of every shape
-        runner.use(m)
-        log(f"{m.name}: {len(requests)} requests, batch {cfg.batch_size}, temperature {cfg.temperature:g}")
-        outputs, stats[m.name] = runner.run(requests, cfg.temperature, cfg.batch_size, lambda n: None)
+    for m in methods:
+        outputs, stats[m.name] = runs[m.name]
         if cfg.temperature == GREEDY:  # a speculative output that differs from plain decoding stops here
             check_greedy(Cell(m.name, "specdec", cfg.workload.name, cfg.batch_size, cfg.temperature, outputs,
                               stats[m.name]), reference)

@@ -98,21 +98,6 @@ class MethodRunner:
         """``method``'s draft resources, as its last ``use`` left them."""
         return self._resources[method.name]
 
-    def run(self, requests: list[Request], temperature: float, batch_size: int,
-            tick: Callable[[int], None]) -> tuple[list[list[int]], SpecStats]:
-        """The requests in static batches of ``batch_size`` through ``LLM.run_batches``, batch 1 included;
-        verify time counts each batched pass once."""
-        outputs: list[list[int]] = []
-        total = SpecStats()
-        for start in range(0, len(requests), batch_size):
-            chunk = requests[start:start + batch_size]
-            params = [self.params(r, temperature) for r in chunk]
-            run = self.llm.run_batches([list(r.prompt_ids) for r in chunk], params)
-            outputs += [out.token_ids for out in run.outputs]
-            total.merge(run.stats)
-            tick(len(chunk))
-        return outputs, total
-
     def request(self, w: Workload, conv: Conversation, turn: int, answers: list[str], index: int,
                 notes: list[str]) -> Request | None:
         """The request for one turn, or None (with a note) when it cannot fit in the context."""
