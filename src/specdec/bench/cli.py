@@ -253,8 +253,10 @@ def run_notes(cfg: BenchConfig, meta: dict) -> list[str]:
                         else "f16 (its default; --kv-cache-dtype float16 runs both alike)."))
     notes.append("The creative workload always runs at temperature 1.0 (its own setting), whatever "
                  "--temperatures says; greedy checks do not apply to sampled runs.")
-    notes.append("specdec's methods run interleaved: each batch of a workload's requests runs under every method "
-                 "in turn, the first method rotating by batch, so machine drift hits all alike; peers run after.")
+    notes.append("specdec's methods run in lockstep: each batch of a workload's requests runs under every method "
+                 "at once, one step of each method in turn (the first rotating by batch), each timed over its own "
+                 "steps, so machine drift hits all alike (where the cache lacks the slots, as many methods as fit "
+                 "at a time); peers run after.")
     notes.append("Batch sizes > 1 run static batches through the engine (start B sequences, step until all "
                  "finish); tokens/s counts every sequence's tokens over the batch's wall time.")
     notes.append("Peers run at batch size 1 only (transformers' prompt-lookup and assisted generation support "
