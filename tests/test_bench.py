@@ -360,3 +360,30 @@ def test_bench_passes_on_tiny_model(tiny_llama, capsys):
 def test_bench_passes_rejects_bad_widths(tiny_llama, capsys):
     assert main(["bench", "passes", "--model", str(tiny_llama), "--widths", "0,2"]) == 2
     assert "--widths" in capsys.readouterr().err
+
+
+def test_warm_up_runs_every_method_and_faults_in_every_cache_slot(tiny_llama, monkeypatch):
+    """In lockstep each method of a round holds its own cache slot: a slot's first pass (its pages faulted
+    in) and a method's first calls must not land in a timed cell."""
+    from specdec.bench.config import BenchConfig, parse_methods
+    from specdec.config import SpecConfig
+
+    cfg = BenchConfig(methods=parse_methods("none,ngram,suffix", SpecConfig()), workloads=[], model=str(tiny_llama))
+    runner = harness.MethodRunner(cfg)
+    slots, drafters = set(), []
+    allocate, set_spec = runner.llm.runner.allocate, runner.llm.set_spec
+
+    def spy_allocate(*args):
+        slots.add(slot := allocate(*args))
+        return slot
+
+    def spy_set_spec(spec, res=None):
+        drafters.append(tuple(t.value for t in spec.types))
+        return set_spec(spec, res)
+
+    monkeypatch.setattr(runner.llm.runner, "allocate", spy_allocate)
+    monkeypatch.setattr(runner.llm, "set_spec", spy_set_spec)
+    runner.warm_up()
+    assert runner.llm.runner.num_slots == 3 and slots == {0, 1, 2}
+    assert drafters == [("none",), ("ngram",), ("suffix",)]
+    assert runner.llm.runner.pass_cost.estimate(1) is None  # the warm-up's timings forgotten

@@ -249,9 +249,7 @@ def run_advise(cfg: AdviseConfig, methods: list[Method], log: Callable[[str], No
     """Measure ``methods`` ("none" first) on the workload's prompts; the advice with its numbers."""
     bench = bench_config(cfg, methods)
     runner = MethodRunner(bench)
-    for m in methods:  # load every draft model and head first: a misfit fails before the long part
-        runner.use(m)
-    runner.llm.warmup()
+    runner.warm_up()  # every draft model and head loads first: a misfit fails before the long part
     notes: list[str] = []
     log(f"reference run over {cfg.workload.num_requests} requests of {cfg.workload.name}")
     requests, reference = build_requests(runner, cfg.workload, notes, cfg.seed, lambda n: None)
