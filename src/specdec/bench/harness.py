@@ -102,10 +102,9 @@ class MethodRunner:
     def warm_up(self) -> None:
         """Every method's first calls before anything is timed: its drafter's compiled code and first verify
         passes, greedy and sampled, and every cache slot's first pass; then the pass costs they measured are
-        forgotten (``LLM.warmup``). Without it the first workload paid them: `--quick` on the default model read
-        0.55-0.63x plain on MT-bench for seven methods of nine, whose slots were new (prefill 0.34-0.38 s against
-        plain's 0.135)."""
-        self.llm.warmup()
+        forgotten, as ``LLM.warmup`` forgets its own (which this covers: plain decoding is among the methods).
+        Without it the first workload paid them: `--quick` on the default model read 0.55-0.63x plain on
+        MT-bench for seven methods of nine, whose slots were new (prefill 0.34-0.38 s against plain's 0.135)."""
         # every cache slot once: a slot's first pass faults its pages in (SmolLM2-135M: ~300 ms against ~55 ms
         # warm), and in lockstep each method of a round holds its own slot
         self.llm.generate([WARMUP_PROMPT] * self.llm.runner.num_slots, SamplingParams(max_new_tokens=2))
