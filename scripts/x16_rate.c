@@ -78,7 +78,7 @@ int main(int argc, char **argv) {
         const double t0 = now();
         for (long it = 0; it < iters; it++)
             for (int g = 0; g < groups; g++)
-                x16_group(fmt, w + g * gbytes, k, xk, dk, bk, R, out + 16 * g, 16 * (int64_t)groups);
+                x16_group(fmt, w + g * gbytes, k, NULL, NULL, NULL, xk, dk, bk, R, out + 16 * g, 16 * (int64_t)groups);
         const double t = now() - t0;
         if (t < best) best = t;
     }
