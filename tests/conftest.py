@@ -14,6 +14,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("NUMBA_NUM_THREADS", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import gc
 import shutil
 from pathlib import Path
 
@@ -21,6 +22,16 @@ import pytest
 import torch
 
 from specdec.model.weights import resolve_model
+
+
+@pytest.fixture(autouse=True)
+def _unfrozen_heap():
+    """Each test leaves the collector as it found it: ``LLM.warmup`` freezes the heap (``freeze_heap``),
+    which in a long test process would keep every later-dropped model's cycles."""
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()
+
 
 TINY_CONFIGS = {
     "llama": dict(model_type="llama", rope_theta=10000.0),

@@ -30,7 +30,7 @@ from specdec.bench.workloads import Conversation, Workload
 from specdec.config import SamplingParams, SpecType
 from specdec.drafters.registry import DraftResources
 from specdec.engine import StaticBatch
-from specdec.llm import LLM
+from specdec.llm import LLM, freeze_heap
 from specdec.pass_cost import PassCost
 from specdec.stats import SpecStats
 
@@ -113,6 +113,7 @@ class MethodRunner:
             for temperature in (GREEDY, 1.0):
                 self.llm.generate(WARMUP_PROMPT, SamplingParams(max_new_tokens=8, temperature=temperature, seed=0))
         self.llm.runner.pass_cost = PassCost()
+        freeze_heap()  # a full collection's 0.3-0.4 s pause otherwise lands in one method's cell
 
     def resources(self, method: Method) -> DraftResources:
         """``method``'s draft resources, as its last ``use`` left them."""
