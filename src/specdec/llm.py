@@ -263,11 +263,15 @@ class LLM:
     def warmup(self) -> None:
         """One short generation so timings exclude first-call costs (allocations, kernel picks).
 
-        Its pass timings are forgotten: first calls are slow, and a wide pass priced by them kept
-        the engine's draft planning from drafting until the width aged out (the demo measured 1.0x).
-        Then what is loaded leaves the garbage collector's sight (``freeze_heap``): the entry points
-        that keep a process running (server, CLI, demo) call this once."""
+        The entry points that keep a process running (server, CLI, demo) call this once."""
         self.generate("Hello", SamplingParams(max_new_tokens=4))
+        self.settle()
+
+    def settle(self) -> None:
+        """What a warm-up ends with (this one's, the bench's). Its pass timings are forgotten: first calls
+        are slow, and a wide pass priced by them kept the engine's draft planning from drafting until the
+        width aged out (the demo measured 1.0x). And what is loaded leaves the garbage collector's sight
+        (``freeze_heap``)."""
         self.runner.pass_cost = PassCost()
         freeze_heap()
 

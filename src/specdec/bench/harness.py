@@ -30,8 +30,7 @@ from specdec.bench.workloads import Conversation, Workload
 from specdec.config import SamplingParams, SpecType
 from specdec.drafters.registry import DraftResources
 from specdec.engine import StaticBatch
-from specdec.llm import LLM, freeze_heap
-from specdec.pass_cost import PassCost
+from specdec.llm import LLM
 from specdec.stats import SpecStats
 
 
@@ -101,8 +100,8 @@ class MethodRunner:
 
     def warm_up(self) -> None:
         """Every method's first calls before anything is timed: its drafter's compiled code and first verify
-        passes, greedy and sampled, and every cache slot's first pass; then the pass costs they measured are
-        forgotten, as ``LLM.warmup`` forgets its own (which this covers: plain decoding is among the methods).
+        passes, greedy and sampled, and every cache slot's first pass; then ``LLM.settle``, as ``LLM.warmup`` ends
+        (which this covers: plain decoding is among the methods).
         Without it the first workload paid them: `--quick` on the default model read 0.55-0.63x plain on
         MT-bench for seven methods of nine, whose slots were new (prefill 0.34-0.38 s against plain's 0.135)."""
         # every cache slot once: a slot's first pass faults its pages in (SmolLM2-135M: ~300 ms against ~55 ms
@@ -112,8 +111,7 @@ class MethodRunner:
             self.use(method)
             for temperature in (GREEDY, 1.0):
                 self.llm.generate(WARMUP_PROMPT, SamplingParams(max_new_tokens=8, temperature=temperature, seed=0))
-        self.llm.runner.pass_cost = PassCost()
-        freeze_heap()  # a full collection's 0.3-0.4 s pause otherwise lands in one method's cell
+        self.llm.settle()  # the frozen heap: a full collection's 0.3-0.4 s pause would land in one method's cell
 
     def resources(self, method: Method) -> DraftResources:
         """``method``'s draft resources, as its last ``use`` left them."""
