@@ -7,8 +7,8 @@
  *     /tmp/x16_rate 8 6 400                                                 # 400 groups: 8 MB, out of L2
  *     /tmp/x16_rate peak                                                    # independent vpdpbusd zmm alone
  *
- * Arguments: activation rows R (1-8), 4 or 6 (Q4_K or Q6_K), groups of 16 x 1536 weights (default 1: 14 or 20
- * KB). Random valid blocks (d = 1), best of 15 repetitions of ~2 GMAC. Build on an AVX-512 VNNI CPU: elsewhere
+ * Arguments: activation rows R (1-8), 4 or 6 (Q4_K or Q6_K) or 40, 41, 50, 80 (the 32-value types Q4_0, Q4_1,
+ * Q5_0, Q8_0), groups of 16 x 1536 weights (default 1: 14-20 KB for the K-quants). Random valid blocks (d = 1), best of 15 repetitions of ~2 GMAC. Build on an AVX-512 VNNI CPU: elsewhere
  * the file compiles the portable reference, which says nothing about speed. */
 #include "../src/specdec/model/qkernels.c"
 #include <stdio.h>
@@ -37,7 +37,7 @@ static void peak(void) {  /* 12 independent chains: the pipe's throughput, not o
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s ROWS 4|6 [GROUPS] | peak\n", argv[0]);
+        fprintf(stderr, "usage: %s ROWS 4|6|40|41|50|80 [GROUPS] | peak\n", argv[0]);
         return 2;
     }
     if (argv[1][0] == 'p') {
@@ -49,22 +49,30 @@ int main(int argc, char **argv) {
         return 1;
 #endif
     }
-    const int R = atoi(argv[1]), q6 = argc > 2 && argv[2][0] == '6', groups = argc > 3 ? atoi(argv[3]) : 1;
-    const int fmt = q6 ? FMT_Q6KX16 : FMT_Q4KX16;
-    if (R < 1 || R > 8 || groups < 1) {
-        fprintf(stderr, "rows 1-8, groups >= 1\n");
+    const int R = atoi(argv[1]), type = argc > 2 ? atoi(argv[2]) : 4, groups = argc > 3 ? atoi(argv[3]) : 1;
+    const int q6 = type == 6, kq = type == 4 || type == 6;
+    const int fmt = q6 ? FMT_Q6KX16 : type == 4 ? FMT_Q4KX16 : type == 40 ? FMT_Q40X16 : type == 41 ? FMT_Q41X16
+                  : type == 50 ? FMT_Q50X16 : type == 80 ? FMT_Q80X16 : -1;
+    if (R < 1 || R > 8 || groups < 1 || fmt < 0) {
+        fprintf(stderr, "rows 1-8, a type 4, 6, 40, 41, 50 or 80, groups >= 1\n");
         return 2;
     }
-    const int64_t k = 1536, nsb = k / QK, sb = q6 ? Q6KX16_BYTES : Q4KX16_BYTES;
+    const int64_t k = 1536, nsb = k / (kq ? QK : 32);
+    const int64_t sb = q6 ? Q6KX16_BYTES : type == 4 ? Q4KX16_BYTES : bx_bytes(X16, bx16_narrow(fmt));
     const size_t gbytes = (size_t)sb * nsb;
     uint8_t *w = aligned_alloc(64, gbytes * groups);
     for (size_t i = 0; i < gbytes * groups; i++) w[i] = (uint8_t)rand();
     for (int g = 0; g < groups; g++)
         for (int64_t b = 0; b < nsb; b++)
-            for (int i = 0; i < 32; i++) {  /* d (and Q4_K's dmin) = 1.0 in f16 */
+            for (int i = 0; i < (type == 6 || type == 80 ? 16 : 32); i++) {  /* d (and dmin, Q4_1's m) = 1.0 in f16 */
                 w[g * gbytes + sb * b + 2 * i] = 0;
                 w[g * gbytes + sb * b + 2 * i + 1] = 0x3C;
             }
+    int8_t *xq = aligned_alloc(64, 64 * ((R * k + 63) / 64));
+    float *dx8 = aligned_alloc(64, 64 * ((4 * R * (k / 4) + 63) / 64)), *bs32 = aligned_alloc(64, 64 * ((4 * R * (k / 32) + 63) / 64));
+    for (int i = 0; i < R * k; i++) xq[i] = (int8_t)rand();
+    for (int i = 0; i < R * k / 4; i++) dx8[i] = 1.0f;
+    for (int i = 0; i < R * k / 32; i++) bs32[i] = (float)(rand() % 2000 - 1000);
     int8_t *xk = aligned_alloc(64, R * k);
     float *dk = aligned_alloc(64, 64 * ((4 * R * nsb + 63) / 64));
     int16_t *bk = aligned_alloc(64, 64 * ((2 * R * k / 16 + 63) / 64));
@@ -78,11 +86,12 @@ int main(int argc, char **argv) {
         const double t0 = now();
         for (long it = 0; it < iters; it++)
             for (int g = 0; g < groups; g++)
-                x16_group(fmt, w + g * gbytes, k, NULL, NULL, NULL, xk, dk, bk, R, out + 16 * g, 16 * (int64_t)groups);
+                x16_group(fmt, w + g * gbytes, k, xq, dx8, bs32, xk, dk, bk, R, out + 16 * g, 16 * (int64_t)groups);
         const double t = now() - t0;
         if (t < best) best = t;
     }
-    printf("Q%c_K, %d row(s), %d group(s) of 16 x %lld: %.1f GMAC/s one core (out[0] %g)\n", q6 ? '6' : '4', R,
+    const char *name = q6 ? "Q6_K" : type == 4 ? "Q4_K" : type == 40 ? "Q4_0" : type == 41 ? "Q4_1" : type == 50 ? "Q5_0" : "Q8_0";
+    printf("%s, %d row(s), %d group(s) of 16 x %lld: %.1f GMAC/s one core (out[0] %g)\n", name, R,
            groups, (long long)k, iters * 16.0 * k * R * groups / best / 1e9, out[0]);
     return 0;
 }

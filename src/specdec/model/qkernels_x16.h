@@ -109,6 +109,38 @@ INLINE __m512i x16_bcast(const int8_t *p) {  /* 4 activation bytes to every lane
     return _mm512_set1_epi32(v);
 }
 
+/* acc + w . p's 4 bytes in every lane (vpdpbusd), and acc + w . p's two int16 in every lane (vpdpwssd), for a tile
+ * of R activation rows. From X16_EMB_ROWS rows the activations go as an embedded broadcast operand ({1to16}): GCC
+ * 12 loaded 90% of the intrinsics' set1 broadcasts into a register of their own, a vpbroadcastd beside each
+ * product and a register fewer for the 8-row tiles' sums. Zen 4, one core (scripts/x16_rate.c, alternated
+ * twice), with Q6_K's offset as one vpdpwssd (x16_q6k): 8 rows in L1 Q6_K 125 -> 152 GMAC/s, Q4_K 171 -> 176,
+ * streamed from memory (4000 groups) 96 -> 110 and 150 -> 165; but 2 and 4 rows streamed ran slower with it
+ * (Q6_K 42 -> 39 and 85 -> 71), so narrower tiles keep the register broadcast. Whole passes of the 1.5B, the
+ * two builds alternated in one process (10 rounds): 8 and 16 tokens 2.6% and 3.0% faster, 1-4 tokens within
+ * the noise. The same instructions otherwise: the same bits */
+#ifndef X16_EMB_ROWS
+#define X16_EMB_ROWS 5
+#endif
+INLINE __m512i x16_dp(const int R, __m512i acc, __m512i w, const int8_t *p) {
+#if defined(__GNUC__)
+    if (R >= X16_EMB_ROWS) {
+        __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)p));
+        return acc;
+    }
+#endif
+    return _mm512_dpbusd_epi32(acc, w, x16_bcast(p));
+}
+
+INLINE __m512i x16_dpw(const int R, __m512i acc, __m512i w, const int16_t *p) {
+#if defined(__GNUC__)
+    if (R >= X16_EMB_ROWS) {
+        __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)p));
+        return acc;
+    }
+#endif
+    return _mm512_dpwssd_epi32(acc, w, x16_bcast((const int8_t *)p));
+}
+
 /* one step's two weight vectors (values 32 apart: a sub-block pair's nibbles, a chunk pair) against R activation
  * rows (x: the first one's 4 bytes; the second's 32 on), into NA independent sums a row (exact, so the same bits:
  * one chain of vpdpbusd a row bound a 1-row pass by its latency) */
@@ -116,8 +148,8 @@ INLINE void x16_pair_step(const int R, const int NA, int t, __m512i w0, __m512i 
                           __m512i *a0, __m512i *a1) {
     for (int r = 0; r < R; r++) {
         const int c = r + R * (t % NA);
-        a0[c] = _mm512_dpbusd_epi32(a0[c], w0, x16_bcast(x + r * k));
-        a1[c] = _mm512_dpbusd_epi32(a1[c], w1, x16_bcast(x + r * k + 32));
+        a0[c] = x16_dp(R, a0[c], w0, x + r * k);
+        a1[c] = x16_dp(R, a1[c], w1, x + r * k + 32);
     }
 }
 
@@ -181,7 +213,7 @@ INLINE void x16_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
                 const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * t));
                 const __m512i w = _mm512_and_si512((j & 1) ? _mm512_srli_epi16(v, 4) : v, m4);
                 for (int r = 0; r < R; r++)
-                    a[r + R * (t % NA)] = _mm512_dpbusd_epi32(a[r + R * (t % NA)], w, x16_bcast(xk + r * k + QK * b + 32 * j + 4 * t));
+                    a[r + R * (t % NA)] = x16_dp(R, a[r + R * (t % NA)], w, xk + r * k + QK * b + 32 * j + 4 * t);
             }
             for (int r = R; r < R * NA; r++) a[r % R] = _mm512_add_epi32(a[r % R], a[r]);
             for (int r = 0; r < R; r++) sumi[r] = _mm512_add_epi32(sumi[r], _mm512_mullo_epi32(a[r], sc));
@@ -193,7 +225,7 @@ INLINE void x16_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
             const __m512i mn = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192 + 16 * j)));
             const __m512i mn2 = _mm512_or_si512(mn, _mm512_slli_epi32(mn, 16));  /* in both 16-bit halves */
             for (int r = 0; r < R; r++)
-                msum[r] = _mm512_dpwssd_epi32(msum[r], mn2, x16_bcast((const int8_t *)(bk + r * (k / 16) + 16 * b + 2 * j)));
+                msum[r] = x16_dpw(R, msum[r], mn2, bk + r * (k / 16) + 16 * b + 2 * j);
         }
         /* q4x8_epilogue's fused steps, per lane */
         const __m512 vd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
@@ -246,15 +278,15 @@ INLINE void x16_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
             const __m512i s1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sg + 32)));
             x16_pair_scale(R, NA, a0, a1, s0, s1, sumi);
         }
-        /* q6x8_epilogue per lane: values are q - 32, so 32 x sum_g scale_g x bk_g is taken back */
+        /* q6x8_epilogue per lane: values are q - 32, so 32 x sum_g scale_g x bk_g is taken back, as one vpdpwssd a
+         * row against the scales times -32 (|scale x 32| <= 4096 fits int16; sums mod 2^32 as the madd, shift and
+         * subtract before: the same bits). Zen 4, one core, L1: 8 rows 129 -> 137 GMAC/s, 4 rows 123 -> 132 */
         for (int gp = 0; gp < 8; gp++) {
             const __m128i g0 = _mm_loadu_si128((const __m128i *)(blk + 32 + 32 * gp));
             const __m128i g1 = _mm_loadu_si128((const __m128i *)(blk + 48 + 32 * gp));
             const __m512i sc2 = _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(g0, g1), _mm_unpacklo_epi8(g0, g1)));
-            for (int r = 0; r < R; r++) {
-                const __m512i off = _mm512_madd_epi16(sc2, x16_bcast((const int8_t *)(bk + r * (k / 16) + 16 * b + 2 * gp)));
-                sumi[r] = _mm512_sub_epi32(sumi[r], _mm512_slli_epi32(off, 5));
-            }
+            const __m512i neg32 = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(sc2, 5));
+            for (int r = 0; r < R; r++) sumi[r] = x16_dpw(R, sumi[r], neg32, bk + r * (k / 16) + 16 * b + 2 * gp);
         }
         const __m512 vd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
         for (int r = 0; r < R; r++)
