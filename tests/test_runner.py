@@ -170,6 +170,24 @@ def test_a_16_bit_cache_holds_each_key_rounded_to_nearest_even(tiny_llama, kv_ca
     assert (got - want_next).abs().max() < 1e-3 * max(1.0, want_next.abs().max().item()) and ref.isfinite().all()
 
 
+def test_a_pass_reuses_the_last_logits_array_only_once_nothing_holds_it(tiny_llama):
+    """The fused pass hands its last logits array out again (no fresh pages to fault in a pass), but never
+    one a caller still holds: held logits keep their values, and a released array is taken again."""
+    runner, _ = load_runner(str(tiny_llama), max_seq_len=64, backend="cpu-kernels")
+    slot = runner.allocate()
+    runner.run([SeqInput(slot, [5, 6, 7])])
+    held = runner.run([SeqInput(slot, [8, 9])]).logits[0]
+    copy = held.clone()
+    runner.truncate(slot, 3)
+    again = runner.run([SeqInput(slot, [8, 9])]).logits[0]
+    assert again.data_ptr() != held.data_ptr()
+    assert torch.equal(held, copy) and torch.equal(again, copy)
+    ptr = again.data_ptr()
+    del held, again
+    runner.truncate(slot, 3)
+    assert runner.run([SeqInput(slot, [8])]).logits[0].data_ptr() == ptr
+
+
 def test_float16_bits_are_rounded_as_numpy_rounds():
     """``decoder_kernels.half_bits``: float32 -> float16 bits, nearest even, subnormals, overflow to infinity."""
     rng = np.random.default_rng(0)
