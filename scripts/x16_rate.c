@@ -9,8 +9,9 @@
  *     /tmp/x16_rate peak                                                    # independent vpdpbusd zmm alone
  *
  * Arguments: activation rows R (1-8), 4 or 6 (Q4_K or Q6_K) or 40, 41, 50, 80 (the 32-value types Q4_0, Q4_1,
- * Q5_0, Q8_0), groups of 16 x 1536 weights (default 1: 14-20 KB for the K-quants). Random valid blocks (d = 1), best of 15 repetitions of ~2 GMAC. Build on an AVX-512 VNNI CPU: elsewhere
- * the file compiles the portable reference, which says nothing about speed. */
+ * Q5_0, Q8_0), groups of 16 x 1536 weights (default 1: 14-20 KB for the K-quants). Random valid blocks (d = 1),
+ * best of 15 repetitions of ~2 GMAC. Build on an AVX-512 VNNI CPU: elsewhere the file compiles the portable
+ * reference, which says nothing about speed. */
 #include "../src/specdec/model/qkernels.c"
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,16 +52,24 @@ int main(int argc, char **argv) {
         return 1;
 #endif
     }
-    const int R = atoi(argv[1]), type = argc > 2 ? atoi(argv[2]) : 4, groups = argc > 3 ? atoi(argv[3]) : 1;
-    const int q6 = type == 6, kq = type == 4 || type == 6;
-    const int fmt = q6 ? FMT_Q6KX16 : type == 4 ? FMT_Q4KX16 : type == 40 ? FMT_Q40X16 : type == 41 ? FMT_Q41X16
-                  : type == 50 ? FMT_Q50X16 : type == 80 ? FMT_Q80X16 : -1;
-    if (R < 1 || R > 8 || groups < 1 || fmt < 0) {
+    /* the types by their argument: layout, name, and the f16 fields a block of 16 rows starts with (d; Q4_K's
+     * dmin, Q4_1's m), set to 1.0 */
+    static const struct { int arg, fmt; const char *name; int halves; } types[] = {
+        {4, FMT_Q4KX16, "Q4_K", 32}, {6, FMT_Q6KX16, "Q6_K", 16}, {40, FMT_Q40X16, "Q4_0", 16},
+        {41, FMT_Q41X16, "Q4_1", 32}, {50, FMT_Q50X16, "Q5_0", 16}, {80, FMT_Q80X16, "Q8_0", 16},
+    };
+    const int R = atoi(argv[1]), arg = argc > 2 ? atoi(argv[2]) : 4, groups = argc > 3 ? atoi(argv[3]) : 1;
+    int ti = 0;
+    while (ti < 6 && types[ti].arg != arg) ti++;
+    if (R < 1 || R > 8 || groups < 1 || ti == 6) {
         fprintf(stderr, "rows 1-8, a type 4, 6, 40, 41, 50 or 80, groups >= 1\n");
         return 2;
     }
+    const int fmt = types[ti].fmt, kq = kx16_layout(fmt);
     const int64_t k = 1536, nsb = k / (kq ? QK : 32);
-    const int64_t sb = q6 ? Q6KX16_BYTES : type == 4 ? Q4KX16_BYTES : bx_bytes(X16, bx16_narrow(fmt));
+    const int64_t sb = fmt == FMT_Q6KX16   ? Q6KX16_BYTES
+                     : fmt == FMT_Q4KX16 ? Q4KX16_BYTES
+                                         : bx_bytes(X16, bx16_narrow(fmt));
     const size_t gbytes = (size_t)sb * nsb;
     /* on 2 MB pages, as a loaded model's weights are (numpy asks for transparent huge pages: a loaded 1.5B holds
      * 1.1 GB of AnonHugePages); on 4 KB pages, streamed 8-row Q6_K read 100-105 GMAC/s against 123-128 */
@@ -70,12 +79,13 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < gbytes * groups; i++) w[i] = (uint8_t)rand();
     for (int g = 0; g < groups; g++)
         for (int64_t b = 0; b < nsb; b++)
-            for (int i = 0; i < (type == 6 || type == 80 ? 16 : 32); i++) {  /* d (and dmin, Q4_1's m) = 1.0 in f16 */
+            for (int i = 0; i < types[ti].halves; i++) {
                 w[g * gbytes + sb * b + 2 * i] = 0;
                 w[g * gbytes + sb * b + 2 * i + 1] = 0x3C;
             }
     int8_t *xq = aligned_alloc(64, 64 * ((R * k + 63) / 64));
-    float *dx8 = aligned_alloc(64, 64 * ((4 * R * (k / 4) + 63) / 64)), *bs32 = aligned_alloc(64, 64 * ((4 * R * (k / 32) + 63) / 64));
+    float *dx8 = aligned_alloc(64, 64 * ((4 * R * (k / 4) + 63) / 64));
+    float *bs32 = aligned_alloc(64, 64 * ((4 * R * (k / 32) + 63) / 64));
     for (int i = 0; i < R * k; i++) xq[i] = (int8_t)rand();
     for (int i = 0; i < R * k / 4; i++) dx8[i] = 1.0f;
     for (int i = 0; i < R * k / 32; i++) bs32[i] = (float)(rand() % 2000 - 1000);
@@ -96,8 +106,7 @@ int main(int argc, char **argv) {
         const double t = now() - t0;
         if (t < best) best = t;
     }
-    const char *name = q6 ? "Q6_K" : type == 4 ? "Q4_K" : type == 40 ? "Q4_0" : type == 41 ? "Q4_1" : type == 50 ? "Q5_0" : "Q8_0";
-    printf("%s, %d row(s), %d group(s) of 16 x %lld: %.1f GMAC/s one core (out[0] %g)\n", name, R,
+    printf("%s, %d row(s), %d group(s) of 16 x %lld: %.1f GMAC/s one core (out[0] %g)\n", types[ti].name, R,
            groups, (long long)k, iters * 16.0 * k * R * groups / best / 1e9, out[0]);
     return 0;
 }

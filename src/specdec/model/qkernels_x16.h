@@ -115,9 +115,9 @@ INLINE __m512i x16_bcast(const int8_t *p) {  /* 4 activation bytes to every lane
  * product and a register fewer for the 8-row tiles' sums. Zen 4, one core (scripts/x16_rate.c, alternated
  * twice), with Q6_K's offset as one vpdpwssd (x16_q6k): 8 rows in L1 Q6_K 125 -> 152 GMAC/s, Q4_K 171 -> 176,
  * streamed from memory (4000 groups on 4 KB pages) 96 -> 110 and 150 -> 165; but 2 and 4 rows streamed ran
- * slower with it (Q6_K 42 -> 39 and 85 -> 71), so narrower tiles keep the register broadcast. Whole passes of the 1.5B, the
- * two builds alternated in one process (10 rounds): 8 and 16 tokens 2.6% and 3.0% faster, 1-4 tokens within
- * the noise. The same instructions otherwise: the same bits */
+ * slower with it (Q6_K 42 -> 39 and 85 -> 71), so narrower tiles keep the register broadcast. Whole passes of
+ * the 1.5B, the two builds alternated in one process (10 rounds): 8 and 16 tokens 2.6% and 3.0% faster, 1-4
+ * tokens within the noise. The same instructions otherwise: the same bits */
 #ifndef X16_EMB_ROWS
 #define X16_EMB_ROWS 5
 #endif
