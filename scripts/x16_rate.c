@@ -96,13 +96,16 @@ int main(int argc, char **argv) {
     for (int i = 0; i < R * k; i++) xk[i] = (int8_t)rand();
     for (int i = 0; i < R * nsb; i++) dk[i] = 1.0f;
     for (int i = 0; i < R * k / 16; i++) bk[i] = (int16_t)(rand() % 2000 - 1000);
+    const size_t bw_bytes = 4 * (size_t)R * (size_t)BW_WORDS(k);
+    int32_t *bw = aligned_alloc(64, (bw_bytes + 63) / 64 * 64);
+    for (int r = 0; r < R; r++) k_sum_words(k, bk + r * (k / 16), bw + r * BW_WORDS(k));
     const long iters = (long)(2e9 / (16.0 * k * R * groups)) + 1;
     double best = 1e9;
     for (int rep = 0; rep < 15; rep++) {
         const double t0 = now();
         for (long it = 0; it < iters; it++)
             for (int g = 0; g < groups; g++)
-                x16_group(fmt, w + g * gbytes, k, xq, dx8, bs32, xk, dk, bk, R, out + 16 * g, 16 * (int64_t)groups);
+                x16_group(fmt, w + g * gbytes, k, xq, dx8, bs32, xk, dk, bk, bw, R, out + 16 * g, 16 * (int64_t)groups);
         const double t = now() - t0;
         if (t < best) best = t;
     }

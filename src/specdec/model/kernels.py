@@ -162,8 +162,8 @@ def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no
 # qkernels.c's functions (the products; attention's jobs: decoder_kernels), resolved by name when numba
 # compiles or loads a caller: the library is loaded at import (above).
 _i = types.intp
-_sd_prepare = types.ExternalFunction("sd_prepare", types.void(*([_i] * 11)))
-_sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 19)))
+_sd_prepare = types.ExternalFunction("sd_prepare", types.void(*([_i] * 12)))
+_sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 20)))
 _sd_dequantize_rows = types.ExternalFunction("sd_dequantize_rows", types.void(*([_i] * 10)))
 _sd_take = types.ExternalFunction("sd_take", types.int64(_i, _i, _i))
 _sd_read = types.ExternalFunction("sd_read", types.uint64(_i, _i, _i))
@@ -258,18 +258,19 @@ def _runs(units, threads):  # pragma: no cover - compiled
 @njit(**_FLAGS)
 def _activations(rows, k):  # pragma: no cover - compiled
     """Scratch for ``rows`` activation rows in every quantized form sd_prepare makes: the 32-value
-    blocks (int8 values, scales, block sums, nibble-lane sums) and q8_K (values, scales, 16-value sums)."""
+    blocks (int8 values, scales, block sums, nibble-lane sums) and q8_K (values, scales, 16-value sums,
+    and those sums as the 16-row tiles take them: qkernels.c's BW_WORDS words a row)."""
     return (np.empty((rows, k), dtype=np.int8), np.empty((rows, k // 4), dtype=np.float32),
             np.empty((rows, k // 32), dtype=np.float32), np.empty((rows, k // 4), dtype=np.int32),
             np.empty((rows, k), dtype=np.int8), np.empty((rows, max(1, k // 256)), dtype=np.float32),
-            np.empty((rows, k // 16), dtype=np.int16))
+            np.empty((rows, k // 16), dtype=np.int16), np.empty((rows, k // 64), dtype=np.int32))
 
 
 @njit(**_FLAGS)
 def _prepare(x, r0, n_rows, act, need):  # pragma: no cover - compiled
-    xq, dx8, bs32, nxl, xk, dk, bk = act
+    xq, dx8, bs32, nxl, xk, dk, bk, bw = act
     _sd_prepare(x[r0:].ctypes.data, n_rows, x.shape[1], xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data,
-                nxl.ctypes.data, xk.ctypes.data, dk.ctypes.data, bk.ctypes.data, need)
+                nxl.ctypes.data, xk.ctypes.data, dk.ctypes.data, bk.ctypes.data, bw.ctypes.data, need)
 
 
 @njit(**_FLAGS)
@@ -281,10 +282,10 @@ def _chunk_rows(n_out, chunks):  # pragma: no cover - compiled
 @njit(**_FLAGS)
 def _qchunk(q, s, m, fmt, act, n_rows, out_ptr, out_stride, n0, n1):  # pragma: no cover - compiled
     """Weight rows n0:n1 of the product: out_ptr's element (r, n) at r * out_stride + n."""
-    xq, dx8, bs32, nxl, xk, dk, bk = act
+    xq, dx8, bs32, nxl, xk, dk, bk, bw = act
     _sd_qmatmul(q.ctypes.data, s.ctypes.data, m.ctypes.data, fmt.ctypes.data, q.shape[1], s.shape[1], xq.shape[1],
                 xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data, nxl.ctypes.data, xk.ctypes.data, dk.ctypes.data,
-                bk.ctypes.data, n_rows, out_ptr, out_stride, n0, n1)
+                bk.ctypes.data, bw.ctypes.data, n_rows, out_ptr, out_stride, n0, n1)
 
 
 _HEAD_CHUNKS = 128  # an LM head's chunks in ``qmatmul_argmax``: 1,200 of 151,936 rows, [8, 1200] floats in L1/L2

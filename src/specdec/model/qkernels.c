@@ -61,7 +61,8 @@ enum { QK = 256 };  /* values per K-quant super-block */
  * xq: the min term then sees the same x as the integer term, so an offset such as Q4_0's -8 s
  * cancels exactly); nxl [rows, k/4] (-128 x each 4 values' sum of xq, the I8 bias). Where
  * k % 256 == 0 also the q8_K copy for the K-quants: xk int8 [rows, k] (one scale per 256 values),
- * dk [rows, k/256] those scales, bk int16 [rows, k/16] sums of xk per 16 values. ``need`` says which
+ * dk [rows, k/256] those scales, bk int16 [rows, k/16] sums of xk per 16 values, and bw int32 [rows, k/64]
+ * each 64 values' two 32-value sums as the int16 halves of a word (the 16-row Q4_K tiles' min term). ``need`` says which
  * the matrix reads (bit 0: the 32-value blocks, bit 1: q8_K): a product runs this on one thread while
  * the other waits, and a K-quant model's 8-token pass spent 4% of its time here. -- */
 
@@ -120,8 +121,18 @@ INLINE void quantize_k_block(const float *v, int8_t *q, float *d, int16_t *sums)
     }
 }
 
+#define BW_WORDS(k) ((k) / 64)
+
+/* bw's row from bk's (above) */
+INLINE void k_sum_words(int64_t k, const int16_t *sums, int32_t *w) {
+    for (int64_t p = 0; p < k / 64; p++) {
+        const int32_t lo = sums[4 * p] + sums[4 * p + 1], hi = sums[4 * p + 2] + sums[4 * p + 3];
+        w[p] = (int32_t)(((uint32_t)(uint16_t)lo) | ((uint32_t)(uint16_t)hi << 16));
+    }
+}
+
 void sd_prepare(const float *x, int64_t rows, int64_t k, int8_t *xq, float *dx8, float *bs32, int32_t *nxl,
-                int8_t *xk, float *dk, int16_t *bk, int64_t need) {
+                int8_t *xk, float *dk, int16_t *bk, int32_t *bw, int64_t need) {
     const int64_t nb = k / 32;
     for (int64_t r = 0; r < rows && (need & 1); r++) {
         for (int64_t b = 0; b < nb; b++) {
@@ -142,9 +153,11 @@ void sd_prepare(const float *x, int64_t rows, int64_t k, int8_t *xq, float *dx8,
         }
     }
     if (k % QK || !(need & 2)) return;  /* no K-quant row has this width, or the matrix has none */
-    for (int64_t r = 0; r < rows; r++)
+    for (int64_t r = 0; r < rows; r++) {
         for (int64_t b = 0; b < k / QK; b++)
             quantize_k_block(x + r * k + QK * b, xk + r * k + QK * b, dk + r * (k / QK) + b, bk + r * (k / 16) + (QK / 16) * b);
+        k_sum_words(k, bk + r * (k / 16), bw + r * BW_WORDS(k));
+    }
 }
 
 #if defined(SD_AVX512)
@@ -678,10 +691,10 @@ TILES(tiles_i8, FMT_I8)
 
 /* out[r, n] = sum_k W[n, k] x[r, k] for weight rows n0 <= n < n1 and every activation row r.
  * q [N, q_stride] bytes, s and m [N, s_stride] floats, fmt [N] (a layout per row: a fused
- * q/k/v matrix may mix them; an interleaved group of 8 or 16 rows starts at a multiple of 8 or 16, and so must n0); xq/dx8/bs32/nxl and xk/dk/bk from sd_prepare; out [rows, out_stride]. */
+ * q/k/v matrix may mix them; an interleaved group of 8 or 16 rows starts at a multiple of 8 or 16, and so must n0); xq/dx8/bs32/nxl and xk/dk/bk/bw from sd_prepare; out [rows, out_stride]. */
 void sd_qmatmul(const uint8_t *q, const float *s, const float *m, const int8_t *fmt, int64_t q_stride,
                 int64_t s_stride, int64_t k, const int8_t *xq, const float *dx8, const float *bs32,
-                const int32_t *nxl, const int8_t *xk, const float *dk, const int16_t *bk, int64_t rows,
+                const int32_t *nxl, const int8_t *xk, const float *dk, const int16_t *bk, const int32_t *bw, int64_t rows,
                 float *out, int64_t out_stride, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *qn = q + n * q_stride;
@@ -706,7 +719,7 @@ void sd_qmatmul(const uint8_t *q, const float *s, const float *m, const int8_t *
         }
 #endif
         if (x16_layout(fmt[n])) {  /* rows n .. n + 15, interleaved (n % 16 == 0) */
-            x16_group(fmt[n], qn, k, xq, dx8, bs32, xk, dk, bk, rows, out + n, out_stride);
+            x16_group(fmt[n], qn, k, xq, dx8, bs32, xk, dk, bk, bw, rows, out + n, out_stride);
             n += X16 - 1;
             continue;
         }
