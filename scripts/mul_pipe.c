@@ -7,7 +7,7 @@
  * 0.5): they share one pipe. Then whether float FMAs could run beside them (inline assembly, so nothing
  * spills or folds): 4 vpmaddubsw and 10 vfmadd231ps on independent registers a round, alone and together:
  * 5 cycles together if the FMAs had pipes of their own, 7 if the multiplier's pipe is one of the two FMA
- * pipes. Zen 2: 4.0 / 5.0 / 7.1. */
+ * pipes. Zen 2: 4.0 / 5.0 / 7.1. Built for AVX-512 VNNI it goes on to the zmm rounds below. */
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +44,51 @@ ASM_ROUNDS(ints, INT4)
 ASM_ROUNDS(fmas, FMA10)
 ASM_ROUNDS(both, INT4 FMA10)
 
+#if defined(__AVX512VNNI__)
+/* AVX-512 (the 16-row tiles, qkernels_x16.h): a round of 8 vpdpbusd zmm on independent sums, alone and with 2 of
+ * another instruction on registers of their own, and the 8 with a {1to16} memory operand (the tiles' activation
+ * broadcasts). Zen 4 (family 25 model 17, forty-first session, at 3.7 GHz): 8.1-8.4 cycles alone; + 2 vpmulld,
+ * vpmaddwd or vpdpwssd 10.1-10.6 (each takes a vpdpbusd's slot); + 2 vpsllvd or vpaddd 8.1-8.5; the memory operand
+ * 8.1-8.3 */
+#define DP8 "vpdpbusd %%zmm16, %%zmm17, %%zmm18\n vpdpbusd %%zmm16, %%zmm17, %%zmm19\n" \
+            "vpdpbusd %%zmm16, %%zmm17, %%zmm20\n vpdpbusd %%zmm16, %%zmm17, %%zmm21\n" \
+            "vpdpbusd %%zmm16, %%zmm17, %%zmm22\n vpdpbusd %%zmm16, %%zmm17, %%zmm23\n" \
+            "vpdpbusd %%zmm16, %%zmm17, %%zmm24\n vpdpbusd %%zmm16, %%zmm17, %%zmm25\n"
+#define DP8_MEM "vpdpbusd (%1)%{1to16%}, %%zmm17, %%zmm18\n vpdpbusd 4(%1)%{1to16%}, %%zmm17, %%zmm19\n" \
+                "vpdpbusd 8(%1)%{1to16%}, %%zmm17, %%zmm20\n vpdpbusd 12(%1)%{1to16%}, %%zmm17, %%zmm21\n" \
+                "vpdpbusd 16(%1)%{1to16%}, %%zmm17, %%zmm22\n vpdpbusd 20(%1)%{1to16%}, %%zmm17, %%zmm23\n" \
+                "vpdpbusd 24(%1)%{1to16%}, %%zmm17, %%zmm24\n vpdpbusd 28(%1)%{1to16%}, %%zmm17, %%zmm25\n"
+#define TWO(OP) OP " %%zmm16, %%zmm26, %%zmm26\n " OP " %%zmm16, %%zmm27, %%zmm27\n"
+#define ZMM_ROUNDS(NAME, BODY)                                                                                \
+    static double NAME(long reps, const int32_t *mem) {                                                       \
+        const double t0 = now();                                                                              \
+        __asm__ volatile("vpxord %%zmm16, %%zmm16, %%zmm16\n vpxord %%zmm17, %%zmm17, %%zmm17\n"             \
+                         "1:\n" BODY "dec %0\n jnz 1b\n"                                                     \
+                         : "+r"(reps)                                                                         \
+                         : "r"(mem)                                                                           \
+                         : "memory", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23",  \
+                           "xmm24", "xmm25", "xmm26", "xmm27");                                              \
+        return now() - t0;                                                                                    \
+    }
+ZMM_ROUNDS(dp_alone, DP8)
+ZMM_ROUNDS(dp_mulld, DP8 TWO("vpmulld"))
+ZMM_ROUNDS(dp_sllvd, DP8 TWO("vpsllvd"))
+ZMM_ROUNDS(dp_addd, DP8 TWO("vpaddd"))
+ZMM_ROUNDS(dp_maddwd, DP8 TWO("vpmaddwd"))
+ZMM_ROUNDS(dp_dpwssd, DP8 TWO("vpdpwssd"))
+ZMM_ROUNDS(dp_mem, DP8_MEM)
+
+static void zmm_rounds(double ghz, long reps) {
+    static const int32_t mem[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    static const struct { const char *name; double (*f)(long, const int32_t *); } rounds[] = {
+        {"8 vpdpbusd zmm", dp_alone}, {"+ 2 vpmulld", dp_mulld}, {"+ 2 vpsllvd", dp_sllvd}, {"+ 2 vpaddd", dp_addd},
+        {"+ 2 vpmaddwd", dp_maddwd}, {"+ 2 vpdpwssd", dp_dpwssd}, {"8 with {1to16} memory", dp_mem},
+    };
+    for (int i = 0; i < 7; i++)
+        printf("%-24s %.2f cycles a round\n", rounds[i].name, rounds[i].f(reps / 4, mem) * ghz * 1e9 / (reps / 4));
+}
+#endif
+
 int main(int argc, char **argv) {
     const double ghz = argc > 1 ? atof(argv[1]) : 3.0;
     const long reps = 100000000;
@@ -56,6 +101,9 @@ int main(int argc, char **argv) {
     printf("4 vpmaddubsw         %.2f cycles a round\n", ints(reps) * ghz * 1e9 / reps);
     printf("10 vfmadd231ps       %.2f cycles a round\n", fmas(reps) * ghz * 1e9 / reps);
     printf("both                 %.2f cycles a round\n", both(reps) * ghz * 1e9 / reps);
+#if defined(__AVX512VNNI__)
+    zmm_rounds(ghz, reps);
+#endif
     const __m256i s = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)),
                                        _mm256_add_epi32(_mm256_add_epi32(a4, a5), _mm256_add_epi32(a6, a7)));
     return _mm256_extract_epi32(s, 0) == 12345;
