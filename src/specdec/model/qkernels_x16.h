@@ -141,6 +141,14 @@ INLINE __m512i x16_dpw(const int R, __m512i acc, __m512i w, const int16_t *p) {
     return _mm512_dpwssd_epi32(acc, w, x16_bcast((const int8_t *)p));
 }
 
+/* two runs of 16 per-row bytes, p[i] and p[16 + i] for row i, as the int16 halves of lane i (the pair a vpdpwssd
+ * meets): widened signed (Q6_K's scales) or unsigned (Q4_K's mins) */
+INLINE __m512i x16_byte_pairs(const uint8_t *p, const int is_signed) {
+    const __m128i g0 = _mm_loadu_si128((const __m128i *)p), g1 = _mm_loadu_si128((const __m128i *)(p + 16));
+    const __m256i v = _mm256_set_m128i(_mm_unpackhi_epi8(g0, g1), _mm_unpacklo_epi8(g0, g1));
+    return is_signed ? _mm512_cvtepi8_epi16(v) : _mm512_cvtepu8_epi16(v);
+}
+
 /* one step's two weight vectors (values 32 apart: a sub-block pair's nibbles, a chunk pair) against R activation
  * rows (x: the first one's 4 bytes; the second's 32 on), into NA independent sums a row (exact, so the same bits:
  * one chain of vpdpbusd a row bound a 1-row pass by its latency) */
@@ -228,9 +236,7 @@ INLINE void x16_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
         __m512i msum[X16ROWS];
         for (int r = 0; r < R; r++) msum[r] = _mm512_setzero_si512();
         for (int jp = 0; jp < 4; jp++) {
-            const __m128i g0 = _mm_loadu_si128((const __m128i *)(blk + 192 + 32 * jp));
-            const __m128i g1 = _mm_loadu_si128((const __m128i *)(blk + 208 + 32 * jp));
-            const __m512i mn2 = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(g0, g1), _mm_unpacklo_epi8(g0, g1)));
+            const __m512i mn2 = x16_byte_pairs(blk + 192 + 32 * jp, 0);
             for (int r = 0; r < R; r++)
                 msum[r] = x16_dpw(R, msum[r], mn2, (const int16_t *)(bw + r * BW_WORDS(k) + 4 * b + jp));
         }
@@ -289,9 +295,7 @@ INLINE void x16_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
          * row against the scales times -32 (|scale x 32| <= 4096 fits int16; sums mod 2^32 as the madd, shift and
          * subtract before: the same bits). Zen 4, one core, L1: 8 rows 129 -> 137 GMAC/s, 4 rows 123 -> 132 */
         for (int gp = 0; gp < 8; gp++) {
-            const __m128i g0 = _mm_loadu_si128((const __m128i *)(blk + 32 + 32 * gp));
-            const __m128i g1 = _mm_loadu_si128((const __m128i *)(blk + 48 + 32 * gp));
-            const __m512i sc2 = _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(g0, g1), _mm_unpacklo_epi8(g0, g1)));
+            const __m512i sc2 = x16_byte_pairs(blk + 32 + 32 * gp, 1);
             const __m512i neg32 = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(sc2, 5));
             for (int r = 0; r < R; r++) sumi[r] = x16_dpw(R, sumi[r], neg32, bk + r * (k / 16) + 16 * b + 2 * gp);
         }
