@@ -20,6 +20,8 @@ registers: reading half the bytes is what matters); arithmetic is float32.
 
 from __future__ import annotations
 
+import ctypes
+
 import numba
 import numpy as np
 import torch
@@ -32,8 +34,8 @@ from specdec.model.clib import cpu_has_amx, load_qkernels, numba_cache_dir
 if not numba.config.CACHE_DIR:  # unless the user chose one (NUMBA_CACHE_DIR): one folder per C build
     numba.config.CACHE_DIR = str(numba_cache_dir())
 
-try:
-    load_qkernels()  # before any caller of its functions compiles
+try:  # before any caller of its functions compiles
+    load_qkernels().sd_set_threads(ctypes.c_int64(numba.get_num_threads()))
 except ModelLoadError:  # no C compiler: backend.kernels_compile raises it again, and torch runs instead
     pass
 
@@ -167,6 +169,7 @@ _sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 20)))
 _sd_dequantize_rows = types.ExternalFunction("sd_dequantize_rows", types.void(*([_i] * 10)))
 _sd_take = types.ExternalFunction("sd_take", types.int64(_i, _i, _i))
 _sd_read = types.ExternalFunction("sd_read", types.uint64(_i, _i, _i))
+_sd_threads = types.ExternalFunction("sd_threads", types.int64())  # numba's thread count, set at import (qkernels.c)
 # units of parallel work per quantized product: each thread's run, then the others' tails (sd_take);
 # 32 slowed the 0.5B draft's 8-token pass. A small matrix gets fewer, of at least _CHUNK_BYTES of weights:
 # each chunk starts its reads afresh (new streams for the prefetcher to find), and 16 chunks of SmolLM2's
@@ -212,7 +215,7 @@ def qmatmul(q, s, m, fmt, x, out):  # pragma: no cover - compiled
     n_out = q.shape[0]
     block = rows if rows <= _QSWEEP else _QROWS
     act = _activations(block, k)
-    threads = numba.get_num_threads()
+    threads = _sd_threads()
     chunks = max(threads, min(_QCHUNKS, q.size // _CHUNK_BYTES))
     per = _chunk_rows(n_out, chunks)
     need = _activation_forms(fmt)
@@ -234,7 +237,7 @@ def qmatmul(q, s, m, fmt, x, out):  # pragma: no cover - compiled
 def read_bytes(buf, streams):  # pragma: no cover - compiled
     """The OR of buf's (uint8) 8-byte words, every thread reading its share as ``streams`` runs in turn
     (qkernels.c's sd_read): the read floor under a pass, in the order the products read weights."""
-    threads = numba.get_num_threads()
+    threads = _sd_threads()
     share = buf.shape[0] // threads
     words = np.zeros(threads, dtype=np.uint64)
     for t in prange(threads):
@@ -304,7 +307,7 @@ def qmatmul_argmax(q, s, m, fmt, x, best):  # pragma: no cover - compiled
     top = np.empty((chunks, rows), dtype=np.float32)
     at = np.empty((chunks, rows), dtype=np.int64)
     _prepare(x, 0, rows, act, _activation_forms(fmt))
-    threads = numba.get_num_threads()
+    threads = _sd_threads()
     runs = _runs(chunks, threads)
     for t in prange(threads):  # as qmatmul: each thread's run of chunks, then the others' tails
         chunk = _sd_take(runs.ctypes.data, t, threads)

@@ -773,6 +773,15 @@ int64_t sd_take(int64_t *ranges, int64_t t, int64_t n) {
     return -1;
 }
 
+/* numba's thread count as compiled callers take it (kernels.py sets it at import): numba.get_num_threads() inside
+   a compiled function embeds an address, so numba compiled qmatmul, its callers and decode_layers afresh in every
+   process instead of loading them from its cache (SmolLM2-135M's first generate in a fresh process 10 s -> 0.2 s).
+   A count off from numba's (numba.set_num_threads after import) costs speed only: a region's iterations beyond its
+   threads run one after another, and sd_take hands every unit out once, whichever thread asks. */
+static int64_t sd_thread_count = 1;
+void sd_set_threads(int64_t n) { sd_thread_count = n > 0 ? n : 1; }
+int64_t sd_threads(void) { return sd_thread_count; }
+
 /* The read floor's work: n bytes at p read once (an OR of every 8-byte word, which the compiler
    vectorizes) as `streams` equal runs advanced READ_BLOCK bytes at a time in turn, the order
    x8_streams reads weights in (a run per core can keep fewer lines in flight than the memory allows).
