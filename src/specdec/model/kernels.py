@@ -170,6 +170,9 @@ _sd_dequantize_rows = types.ExternalFunction("sd_dequantize_rows", types.void(*(
 _sd_take = types.ExternalFunction("sd_take", types.int64(_i, _i, _i))
 _sd_read = types.ExternalFunction("sd_read", types.uint64(_i, _i, _i))
 _sd_threads = types.ExternalFunction("sd_threads", types.int64())  # numba's thread count, set at import (qkernels.c)
+_sd_claim = types.ExternalFunction("sd_claim", types.int64(_i))
+_sd_finish = types.ExternalFunction("sd_finish", types.void(_i))
+_sd_await = types.ExternalFunction("sd_await", types.void(_i, types.int64))
 # units of parallel work per quantized product: each thread's run, then the others' tails (sd_take);
 # 32 slowed the 0.5B draft's 8-token pass. A small matrix gets fewer, of at least _CHUNK_BYTES of weights:
 # each chunk starts its reads afresh (new streams for the prefetcher to find), and 16 chunks of SmolLM2's
@@ -181,6 +184,7 @@ _CHUNK_BYTES = 131072
 # share each unpacked weight block among 64 rows (Qwen2.5-Coder-1.5B prefill of 512 tokens 5.47 ->
 # 4.80 s on Sapphire Rapids against 16); elsewhere 16 rows keep the activations in a small L2
 _QROWS = 64 if cpu_has_amx() else 16
+_PARALLEL_PREPARE = 4  # activation rows from which every thread quantizes some inside the product's region
 _QSWEEP = 32  # a pass up to this wide (decode, verify, a batch's drafts) sweeps the weights once
 
 
@@ -221,16 +225,43 @@ def qmatmul(q, s, m, fmt, x, out):  # pragma: no cover - compiled
     need = _activation_forms(fmt)
     for r0 in range(0, rows, block):
         n_rows = min(block, rows - r0)
-        _prepare(x, r0, n_rows, act, need)
         dst = out[r0:]
         runs = _runs(chunks, threads)  # each block's sweep takes the chunks afresh
-        for t in prange(threads):  # one iteration a thread (sd_take: its own run of chunks, then others' tails)
-            chunk = _sd_take(runs.ctypes.data, t, threads)
-            while chunk >= 0:
-                n0 = chunk * per
-                if n0 < n_out:
-                    _qchunk(q, s, m, fmt, act, n_rows, dst.ctypes.data, out.shape[1], n0, min(n_out, n0 + per))
-                chunk = _sd_take(runs.ctypes.data, t, threads)
+        # one iteration a thread (sd_take: its own run of chunks, then others' tails); two regions, since a region
+        # pays for every array it is handed (the one-row region with the parallel quantizing's was 1.4 us slower)
+        if n_rows >= _PARALLEL_PREPARE:
+            ready = np.zeros(16, dtype=np.int64)  # the activation rows: [0] the next to claim, [8] those done
+            for t in prange(threads):
+                _prepare_share(x, r0, n_rows, act, need, ready)
+                _take_chunks(t, threads, runs, q, s, m, fmt, act, n_rows, dst, per)
+        else:
+            _prepare(x, r0, n_rows, act, need)
+            for t in prange(threads):
+                _take_chunks(t, threads, runs, q, s, m, fmt, act, n_rows, dst, per)
+
+
+@njit(**_FLAGS)
+def _take_chunks(t, threads, runs, q, s, m, fmt, act, n_rows, dst, per):  # pragma: no cover - compiled
+    """Thread t's chunks of a product: its own run, then the others' tails (sd_take)."""
+    n_out = q.shape[0]
+    chunk = _sd_take(runs.ctypes.data, t, threads)
+    while chunk >= 0:
+        n0 = chunk * per
+        if n0 < n_out:
+            _qchunk(q, s, m, fmt, act, n_rows, dst.ctypes.data, dst.shape[1], n0, min(n_out, n0 + per))
+        chunk = _sd_take(runs.ctypes.data, t, threads)
+
+
+@njit(**_FLAGS)
+def _prepare_share(x, r0, n_rows, act, need, ready):  # pragma: no cover - compiled
+    """Rows r0 .. r0 + n_rows of x quantized by every thread of a region, a row a claim (sd_claim); back once
+    all are (sd_await). A row's quantized forms are sd_prepare's whichever thread makes them."""
+    r = _sd_claim(ready.ctypes.data)
+    while r < n_rows:
+        _prepare_row(x, r0 + r, act, r, need)
+        _sd_finish(ready.ctypes.data + 64)
+        r = _sd_claim(ready.ctypes.data)
+    _sd_await(ready.ctypes.data + 64, n_rows)
 
 
 @njit(parallel=True, **_FLAGS)
@@ -274,6 +305,15 @@ def _prepare(x, r0, n_rows, act, need):  # pragma: no cover - compiled
     xq, dx8, bs32, nxl, xk, dk, bk, bw = act
     _sd_prepare(x[r0:].ctypes.data, n_rows, x.shape[1], xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data,
                 nxl.ctypes.data, xk.ctypes.data, dk.ctypes.data, bk.ctypes.data, bw.ctypes.data, need)
+
+
+@njit(**_FLAGS)
+def _prepare_row(x, r, act, at, need):  # pragma: no cover - compiled
+    """Row r of x into row ``at`` of the activations (``_prepare`` of one row: sd_prepare's rows are independent)."""
+    xq, dx8, bs32, nxl, xk, dk, bk, bw = act
+    _sd_prepare(x[r:].ctypes.data, 1, x.shape[1], xq[at:].ctypes.data, dx8[at:].ctypes.data, bs32[at:].ctypes.data,
+                nxl[at:].ctypes.data, xk[at:].ctypes.data, dk[at:].ctypes.data, bk[at:].ctypes.data,
+                bw[at:].ctypes.data, need)
 
 
 @njit(**_FLAGS)

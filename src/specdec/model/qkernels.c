@@ -782,6 +782,23 @@ static int64_t sd_thread_count = 1;
 void sd_set_threads(int64_t n) { sd_thread_count = n > 0 ? n : 1; }
 int64_t sd_threads(void) { return sd_thread_count; }
 
+/* Work shared inside a region without a barrier (kernels.qmatmul's activation rows): each thread claims units
+   from a counter (sd_claim), counts each one it finishes (sd_finish), and waits until the count reaches the total
+   (sd_await). A thread only waits for units some running thread has claimed, so a region whose iterations run
+   one after another still ends: the first then does them all. */
+#if defined(__x86_64__) || defined(__i386__)
+#define SD_PAUSE() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define SD_PAUSE() __asm__ __volatile__("yield")
+#else
+#define SD_PAUSE() ((void)0)
+#endif
+int64_t sd_claim(int64_t *next) { return __atomic_fetch_add(next, 1, __ATOMIC_RELAXED); }
+void sd_finish(int64_t *count) { __atomic_fetch_add(count, 1, __ATOMIC_RELEASE); }
+void sd_await(const int64_t *count, int64_t total) {
+    while (__atomic_load_n(count, __ATOMIC_ACQUIRE) < total) SD_PAUSE();
+}
+
 /* The read floor's work: n bytes at p read once (an OR of every 8-byte word, which the compiler
    vectorizes) as `streams` equal runs advanced READ_BLOCK bytes at a time in turn, the order
    x8_streams reads weights in (a run per core can keep fewer lines in flight than the memory allows).
