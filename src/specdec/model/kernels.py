@@ -227,15 +227,15 @@ def qmatmul(q, s, m, fmt, x, out):  # pragma: no cover - compiled
         n_rows = min(block, rows - r0)
         dst = out[r0:]
         runs = _runs(chunks, threads)  # each block's sweep takes the chunks afresh
-        # one iteration a thread (sd_take: its own run of chunks, then others' tails); two regions, since a region
-        # pays for every array it is handed (the one-row region with the parallel quantizing's was 1.4 us slower)
+        # one iteration a thread (sd_take: its own run of chunks, then others' tails); from _PARALLEL_PREPARE rows
+        # the threads first quantize the rows together (a row of 8,960 values 2-3.5 us; 1-2 rows gained nothing)
         if n_rows >= _PARALLEL_PREPARE:
             ready = np.zeros(16, dtype=np.int64)  # the activation rows: [0] the next to claim, [8] those done
             for t in prange(threads):
                 _prepare_share(x, r0, n_rows, act, need, ready)
                 _take_chunks(t, threads, runs, q, s, m, fmt, act, n_rows, dst, per)
         else:
-            _prepare(x, r0, n_rows, act, need)
+            _prepare(x, r0, n_rows, act, 0, need)
             for t in prange(threads):
                 _take_chunks(t, threads, runs, q, s, m, fmt, act, n_rows, dst, per)
 
@@ -258,7 +258,7 @@ def _prepare_share(x, r0, n_rows, act, need, ready):  # pragma: no cover - compi
     all are (sd_await). A row's quantized forms are sd_prepare's whichever thread makes them."""
     r = _sd_claim(ready.ctypes.data)
     while r < n_rows:
-        _prepare_row(x, r0 + r, act, r, need)
+        _prepare(x, r0 + r, 1, act, r, need)
         _sd_finish(ready.ctypes.data + 64)
         r = _sd_claim(ready.ctypes.data)
     _sd_await(ready.ctypes.data + 64, n_rows)
@@ -301,19 +301,13 @@ def _activations(rows, k):  # pragma: no cover - compiled
 
 
 @njit(**_FLAGS)
-def _prepare(x, r0, n_rows, act, need):  # pragma: no cover - compiled
+def _prepare(x, r0, n_rows, act, at, need):  # pragma: no cover - compiled
+    """Rows r0 .. r0 + n_rows of x in the quantized forms ``need`` names (``_activation_forms``), into the
+    activations' rows from ``at`` (sd_prepare's rows are independent of each other)."""
     xq, dx8, bs32, nxl, xk, dk, bk, bw = act
-    _sd_prepare(x[r0:].ctypes.data, n_rows, x.shape[1], xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data,
-                nxl.ctypes.data, xk.ctypes.data, dk.ctypes.data, bk.ctypes.data, bw.ctypes.data, need)
-
-
-@njit(**_FLAGS)
-def _prepare_row(x, r, act, at, need):  # pragma: no cover - compiled
-    """Row r of x into row ``at`` of the activations (``_prepare`` of one row: sd_prepare's rows are independent)."""
-    xq, dx8, bs32, nxl, xk, dk, bk, bw = act
-    _sd_prepare(x[r:].ctypes.data, 1, x.shape[1], xq[at:].ctypes.data, dx8[at:].ctypes.data, bs32[at:].ctypes.data,
-                nxl[at:].ctypes.data, xk[at:].ctypes.data, dk[at:].ctypes.data, bk[at:].ctypes.data,
-                bw[at:].ctypes.data, need)
+    _sd_prepare(x[r0:].ctypes.data, n_rows, x.shape[1], xq[at:].ctypes.data, dx8[at:].ctypes.data,
+                bs32[at:].ctypes.data, nxl[at:].ctypes.data, xk[at:].ctypes.data, dk[at:].ctypes.data,
+                bk[at:].ctypes.data, bw[at:].ctypes.data, need)
 
 
 @njit(**_FLAGS)
@@ -346,7 +340,7 @@ def qmatmul_argmax(q, s, m, fmt, x, best):  # pragma: no cover - compiled
     chunks = (n_out + per - 1) // per
     top = np.empty((chunks, rows), dtype=np.float32)
     at = np.empty((chunks, rows), dtype=np.int64)
-    _prepare(x, 0, rows, act, _activation_forms(fmt))
+    _prepare(x, 0, rows, act, 0, _activation_forms(fmt))
     threads = _sd_threads()
     runs = _runs(chunks, threads)
     for t in prange(threads):  # as qmatmul: each thread's run of chunks, then the others' tails
