@@ -228,7 +228,7 @@ def qmatmul(q, s, m, fmt, x, out):  # pragma: no cover - compiled
         dst = out[r0:]
         runs = _runs(chunks, threads)  # each block's sweep takes the chunks afresh
         # one iteration a thread (sd_take: its own run of chunks, then others' tails); from _PARALLEL_PREPARE rows
-        # the threads first quantize the rows together (a row of 8,960 values 2-3.5 us; 1-2 rows gained nothing)
+        # the threads first quantize the rows together (a row of 8,960 values 2-3.5 us; fewer are too few to split)
         if n_rows >= _PARALLEL_PREPARE:
             ready = np.zeros(16, dtype=np.int64)  # the activation rows: [0] the next to claim, [8] those done
             for t in prange(threads):
