@@ -3,6 +3,7 @@ quantized model's rows (bit-identical at any pass width) and logits (close to fl
 
 from __future__ import annotations
 
+import ctypes
 import shutil
 
 import numpy as np
@@ -46,6 +47,22 @@ def _random_blocks(qtype: T, rows: int, k: int, rng: np.random.Generator) -> np.
 @pytest.fixture(scope="module", autouse=True)
 def _kernels_built():
     clib.load_qkernels()  # the C library must be loaded before numba links the quantized products
+
+
+def test_a_product_hands_out_every_unit_once_and_its_runs_last_spans_shrink():
+    """sd_span (kernels.qmatmul's work split): thread 0 takes its own run front to back, at most `most` units a span
+    and halving near the run's end, then thread 1's run from the back; every unit once."""
+    span = clib.load_qkernels().sd_span
+    span.restype, span.argtypes = ctypes.c_int64, [ctypes.c_void_p] + [ctypes.c_int64] * 4
+    runs = kernels._runs(100, 2)
+    taken = []
+    while (got := span(runs.ctypes.data, 0, 2, 8, 1)) >= 0:
+        taken.append((got >> 32, got & 0xFFFFFFFF))
+    assert [b - a for a, b in taken[:9]] == [8, 8, 8, 8, 8, 5, 3, 1, 1]  # its own run, units 0-49
+    assert taken[9] == (92, 100)  # then thread 1's last units
+    units = [u for a, b in taken for u in range(a, b)]
+    assert sorted(units) == list(range(100)) and max(b - a for a, b in taken) == 8
+    assert span(runs.ctypes.data, 1, 2, 8, 1) == -1
 
 
 @pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda t: t.name)

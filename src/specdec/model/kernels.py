@@ -167,13 +167,15 @@ _i = types.intp
 _sd_prepare = types.ExternalFunction("sd_prepare", types.void(*([_i] * 12)))
 _sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 20)))
 _sd_dequantize_rows = types.ExternalFunction("sd_dequantize_rows", types.void(*([_i] * 10)))
-_sd_take = types.ExternalFunction("sd_take", types.int64(_i, _i, _i))
+_sd_span = types.ExternalFunction("sd_span", types.int64(_i, _i, _i, _i, _i))
 _sd_read = types.ExternalFunction("sd_read", types.uint64(_i, _i, _i))
 _sd_threads = types.ExternalFunction("sd_threads", types.int64())  # numba's thread count, set at import (qkernels.c)
 _sd_claim = types.ExternalFunction("sd_claim", types.int64(_i))
 _sd_finish = types.ExternalFunction("sd_finish", types.void(_i))
 _sd_await = types.ExternalFunction("sd_await", types.void(_i, types.int64))
-# units of parallel work per quantized product: each thread's run, then the others' tails (sd_take);
+# a product's unit of work: 16 weight rows, so interleaved groups stay whole and AMX pairs them
+_UNIT = 16
+# a quantized product's chunks, the most a thread takes at once (sd_span: its own run, then the others' tails);
 # 32 slowed the 0.5B draft's 8-token pass. A small matrix gets fewer, of at least _CHUNK_BYTES of weights:
 # each chunk starts its reads afresh (new streams for the prefetcher to find), and 16 chunks of SmolLM2's
 # 200-350 KB attention matrices were a few KB each. Zen 2, `bench passes`, alternated three times: the
@@ -220,37 +222,36 @@ def qmatmul(q, s, m, fmt, x, out):  # pragma: no cover - compiled
     block = rows if rows <= _QSWEEP else _QROWS
     act = _activations(block, k)
     threads = _sd_threads()
+    units = (n_out + _UNIT - 1) // _UNIT
     chunks = max(threads, min(_QCHUNKS, q.size // _CHUNK_BYTES))
-    per = _chunk_rows(n_out, chunks)
+    most = (units + chunks - 1) // chunks
     need = _activation_forms(fmt)
     for r0 in range(0, rows, block):
         n_rows = min(block, rows - r0)
         dst = out[r0:]
-        runs = _runs(chunks, threads)  # each block's sweep takes the chunks afresh
-        # one iteration a thread (sd_take: its own run of chunks, then others' tails); from _PARALLEL_PREPARE rows
+        runs = _runs(units, threads)  # each block's sweep takes the units afresh
+        # one iteration a thread (sd_span: its own run, then others' tails); from _PARALLEL_PREPARE rows
         # the threads first quantize the rows together. Two regions: one for every width, its claims skipped below
         # 4 rows, cost 1.1-1.4 us a product at 1-2 rows (Zen 4, alternated in one process, an empty numba cache)
         if n_rows >= _PARALLEL_PREPARE:
             ready = np.zeros(16, dtype=np.int64)  # the activation rows: [0] the next to claim, [8] those done
             for t in prange(threads):
                 _prepare_share(x, r0, n_rows, act, need, ready)
-                _take_chunks(t, threads, runs, q, s, m, fmt, act, n_rows, dst, per)
+                _take_spans(t, threads, runs, most, q, s, m, fmt, act, n_rows, dst)
         else:
             _prepare(x, r0, n_rows, act, 0, need)
             for t in prange(threads):
-                _take_chunks(t, threads, runs, q, s, m, fmt, act, n_rows, dst, per)
+                _take_spans(t, threads, runs, most, q, s, m, fmt, act, n_rows, dst)
 
 
 @njit(**_FLAGS)
-def _take_chunks(t, threads, runs, q, s, m, fmt, act, n_rows, dst, per):  # pragma: no cover - compiled
-    """Thread t's chunks of a product: its own run, then the others' tails (sd_take)."""
-    n_out = q.shape[0]
-    chunk = _sd_take(runs.ctypes.data, t, threads)
-    while chunk >= 0:
-        n0 = chunk * per
-        if n0 < n_out:
-            _qchunk(q, s, m, fmt, act, n_rows, dst.ctypes.data, dst.shape[1], n0, min(n_out, n0 + per))
-        chunk = _sd_take(runs.ctypes.data, t, threads)
+def _take_spans(t, threads, runs, most, q, s, m, fmt, act, n_rows, dst):  # pragma: no cover - compiled
+    """Thread t's spans of a product: its own run, then the others' tails (sd_span)."""
+    span = _sd_span(runs.ctypes.data, t, threads, most, 1)
+    while span >= 0:
+        n0, n1 = _span_rows(span, q.shape[0])
+        _qchunk(q, s, m, fmt, act, n_rows, dst.ctypes.data, dst.shape[1], n0, n1)
+        span = _sd_span(runs.ctypes.data, t, threads, most, 1)
 
 
 @njit(**_FLAGS)
@@ -283,7 +284,7 @@ def read_bytes(buf, streams):  # pragma: no cover - compiled
 
 @njit(**_FLAGS)
 def _runs(units, threads):  # pragma: no cover - compiled
-    """sd_take's state: thread t's contiguous run of the units, its next (low 32 bits) and end (high 32)."""
+    """sd_span's state: thread t's contiguous run of the units, its next (low 32 bits) and end (high 32)."""
     runs = np.empty(threads, dtype=np.int64)
     for t in range(threads):
         runs[t] = ((t + 1) * units // threads) << 32 | (t * units // threads)
@@ -312,9 +313,9 @@ def _prepare(x, r0, n_rows, act, at, need):  # pragma: no cover - compiled
 
 
 @njit(**_FLAGS)
-def _chunk_rows(n_out, chunks):  # pragma: no cover - compiled
-    """Weight rows per chunk: a multiple of 16, so interleaved groups stay whole and AMX pairs them."""
-    return (n_out + 16 * chunks - 1) // (16 * chunks) * 16
+def _span_rows(span, n_out):  # pragma: no cover - compiled
+    """The weight rows n0:n1 of an sd_span span of units."""
+    return (span >> 32) * _UNIT, min(n_out, (span & 0xFFFFFFFF) * _UNIT)
 
 
 @njit(**_FLAGS)
@@ -326,39 +327,42 @@ def _qchunk(q, s, m, fmt, act, n_rows, out_ptr, out_stride, n0, n1):  # pragma: 
                 bk.ctypes.data, bw.ctypes.data, n_rows, out_ptr, out_stride, n0, n1)
 
 
-_HEAD_CHUNKS = 128  # an LM head's chunks in ``qmatmul_argmax``: 1,200 of 151,936 rows, [8, 1200] floats in L1/L2
+_HEAD_CHUNKS = 128  # an LM head's spans in ``qmatmul_argmax``: at most 1,200 of 151,936 rows, [8, 1200] floats in L1/L2
 
 
 @njit(parallel=True, **_FLAGS)
 def qmatmul_argmax(q, s, m, fmt, x, best):  # pragma: no cover - compiled
     """best[M] = each row's argmax of x[M, K] @ W.T (``qmatmul``'s product, the same bits) without writing
-    the [M, N] product: each chunk's [M, ~1200] part passes through a small buffer and leaves its row
-    maxima, combined in chunk order. Ties go to the lower column, as torch.argmax (for finite logits)."""
+    the [M, N] product: each span's [M, <= 1200] part passes through a small buffer and leaves its row
+    maxima, combined in column order. Ties go to the lower column, as torch.argmax (for finite logits)."""
     rows, k = x.shape
     n_out = q.shape[0]
     act = _activations(rows, k)
-    per = _chunk_rows(n_out, _HEAD_CHUNKS)
-    chunks = (n_out + per - 1) // per
-    top = np.empty((chunks, rows), dtype=np.float32)
-    at = np.empty((chunks, rows), dtype=np.int64)
+    units = (n_out + _UNIT - 1) // _UNIT
+    most = (units + _HEAD_CHUNKS - 1) // _HEAD_CHUNKS
+    top = np.empty((units, rows), dtype=np.float32)  # a span's maxima at its first unit
+    at = np.empty((units, rows), dtype=np.int64)
+    starts = np.zeros(units, dtype=np.bool_)
     _prepare(x, 0, rows, act, 0, _activation_forms(fmt))
     threads = _sd_threads()
-    runs = _runs(chunks, threads)
-    for t in prange(threads):  # as qmatmul: each thread's run of chunks, then the others' tails
-        chunk = _sd_take(runs.ctypes.data, t, threads)
-        while chunk >= 0:
-            n0, n1 = chunk * per, min(n_out, (chunk + 1) * per)
+    runs = _runs(units, threads)
+    for t in prange(threads):  # as qmatmul: each thread's run of spans, then the others' tails
+        span = _sd_span(runs.ctypes.data, t, threads, most, 1)
+        while span >= 0:
+            n0, n1 = _span_rows(span, n_out)
             part = np.empty((rows, n1 - n0), dtype=np.float32)
             _qchunk(q, s, m, fmt, act, rows, part.ctypes.data - 4 * n0, n1 - n0, n0, n1)  # part[r, n - n0]
+            u = span >> 32
             for r in range(rows):
                 j = _first_max(part[r])
-                top[chunk, r], at[chunk, r] = part[r, j], n0 + j
-            chunk = _sd_take(runs.ctypes.data, t, threads)
+                top[u, r], at[u, r] = part[r, j], n0 + j
+            starts[u] = True
+            span = _sd_span(runs.ctypes.data, t, threads, most, 1)
     for r in range(rows):
-        c = 0
-        for chunk in range(1, chunks):
-            if top[chunk, r] > top[c, r]:
-                c = chunk
+        c = 0  # unit 0 always starts a span
+        for u in range(1, units):
+            if starts[u] and top[u, r] > top[c, r]:
+                c = u
         best[r] = at[c, r]
 
 
