@@ -90,15 +90,22 @@ INLINE void attend_dots(const int R, const int J, const float *q, int64_t dim, c
 
 /* rows i (and i + 1 where R == 2) of a [., dim], dims d0 .. d0 + 8 NV, and of total: add one key block's
  * sum over the keys seen, in key order, of w[j] x values[j][d0 ..] (w: the row-heads' weights, stride pad;
- * the sums go on in key order across blocks). Two row-heads of one query row share each value load (three
- * measured no faster on Zen 2); NV, R and KIND (the cache's element type, as cache8's) are compile-time, so
+ * the sums go on in key order across blocks). Two row-heads of one query row share each value load, three where
+ * AVX-512's 32 registers hold their 12 sums (three on AVX2's 16 spilled: Zen 2 no faster, Zen 4 28-35% slower; on
+ * Zen 4's AVX-512 path an 8-row job 6-8% faster, the same bits); NV, R and KIND (the cache's element type, as cache8's) are compile-time, so
  * the sums stay in registers */
+#if defined(SD_AVX512)
+#define VALUE_ROWS 3  /* 32 vector registers: 12 sums */
+#else
+#define VALUE_ROWS 2
+#endif
 INLINE void attend_values(const int NV, const int R, const int KIND, const float *w, int64_t pad, const uint8_t *seen,
                           int64_t n_keys, const void *values, int64_t dim, int64_t d0, float *a, float *total) {
-    __m256 v[2][4];
+    __m256 v[VALUE_ROWS][4];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < NV; c++) v[r][c] = _mm256_loadu_ps(a + r * dim + d0 + 8 * c);
-    float t[2] = {total[0], R == 2 ? total[1] : 0.0f};
+    float t[VALUE_ROWS];
+    for (int r = 0; r < R; r++) t[r] = total[r];
     for (int64_t j = 0; j < n_keys; j++) {
         if (!seen[j]) continue;
         if (d0 == 0)  /* the weights' sum, one key after another: its bits never depend on where the keys sit */
@@ -197,8 +204,9 @@ void sd_attend(const float *q, int64_t n, int64_t group, int64_t dim, const void
         }
         memset(acc, 0, (size_t)(n * dim) * sizeof(float));
         for (int64_t j0 = 0; j0 < n_keys; j0 += kb)
-        for (int64_t i = 0; i < n;) {  /* the weighted values: two row-heads of one query row at a time */
-            const int R = i + 1 < n && (i + 1) / group == i / group ? 2 : 1;
+        for (int64_t i = 0; i < n;) {  /* the weighted values: two or three row-heads of one query row at a time */
+            const int64_t rest = group - i % group < n - i ? group - i % group : n - i;  /* of this query row */
+            const int R = VALUE_ROWS == 3 && rest >= 3 && rest != 4 ? 3 : rest >= 2 ? 2 : 1;
             const int64_t nk = n_keys - j0 < kb ? n_keys - j0 : kb;
             const uint8_t *seen = vis + (i / group) * n_keys + j0;
             const float *s = scores + i * pad + j0;
@@ -208,7 +216,9 @@ void sd_attend(const float *q, int64_t n, int64_t group, int64_t dim, const void
                 prefetch_rows((const char *)vals + kb * kstride, kb * kstride, n_keys - j0 - kb, kstride);
             for (int64_t d0 = 0; d0 < dim; d0 += 32) {  /* 32 dims in registers */
                 const int nv = dim - d0 < 32 ? (int)(dim - d0) / 8 : 4;
-                if (R == 2) {
+                if (VALUE_ROWS == 3 && R == 3) {
+                    VALUES_SWITCH(3)
+                } else if (R == 2) {
                     VALUES_SWITCH(2)
                 } else {
                     VALUES_SWITCH(1)
