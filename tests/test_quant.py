@@ -106,6 +106,32 @@ def test_quantized_product_rows_have_the_bits_of_a_row_alone(qtype):
 X8_TYPES = (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1)
 
 
+@pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu"])
+def test_a_gate_up_products_activation_has_the_bits_of_the_activation_after_it(gelu):
+    """``qmatmul``'s gated epilogue (each span's act(gate) * up, right after its tiles; ``kernels.gated_product``)
+    equals the product and then ``gated_activation`` bit for bit at every width (1-3 rows, the shared quantizing
+    from 4, several sweeps past 32), the values act(gate) * up of the halves ``gate_up_order`` put in blocks."""
+    from specdec.model.weight_names import gate_up_order
+
+    rng = np.random.default_rng(7)
+    inter = 320  # 20 blocks of 16: many spans
+    order = gate_up_order(inter)
+    qm = QuantMatrix.from_blocks(_random_blocks(T.Q4_K, 2 * inter, 256, rng), T.Q4_K, 256)
+    arrays = qm.permute_rows(order).interleaved(wide=clib.wide_groups()).arrays()
+    x = rng.standard_normal((40, 256)).astype(np.float32)
+    for m in (1, 3, 4, 8, 40):
+        fused, act = np.empty((m, 2 * inter), dtype=np.float32), np.empty((m, inter), dtype=np.float32)
+        kernels.qmatmul(*arrays, x[:m], fused, (act, gelu))
+        out, after = np.empty_like(fused), np.empty_like(act)
+        kernels.qmatmul(*arrays, x[:m], out)
+        kernels.gated_activation(out, gelu, after)
+        assert np.array_equal(fused, out) and np.array_equal(act.view(np.uint32), after.view(np.uint32))
+        natural = torch.from_numpy(out[:, np.argsort(order)])
+        gate, up = natural[:, :inter], natural[:, inter:]
+        act_fn = (lambda g: torch.nn.functional.gelu(g, approximate="tanh")) if gelu else torch.nn.functional.silu
+        torch.testing.assert_close(torch.from_numpy(act), act_fn(gate) * up, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
 def test_argmax_epilogue_is_the_products_argmax_with_ties_to_the_lower_id(qtype):
     """``qmatmul_argmax`` (the LM head's greedy epilogue) gives torch.argmax of ``qmatmul``'s product

@@ -30,7 +30,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from specdec.model.kernels import _CHUNKS, _FLAGS, layer_weight, product, stack_rows
+from specdec.model.kernels import _FLAGS, gated_product, layer_weight, product, stack_rows
 
 # qkernels.c's attention jobs, resolved by name when numba compiles a caller (importing kernels loaded the library)
 _sd_attend = types.ExternalFunction("sd_attend", types.void(*([types.intp] * 9), types.float64, *([types.intp] * 4)))
@@ -98,32 +98,6 @@ def _store_impl(dst, src):
 
 
 # -- attention --------------------------------------------------------------------------------
-@njit(fastmath={"nnan", "ninf", "nsz", "arcp", "contract"}, cache=True, boundscheck=False, error_model="numpy")
-def exp_shifted(x: np.ndarray, shift: float, out: np.ndarray, scale: np.ndarray) -> None:  # pragma: no cover
-    """out[i] = exp(x[i] - shift) for i < len(x), vectorised (libm's exp is one call per value; the
-    gated activation's exp; qkernels_attention.h's exp8 has the same constants).
-
-    Cephes' expf: 2^n * p(r) with x = n ln2 + r, |r| <= ln2 / 2; about 1 ulp. Elementwise
-    and without reassociation, so a value's bits never depend on where it sits in the block.
-    """
-    n = x.shape[0]  # scale: int32 scratch of at least n
-    for i in range(n):
-        v = min(max(x[i] - np.float32(shift), np.float32(-87.0)), np.float32(88.0))
-        k = np.floor(v * np.float32(1.44269504088896341) + np.float32(0.5))
-        r = v - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)
-        p = np.float32(1.9875691500e-4)
-        p = p * r + np.float32(1.3981999507e-3)
-        p = p * r + np.float32(8.3334519073e-3)
-        p = p * r + np.float32(4.1665795894e-2)
-        p = p * r + np.float32(1.6666665459e-1)
-        p = p * r + np.float32(5.0000001201e-1)
-        out[i] = p * (r * r) + r + np.float32(1.0)
-        scale[i] = (np.int32(k) + np.int32(127)) << np.int32(23)
-    factor = scale.view(np.float32)
-    for i in range(n):
-        out[i] *= factor[i]
-
-
 @njit(parallel=True, **_FLAGS)
 def attention(
     q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, row_slot: np.ndarray, row_pos: np.ndarray,
@@ -268,56 +242,6 @@ def _add_rows(x: np.ndarray, y: np.ndarray) -> None:  # pragma: no cover
             x[r, i] += y[r, i]
 
 
-# rows from which the gated activation runs on every core: a parallel region costs ~1 us (two threads, Zen 4)
-# against ~4.9 us a row of Qwen2.5-Coder-1.5B's 8,960 values; alone against on both cores, best of 3 x 3,000
-# in one process: 2 / 4 / 8 / 16 rows 9.3 / 17.7 / 35.4 / 76.8 -> 7.2 / 12.2 / 22.4 / 43.5 us (1 row 4.9 -> 7.2)
-_PARALLEL_ACTIVATIONS = 2
-
-
-@njit(**_FLAGS)
-def _gated_row(gate_up: np.ndarray, gelu: bool, out: np.ndarray, z: np.ndarray,
-               bits: np.ndarray) -> None:  # pragma: no cover
-    """out = act(gate) * up for one row; z, bits: scratch of out's length.
-
-    Both activations are gate x sigmoid(c z): silu z = g, c = 1; gelu (tanh approximation, as Gemma's
-    gelu_pytorch_tanh, since 0.5 (1 + tanh y) = sigmoid(2 y)) z = g + 0.044715 g^3, c = 2 sqrt(2 / pi).
-    exp through ``exp_shifted``, vectorised: libm's expf a value at a time was 214 us of an 8-row
-    layer (Qwen2.5-Coder-1.5B's 8960 values a row), 6 ms of its 8-token pass.
-    """
-    inter = out.shape[0]
-    gate, up = gate_up[:inter], gate_up[inter:]  # slices: an index like inter + i would not vectorise
-    if gelu:
-        for i in range(inter):
-            g = gate[i]
-            z[i] = np.float32(-1.5957691216057308) * (g + np.float32(0.044715) * g * g * g)
-    else:
-        for i in range(inter):
-            z[i] = -gate[i]
-    exp_shifted(z, 0.0, out, bits)  # out = exp(-c z) (into another array than z: aliasing stops vectorising)
-    for i in range(inter):
-        out[i] = gate[i] / (np.float32(1.0) + out[i]) * up[i]
-
-
-@njit(parallel=True, **_FLAGS)
-def gated_activation(gate_up: np.ndarray, gelu: bool, out: np.ndarray) -> None:  # pragma: no cover
-    """out = act(gate) * up for gate_up = [gate | up] [N, 2 I] (``_gated_row``): a decode pass's row on this
-    thread (a parallel region costs more than it does), a verify pass's or a prompt's rows on every core."""
-    rows, inter = out.shape
-    if rows < _PARALLEL_ACTIVATIONS:
-        z = np.empty(inter, dtype=np.float32)
-        bits = np.empty(inter, dtype=np.int32)
-        for r in range(rows):
-            _gated_row(gate_up[r], gelu, out[r], z, bits)
-        return
-    chunks = min(rows, _CHUNKS)
-    per_chunk = (rows + chunks - 1) // chunks
-    for chunk in prange(chunks):
-        z = np.empty(inter, dtype=np.float32)
-        bits = np.empty(inter, dtype=np.int32)
-        for r in range(chunk * per_chunk, min(rows, (chunk + 1) * per_chunk)):
-            _gated_row(gate_up[r], gelu, out[r], z, bits)
-
-
 class RowLayout(NamedTuple):
     """Where each of a pass's N rows sits (``decode_layers``' rows; built by the runner).
 
@@ -429,8 +353,7 @@ def decode_layers(x, rows, weights, k_cache, v_cache, rope, arch, run_layer, hid
             rms_norm_rows(proj, norms[layer, 2], eps, proj)
         _add_rows(x, proj)
         rms_norm_rows(x, norms[layer, 1], eps, h)
-        product(layer_weight(w_gate_up, layer), h, gate_up)
-        gated_activation(gate_up, gelu, act)
+        gated_product(layer_weight(w_gate_up, layer), h, gelu, gate_up, act)
         product(layer_weight(w_down, layer), act, proj)
         if sandwich:
             rms_norm_rows(proj, norms[layer, 3], eps, proj)

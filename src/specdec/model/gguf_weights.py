@@ -23,7 +23,7 @@ from specdec.config import ModelConfig
 from specdec.errors import ModelLoadError
 from specdec.log import get_logger
 from specdec.model.quant import SUPPORTED, QuantMatrix
-from specdec.model.weight_names import layer_weights, rope_heads
+from specdec.model.weight_names import gate_up_order, layer_weights, rope_heads
 
 logger = get_logger(__name__)
 
@@ -81,6 +81,8 @@ def load_gguf_weights(path: Path, config: ModelConfig) -> dict[str, Weight]:
                 out[o + w.name] = parts[0]
             else:
                 out[o + w.name] = torch.cat(parts) if w.vector else _concat(parts)
+            if w.alternate:
+                out[o + w.name] = _reorder(out[o + w.name], gate_up_order(parts[0].shape[0]))
     if dequantized:
         logger.warning("specdec: notice: %s: %s matrices have no integer kernel; dequantised to float32",
                        path.name, ", ".join(sorted(dequantized)))
@@ -99,6 +101,11 @@ def _interleave(w: Weight, num_heads: int, head_dim: int) -> Weight:
     half = head_dim // 2
     per_head = np.stack([np.arange(half), np.arange(half) + half], axis=1).reshape(-1)
     order = (np.arange(num_heads)[:, None] * head_dim + per_head[None, :]).reshape(-1)
+    return _reorder(w, order)
+
+
+def _reorder(w: Weight, order: np.ndarray) -> Weight:
+    """Rows order[0], order[1], ... of w."""
     if isinstance(w, QuantMatrix):
         return w.permute_rows(order)
     return w[torch.from_numpy(order)]

@@ -30,7 +30,7 @@ from specdec.errors import ModelLoadError
 from specdec.model import kernels, quant
 from specdec.model.backend import Backend, Linear
 from specdec.model.quant import QuantMatrix, QuantStack
-from specdec.model.weight_names import layer_weights
+from specdec.model.weight_names import gate_up_block, layer_weights
 
 
 @dataclass
@@ -323,11 +323,15 @@ class Transformer(nn.Module):
             out = rms_norm(out, layer.post_attn_norm, c.rms_norm_eps)
         x = x + out
         h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
-        gate, up = layer.gate_up(h).chunk(2, dim=-1)
-        out = layer.down(self.act(gate) * up)
+        out = layer.down(self._gated(layer.gate_up(h)))
         if c.sandwich_norm:
             out = rms_norm(out, layer.post_mlp_norm, c.rms_norm_eps)
         return x + out
+
+    def _gated(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up [.., I] from a ``w_gate_up`` product [.., 2 I], its halves in alternating blocks."""
+        pairs = gate_up.unflatten(-1, (-1, 2, gate_up_block(gate_up.shape[-1] // 2)))
+        return (self.act(pairs[..., 0, :]) * pairs[..., 1, :]).flatten(-2)
 
     @staticmethod
     def _write_cache(index: int, k: torch.Tensor, v: torch.Tensor, batch: Batch, cache: KVCache) -> None:

@@ -6,13 +6,16 @@ walk ``layer_weights(config)``; they differ only in how a part is read (a float 
 for its ``llama`` architecture; Hugging Face never does) and Gemma's +1 on norms (llama.cpp's
 converter stores it, Hugging Face does not).
 
-Several parts are concatenated by rows in the order given: q, k, v -> ``wqkv``; gate, up -> ``w_gate_up``.
+Several parts are concatenated by rows in the order given: q, k, v -> ``wqkv``; gate, up -> ``w_gate_up``,
+whose halves then alternate in blocks of rows (``gate_up_order``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from specdec.config import ModelConfig
 
@@ -31,6 +34,7 @@ class LayerWeight:
     # per part, its own name unfused: an MTP block's parameters (``model.mtp_head``, which keeps q, k, v
     # apart); () where no MTP block has the weight (Gemma's sandwich norms)
     parts: tuple[str, ...] = ()
+    alternate: bool = False  # two parts' rows in alternating blocks (``gate_up_order``), not one after the other
 
     def rope_of(self, part: int) -> Rope:
         return self.rope[part] if self.rope else None
@@ -45,7 +49,7 @@ LAYER_WEIGHTS: tuple[LayerWeight, ...] = (
                 when=lambda c: c.attention_bias, parts=("q_bias", "k_bias", "v_bias")),
     LayerWeight("wo", ("self_attn.o_proj.weight",), ("attn_output.weight",), parts=("o_proj",)),
     LayerWeight("w_gate_up", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), ("ffn_gate.weight", "ffn_up.weight"),
-                parts=("gate_proj", "up_proj")),
+                parts=("gate_proj", "up_proj"), alternate=True),
     LayerWeight("w_down", ("mlp.down_proj.weight",), ("ffn_down.weight",), parts=("down_proj",)),
     LayerWeight("attn_norm", ("input_layernorm.weight",), ("attn_norm.weight",), vector=True, norm=True,
                 parts=("input_layernorm",)),
@@ -73,6 +77,24 @@ MTP_BLOCK_PARTS: dict[str, str] = {hf: part for w in LAYER_WEIGHTS for hf, part 
 def layer_weights(config: ModelConfig) -> list[LayerWeight]:
     """The weights each layer of ``config``'s model has."""
     return [w for w in LAYER_WEIGHTS if w.when(config)]
+
+
+GATE_UP_BLOCK = 16  # rows a block of ``w_gate_up``'s alternating halves: a product's unit of work (kernels._UNIT)
+
+
+def gate_up_block(inter: int) -> int:
+    """Rows of each block in which ``w_gate_up``'s gate and up halves alternate (gate rows 0-15, up rows 0-15, gate
+    rows 16-31, ...): a product's span of whole block pairs then holds both halves of its columns, and the gated
+    activation runs there, on the tiles' fresh output (``kernels.qmatmul``'s ``gated``). One block, gate then
+    up, where GATE_UP_BLOCK does not divide the intermediate width."""
+    return GATE_UP_BLOCK if inter % GATE_UP_BLOCK == 0 else inter
+
+
+def gate_up_order(inter: int) -> np.ndarray:
+    """Row i of the stored ``w_gate_up`` is row order[i] of gate and up one after the other."""
+    b = gate_up_block(inter)
+    return (np.arange(inter // b)[:, None, None] * b + np.arange(2)[None, :, None] * inter
+            + np.arange(b)[None, None, :]).reshape(-1)
 
 
 def rope_heads(config: ModelConfig, rope: Rope) -> tuple[int, int]:

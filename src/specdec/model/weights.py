@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from specdec import catalog
 from specdec.config import ModelConfig
 from specdec.errors import ModelLoadError
-from specdec.model.weight_names import is_mtp_weight, layer_weights, rope_heads
+from specdec.model.weight_names import gate_up_order, is_mtp_weight, layer_weights, rope_heads
 
 NATIVE_ARCHS = {
     "llama": "llama",
@@ -290,6 +290,8 @@ def _convert(hf: dict[str, torch.Tensor], c: ModelConfig, dtype: torch.dtype) ->
             parts = [_interleave_rows(t, *rope_heads(c, w.rope_of(j))) if w.rope_of(j) else t
                      for j, t in enumerate(parts)]
             out[p + w.name] = torch.cat(parts) if len(parts) > 1 else parts[0]
+            if w.alternate:
+                out[p + w.name] = out[p + w.name][torch.from_numpy(gate_up_order(parts[0].shape[0]))]
     hf.pop("lm_head.weight", None)  # tied copies some checkpoints store anyway
     hf = {k: v for k, v in hf.items() if not k.endswith("rotary_emb.inv_freq") and not is_mtp_weight(k, c.num_layers)}
     if hf:
