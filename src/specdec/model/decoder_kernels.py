@@ -5,7 +5,8 @@ sequences, chains and trees) through every layer. Done op by op in torch, each
 of a layer's ~20 small ops pays dispatch and threading overhead; ``decode_layers``
 runs the whole stack as one compiled call instead: per layer an RMSNorm, the
 fused q/k/v product, q/k norms, rope, the cache write, attention, the output
-projection, the residual, and the MLP. The products are ``kernels``'.
+projection, the residual, and the MLP. The products (and the MLP's activation, inside its
+gate/up product) are ``kernels``'.
 
 ``attention`` works per (8 rows of a sequence, KV head, 512-key chunk), each job
 in C (qkernels_attention.h): every query head of the KV group meets the chunk's

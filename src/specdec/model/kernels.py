@@ -1,6 +1,6 @@
-"""CPU kernels (numba) for decode and verify passes: the products (float and quantized), the LM
-head's argmax, the read floor. The decoder stack that calls them (attention, norms, rope, the gated
-activation, ``decode_layers``) is ``decoder_kernels``.
+"""CPU kernels (numba) for decode and verify passes: the products (float and quantized), their
+epilogues (the LM head's argmax, the MLP's gated activation), the read floor. The decoder stack that
+calls them (attention, norms, rope, ``decode_layers``) is ``decoder_kernels``.
 
 ``matmul`` (the products) keeps a block of 4 weight rows x 4 token rows in
 registers (16 accumulators), so each weight row is read from memory once per

@@ -28,7 +28,7 @@ INLINE float cache1(const void *row, int kind, int64_t i) {
     return ((const float *)row)[i];
 }
 
-/* exp(x) for 8 lanes: Cephes' expf (decoder_kernels.exp_shifted's constants), about 1 ulp; x clamped to [-87, 88] */
+/* exp(x) for 8 lanes: Cephes' expf (kernels.exp_shifted's constants), about 1 ulp; x clamped to [-87, 88] */
 #if defined(SD_AVX2)
 INLINE __m256 exp8(__m256 x) {
     const __m256 v = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
