@@ -174,6 +174,7 @@ _sd_threads = types.ExternalFunction("sd_threads", types.int64())  # numba's thr
 _sd_claim = types.ExternalFunction("sd_claim", types.int64(_i))
 _sd_finish = types.ExternalFunction("sd_finish", types.void(_i))
 _sd_await = types.ExternalFunction("sd_await", types.void(_i, types.int64))
+_sd_gated = types.ExternalFunction("sd_gated", types.void(*([_i] * 6)))
 # a product's unit of work: 16 weight rows, so interleaved groups stay whole and AMX pairs them
 _UNIT = 16
 # a quantized product's chunks, the most a thread takes at once (sd_span: its own run, then the others' tails);
@@ -253,16 +254,13 @@ def qmatmul(q, s, m, fmt, x, out, gated=None):  # pragma: no cover - compiled
 def _take_spans(t, threads, runs, most, unit, q, s, m, fmt, act, n_rows, dst, gated, r0):  # pragma: no cover
     """Thread t's spans of a product: its own run, then the others' tails (sd_span); with ``gated`` (qmatmul's),
     each span's activations of rows r0 .. r0 + n_rows."""
-    if gated is not None:
-        z = np.empty(most * unit // 2, dtype=np.float32)
-        bits = np.empty(most * unit // 2, dtype=np.int32)
     span = _sd_span(runs.ctypes.data, t, threads, most, 1)
     while span >= 0:
         n0, n1 = _span_rows(span, unit, q.shape[0])
         _qchunk(q, s, m, fmt, act, n_rows, dst.ctypes.data, dst.shape[1], n0, n1)
         if gated is not None:
             for r in range(n_rows):
-                gated_columns(dst[r], gated[1], gated[0][r0 + r], n0 // 2, n1 // 2, z, bits)
+                gated_columns(dst[r], gated[1], gated[0][r0 + r], n0 // 2, n1 // 2)
         span = _sd_span(runs.ctypes.data, t, threads, most, 1)
 
 
@@ -417,80 +415,21 @@ def _product_impl(w, x, out):
 _gate_up_block = njit(cache=True)(gate_up_block)
 
 
-@njit(fastmath={"nnan", "ninf", "nsz", "arcp", "contract"}, cache=True, boundscheck=False, error_model="numpy")
-def exp_shifted(x: np.ndarray, shift: float, out: np.ndarray, scale: np.ndarray) -> None:  # pragma: no cover
-    """out[i] = exp(x[i] - shift) for i < len(x), vectorised (libm's exp is one call per value; the
-    gated activation's exp; qkernels_attention.h's exp8 has the same constants).
-
-    Cephes' expf: 2^n * p(r) with x = n ln2 + r, |r| <= ln2 / 2; about 1 ulp. Elementwise
-    and without reassociation, so a value's bits never depend on where it sits in the block.
-    """
-    n = x.shape[0]  # scale: int32 scratch of at least n
-    for i in range(n):
-        v = min(max(x[i] - np.float32(shift), np.float32(-87.0)), np.float32(88.0))
-        k = np.floor(v * np.float32(1.44269504088896341) + np.float32(0.5))
-        r = v - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)
-        p = np.float32(1.9875691500e-4)
-        p = p * r + np.float32(1.3981999507e-3)
-        p = p * r + np.float32(8.3334519073e-3)
-        p = p * r + np.float32(4.1665795894e-2)
-        p = p * r + np.float32(1.6666665459e-1)
-        p = p * r + np.float32(5.0000001201e-1)
-        out[i] = p * (r * r) + r + np.float32(1.0)
-        scale[i] = (np.int32(k) + np.int32(127)) << np.int32(23)
-    factor = scale.view(np.float32)
-    for i in range(n):
-        out[i] *= factor[i]
-
-
-# no reassociation nor reciprocals: a value's bits stay the same wherever the compiler inlines this
-@njit(fastmath={"nnan", "ninf", "nsz"}, cache=True, boundscheck=False, error_model="numpy")
-def gated_columns(gate_up, gelu, out, c0, c1, z, bits):  # pragma: no cover - compiled
+@njit(**_FLAGS)
+def gated_columns(gate_up, gelu, out, c0, c1):  # pragma: no cover - compiled
     """out[c0:c1] = act(gate) * up for columns c0:c1 (whole blocks) of one row of a ``w_gate_up`` product, whose
-    gate and up halves alternate in blocks (``weight_names.gate_up_block``); z, bits: scratch of c1 - c0.
-
-    Both activations are gate x sigmoid(c z): silu z = g, c = 1; gelu (tanh approximation, as Gemma's
-    gelu_pytorch_tanh, since 0.5 (1 + tanh y) = sigmoid(2 y)) z = g + 0.044715 g^3, c = 2 sqrt(2 / pi).
-    exp through ``exp_shifted``, vectorised: libm's expf a value at a time was 214 us of an 8-row
-    layer (Qwen2.5-Coder-1.5B's 8960 values a row), 6 ms of its 8-token pass. Elementwise, so a value's
-    bits do not depend on the columns taken with it.
-    """
-    inter, b = out.shape[0], GATE_UP_BLOCK
-    if _gate_up_block(inter) == b:
-        for c in range(c0, c1, b):  # a constant trip count: the block is one vector
-            _gate_z(gate_up[2 * c:2 * c + b], gelu, z[c - c0:c - c0 + b])
-    else:
-        _gate_z(gate_up[c0:c1], gelu, z[:c1 - c0])
-    exp_shifted(z[:c1 - c0], 0.0, out[c0:c1], bits)  # exp(-c z) (into another array than z: aliasing stops vectorising)
-    if _gate_up_block(inter) == b:
-        for c in range(c0, c1, b):
-            _gate_times_up(gate_up[2 * c:2 * c + b], gate_up[2 * c + b:2 * c + 2 * b], out[c:c + b])
-    else:
-        _gate_times_up(gate_up[c0:c1], gate_up[inter + c0:inter + c1], out[c0:c1])
-
-
-@njit(inline="always", fastmath={"nnan", "ninf", "nsz"}, cache=True, boundscheck=False, error_model="numpy")
-def _gate_z(gate, gelu, z):  # pragma: no cover - compiled
-    """z = -c z of gated_columns for gate's values (z's length)."""
-    if gelu:
-        for i in range(z.shape[0]):
-            g = gate[i]
-            z[i] = np.float32(-1.5957691216057308) * (g + np.float32(0.044715) * g * g * g)
-    else:
-        for i in range(z.shape[0]):
-            z[i] = -gate[i]
-
-
-@njit(inline="always", fastmath={"nnan", "ninf", "nsz"}, cache=True, boundscheck=False, error_model="numpy")
-def _gate_times_up(gate, up, e):  # pragma: no cover - compiled
-    """e = gate / (1 + e) * up (all of e's length)."""
-    for i in range(e.shape[0]):
-        e[i] = gate[i] / (np.float32(1.0) + e[i]) * up[i]
+    gate and up halves alternate in blocks (``weight_names.gate_up_block``): qkernels.c's sd_gated, vectorised
+    (libm's expf a value at a time was 214 us of an 8-row layer of Qwen2.5-Coder-1.5B, 6 ms of its 8-token pass;
+    numba's loops over 16-value blocks did not vectorise: a row of 8,960 values 7.4 us there, 5.5 us in C, 4.7 in
+    numba's single sweep of the old [gate | up] layout; the same bits as numba's blocks). A value's bits do not
+    depend on the columns computed with it."""
+    _sd_gated(gate_up.ctypes.data, c0, c1, _gate_up_block(out.shape[0]), gelu, out.ctypes.data)
 
 
 # rows from which the gated activation runs on every core: a parallel region costs ~1 us (two threads, Zen 4)
 # against ~4.9 us a row of Qwen2.5-Coder-1.5B's 8,960 values; alone against on both cores, best of 3 x 3,000
-# in one process: 2 / 4 / 8 / 16 rows 9.3 / 17.7 / 35.4 / 76.8 -> 7.2 / 12.2 / 22.4 / 43.5 us (1 row 4.9 -> 7.2)
+# in one process: 2 / 4 / 8 / 16 rows 9.3 / 17.7 / 35.4 / 76.8 -> 7.2 / 12.2 / 22.4 / 43.5 us (1 row 4.9 -> 7.2;
+# measured on the numba sweep sd_gated replaced, 4.7 us a row against its 5.5)
 _PARALLEL_ACTIVATIONS = 2
 
 
@@ -501,18 +440,14 @@ def gated_activation(gate_up: np.ndarray, gelu: bool, out: np.ndarray) -> None: 
     more than it does), a verify pass's or a prompt's rows on every core."""
     rows, inter = out.shape
     if rows < _PARALLEL_ACTIVATIONS:
-        z = np.empty(inter, dtype=np.float32)
-        bits = np.empty(inter, dtype=np.int32)
         for r in range(rows):
-            gated_columns(gate_up[r], gelu, out[r], 0, inter, z, bits)
+            gated_columns(gate_up[r], gelu, out[r], 0, inter)
         return
     chunks = min(rows, _CHUNKS)
     per_chunk = (rows + chunks - 1) // chunks
     for chunk in prange(chunks):
-        z = np.empty(inter, dtype=np.float32)
-        bits = np.empty(inter, dtype=np.int32)
         for r in range(chunk * per_chunk, min(rows, (chunk + 1) * per_chunk)):
-            gated_columns(gate_up[r], gelu, out[r], 0, inter, z, bits)
+            gated_columns(gate_up[r], gelu, out[r], 0, inter)
 
 
 def gated_product(w, x, gelu, out, act):  # pragma: no cover - replaced by the overload below

@@ -647,6 +647,36 @@ INLINE void ktile6_512(const int R, const uint8_t *q, int64_t k, const int8_t *x
 #include "qkernels_x16.h"
 #include "qkernels_attention.h"
 
+/* An MLP's act(gate) * up (kernels.gated_columns): out[c0 .. c1] from one row of a w_gate_up product, whose gate and
+ * up halves alternate in blocks of `block` values (weight_names.gate_up_block; c0 and c1 on block boundaries). Both
+ * activations are gate x sigmoid(c z): silu z = g, c = 1; gelu (tanh approximation, as Gemma's gelu_pytorch_tanh,
+ * since 0.5 (1 + tanh y) = sigmoid(2 y)) z = g + 0.044715 g^3, c = 2 sqrt(2 / pi). A value is the same steps in a
+ * lane as alone (exp8 / exp1; no contraction), so its bits never depend on the columns computed with it. */
+INLINE float gated1(float g, float u, int gelu) {
+    const float z = gelu ? -1.5957691216057308f * (g + 0.044715f * g * g * g) : -g;
+    return g / (1.0f + exp1(z)) * u;
+}
+
+void sd_gated(const float *gate_up, int64_t c0, int64_t c1, int64_t block, int64_t gelu, float *out) {
+    for (int64_t c = c0; c < c1; c += block) {
+        const float *g = gate_up + 2 * c, *u = g + block;
+        float *o = out + c;
+        int64_t i = 0;
+#if defined(SD_AVX2)
+        const __m256 cz = _mm256_set1_ps(-1.5957691216057308f), cg = _mm256_set1_ps(0.044715f);
+        const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+        for (; i + 8 <= block; i += 8) {
+            const __m256 x = _mm256_loadu_ps(g + i);
+            const __m256 z = gelu ? _mm256_mul_ps(cz, _mm256_add_ps(x, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(cg, x), x), x)))
+                                  : _mm256_xor_ps(x, sign);
+            const __m256 w = _mm256_div_ps(x, _mm256_add_ps(one, exp8(z)));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(w, _mm256_loadu_ps(u + i)));
+        }
+#endif
+        for (; i < block; i++) o[i] = gated1(g[i], u[i], (int)gelu);
+    }
+}
+
 /* the kernels' instruction set; "+amx" where the tiles are built and this process may use them */
 const char *sd_isa(void) {
 #if defined(SD_AMX)

@@ -28,7 +28,26 @@ INLINE float cache1(const void *row, int kind, int64_t i) {
     return ((const float *)row)[i];
 }
 
-/* exp(x) for 8 lanes: Cephes' expf (kernels.exp_shifted's constants), about 1 ulp; x clamped to [-87, 88] */
+/* exp(x): Cephes' expf, about 1 ulp; x clamped to [-87, 88]. exp1 is exp8's steps for one value (fmaf where
+ * exp8 fuses), so a value's bits are the same in a lane or alone */
+INLINE float exp1(float x) {
+    const float v = fminf(fmaxf(x, -87.0f), 88.0f);
+    const float k = floorf(fmaf(v, 1.44269504088896341f, 0.5f));
+    float r = fmaf(-k, 0.693359375f, v);
+    r = fmaf(k, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    const float e = fmaf(p, r * r, r) + 1.0f;
+    const int32_t bits = ((int32_t)k + 127) * (1 << 23);
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return e * scale;
+}
+
 #if defined(SD_AVX2)
 INLINE __m256 exp8(__m256 x) {
     const __m256 v = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
