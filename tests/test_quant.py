@@ -132,6 +132,17 @@ def test_a_gate_up_products_activation_has_the_bits_of_the_activation_after_it(g
         torch.testing.assert_close(torch.from_numpy(act), act_fn(gate) * up, rtol=1e-4, atol=1e-4)
 
 
+def test_the_argmax_scan_is_the_first_maximum_at_every_length():
+    """``kernels._first_max`` (sd_first_max: vector lanes, then a scalar tail) gives numpy's argmax, the first of
+    equal maxima, whether the ties sit in one lane, in different lanes or in the tail."""
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 7, 15, 16, 17, 31, 32, 33, 47, 100, 1200, 1201):
+        rows = rng.integers(-3, 4, (40, n)).astype(np.float32)  # few values: many ties
+        best = np.empty(40, dtype=np.int64)
+        kernels.argmax_rows(rows, best)
+        assert np.array_equal(best, rows.argmax(axis=1)), n
+
+
 @pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
 def test_argmax_epilogue_is_the_products_argmax_with_ties_to_the_lower_id(qtype):
     """``qmatmul_argmax`` (the LM head's greedy epilogue) gives torch.argmax of ``qmatmul``'s product

@@ -175,6 +175,7 @@ _sd_claim = types.ExternalFunction("sd_claim", types.int64(_i))
 _sd_finish = types.ExternalFunction("sd_finish", types.void(_i))
 _sd_await = types.ExternalFunction("sd_await", types.void(_i, types.int64))
 _sd_gated = types.ExternalFunction("sd_gated", types.void(*([_i] * 6)))
+_sd_first_max = types.ExternalFunction("sd_first_max", types.int64(_i, _i))
 # a product's unit of work: 16 weight rows, so interleaved groups stay whole and AMX pairs them
 _UNIT = 16
 # a quantized product's chunks, the most a thread takes at once (sd_span: its own run, then the others' tails);
@@ -378,12 +379,8 @@ def qmatmul_argmax(q, s, m, fmt, x, best):  # pragma: no cover - compiled
 
 @njit(**_FLAGS)
 def _first_max(v):  # pragma: no cover - compiled
-    """The first index of v's largest value."""
-    j = 0
-    for i in range(1, v.shape[0]):
-        if v[i] > v[j]:
-            j = i
-    return j
+    """The first index of the largest value of v (contiguous; qkernels.c's sd_first_max, vectorised)."""
+    return _sd_first_max(v.ctypes.data, v.shape[0])
 
 
 @njit(parallel=True, **_FLAGS)

@@ -647,6 +647,52 @@ INLINE void ktile6_512(const int R, const uint8_t *q, int64_t k, const int8_t *x
 #include "qkernels_x16.h"
 #include "qkernels_attention.h"
 
+/* The first index of the largest of v's n values (kernels._first_max: a greedy head's scan of its logits): each
+ * lane keeps its first maximum (strict >), lanes and the scalar tail tie to the lower index, so the answer is the
+ * scalar loop's for finite values (torch.argmax's). Two sets of lanes hide the compare's latency; scalar, 8 rows of
+ * 151,936 took 0.94 ms a pass. */
+int64_t sd_first_max(const float *v, int64_t n) {
+    int64_t i = 0, best = 0;
+    float top = n > 0 ? v[0] : 0.0f;
+#if defined(SD_AVX2)
+    if (n >= 16) {
+        __m256 t0 = _mm256_loadu_ps(v), t1 = _mm256_loadu_ps(v + 8);
+        __m256i a0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), a1 = _mm256_add_epi32(a0, _mm256_set1_epi32(8));
+        __m256i i0 = a0, i1 = a1;
+        const __m256i step = _mm256_set1_epi32(16);
+        for (i = 16; i + 16 <= n; i += 16) {
+            i0 = _mm256_add_epi32(i0, step);
+            i1 = _mm256_add_epi32(i1, step);
+            const __m256 x0 = _mm256_loadu_ps(v + i), x1 = _mm256_loadu_ps(v + i + 8);
+            const __m256 g0 = _mm256_cmp_ps(x0, t0, _CMP_GT_OQ), g1 = _mm256_cmp_ps(x1, t1, _CMP_GT_OQ);
+            t0 = _mm256_blendv_ps(t0, x0, g0);
+            t1 = _mm256_blendv_ps(t1, x1, g1);
+            a0 = _mm256_blendv_epi8(a0, i0, _mm256_castps_si256(g0));
+            a1 = _mm256_blendv_epi8(a1, i1, _mm256_castps_si256(g1));
+        }
+        float tv[16];
+        int32_t av[16];
+        _mm256_storeu_ps(tv, t0);
+        _mm256_storeu_ps(tv + 8, t1);
+        _mm256_storeu_si256((__m256i *)av, a0);
+        _mm256_storeu_si256((__m256i *)(av + 8), a1);
+        top = tv[0];
+        best = av[0];
+        for (int l = 1; l < 16; l++)
+            if (tv[l] > top || (tv[l] == top && av[l] < best)) {
+                top = tv[l];
+                best = av[l];
+            }
+    }
+#endif
+    for (; i < n; i++)
+        if (v[i] > top) {
+            top = v[i];
+            best = i;
+        }
+    return best;
+}
+
 /* An MLP's act(gate) * up (kernels.gated_columns): out[c0 .. c1] from one row of a w_gate_up product, whose gate and
  * up halves alternate in blocks of `block` values (weight_names.gate_up_block; c0 and c1 on block boundaries). Both
  * activations are gate x sigmoid(c z): silu z = g, c = 1; gelu (tanh approximation, as Gemma's gelu_pytorch_tanh,
