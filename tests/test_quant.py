@@ -53,16 +53,16 @@ def test_a_product_hands_out_every_unit_once_and_its_runs_last_spans_shrink():
     """sd_span (kernels.qmatmul's work split): thread 0 takes its own run front to back, at most `most` units a span
     and halving near the run's end, then thread 1's run from the back; every unit once."""
     span = clib.load_qkernels().sd_span
-    span.restype, span.argtypes = ctypes.c_int64, [ctypes.c_void_p] + [ctypes.c_int64] * 4
+    span.restype, span.argtypes = ctypes.c_int64, [ctypes.c_void_p] + [ctypes.c_int64] * 3
     runs = kernels._runs(100, 2)
     taken = []
-    while (got := span(runs.ctypes.data, 0, 2, 8, 1)) >= 0:
+    while (got := span(runs.ctypes.data, 0, 2, 8)) >= 0:
         taken.append((got >> 32, got & 0xFFFFFFFF))
     assert [b - a for a, b in taken[:9]] == [8, 8, 8, 8, 8, 5, 3, 1, 1]  # its own run, units 0-49
     assert taken[9] == (92, 100)  # then thread 1's last units
     units = [u for a, b in taken for u in range(a, b)]
     assert sorted(units) == list(range(100)) and max(b - a for a, b in taken) == 8
-    assert span(runs.ctypes.data, 1, 2, 8, 1) == -1
+    assert span(runs.ctypes.data, 1, 2, 8) == -1
 
 
 @pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda t: t.name)

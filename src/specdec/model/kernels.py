@@ -168,7 +168,7 @@ _i = types.intp
 _sd_prepare = types.ExternalFunction("sd_prepare", types.void(*([_i] * 12)))
 _sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 20)))
 _sd_dequantize_rows = types.ExternalFunction("sd_dequantize_rows", types.void(*([_i] * 10)))
-_sd_span = types.ExternalFunction("sd_span", types.int64(_i, _i, _i, _i, _i))
+_sd_span = types.ExternalFunction("sd_span", types.int64(_i, _i, _i, _i))
 _sd_read = types.ExternalFunction("sd_read", types.uint64(_i, _i, _i))
 _sd_threads = types.ExternalFunction("sd_threads", types.int64())  # numba's thread count, set at import (qkernels.c)
 _sd_claim = types.ExternalFunction("sd_claim", types.int64(_i))
@@ -255,14 +255,14 @@ def qmatmul(q, s, m, fmt, x, out, gated=None):  # pragma: no cover - compiled
 def _take_spans(t, threads, runs, most, unit, q, s, m, fmt, act, n_rows, dst, gated, r0):  # pragma: no cover
     """Thread t's spans of a product: its own run, then the others' tails (sd_span); with ``gated`` (qmatmul's),
     each span's activations of rows r0 .. r0 + n_rows."""
-    span = _sd_span(runs.ctypes.data, t, threads, most, 1)
+    span = _sd_span(runs.ctypes.data, t, threads, most)
     while span >= 0:
         n0, n1 = _span_rows(span, unit, q.shape[0])
         _qchunk(q, s, m, fmt, act, n_rows, dst.ctypes.data, dst.shape[1], n0, n1)
         if gated is not None:
             for r in range(n_rows):
                 gated_columns(dst[r], gated[1], gated[0][r0 + r], n0 // 2, n1 // 2)
-        span = _sd_span(runs.ctypes.data, t, threads, most, 1)
+        span = _sd_span(runs.ctypes.data, t, threads, most)
 
 
 @njit(**_FLAGS)
@@ -358,7 +358,7 @@ def qmatmul_argmax(q, s, m, fmt, x, best):  # pragma: no cover - compiled
     threads = _sd_threads()
     runs = _runs(units, threads)
     for t in prange(threads):  # as qmatmul: each thread's run of spans, then the others' tails
-        span = _sd_span(runs.ctypes.data, t, threads, most, 1)
+        span = _sd_span(runs.ctypes.data, t, threads, most)
         while span >= 0:
             n0, n1 = _span_rows(span, _UNIT, n_out)
             part = np.empty((rows, n1 - n0), dtype=np.float32)
@@ -368,7 +368,7 @@ def qmatmul_argmax(q, s, m, fmt, x, best):  # pragma: no cover - compiled
                 j = _first_max(part[r])
                 top[u, r], at[u, r] = part[r, j], n0 + j
             starts[u] = True
-            span = _sd_span(runs.ctypes.data, t, threads, most, 1)
+            span = _sd_span(runs.ctypes.data, t, threads, most)
     for r in range(rows):
         c = 0  # unit 0 always starts a span
         for u in range(1, units):

@@ -107,7 +107,7 @@ INLINE void attend_dots(const int R, const int J, const float *q, int64_t dim, c
     default: CALL_DOTS(1); break;                                                                           \
     }
 
-/* rows i (and i + 1 where R == 2) of a [., dim], dims d0 .. d0 + 8 NV, and of total: add one key block's
+/* rows i .. i + R - 1 (R <= VALUE_ROWS) of a [., dim], dims d0 .. d0 + 8 NV, and of total: add one key block's
  * sum over the keys seen, in key order, of w[j] x values[j][d0 ..] (w: the row-heads' weights, stride pad;
  * the sums go on in key order across blocks). Two row-heads of one query row share each value load, three where
  * AVX-512's 32 registers hold their 12 sums (three on AVX2's 16 spilled: Zen 2 no faster, Zen 4 28-35% slower; on
