@@ -113,7 +113,7 @@ INLINE __m512i x16_bcast(const int8_t *p) {  /* 4 activation bytes to every lane
  * of R activation rows. From X16_EMB_ROWS rows the activations go as an embedded broadcast operand ({1to16}): GCC
  * 12 loaded 90% of the intrinsics' set1 broadcasts into a register of their own, a vpbroadcastd beside each
  * product and a register fewer for the 8-row tiles' sums. Zen 4, one core (scripts/x16_rate.c, alternated
- * twice), with Q6_K's offset as one vpdpwssd (x16_q6k): 8 rows in L1 Q6_K 125 -> 152 GMAC/s, Q4_K 171 -> 176,
+ * twice; Q6_K's offset then a vpdpwssd a scale group pair): 8 rows in L1 Q6_K 125 -> 152 GMAC/s, Q4_K 171 -> 176,
  * streamed from memory (4000 groups on 4 KB pages) 96 -> 110 and 150 -> 165; but 2 and 4 rows streamed ran
  * slower with it (Q6_K 42 -> 39 and 85 -> 71), so narrower tiles keep the register broadcast. Whole passes of
  * the 1.5B, the two builds alternated in one process (10 rounds): 8 and 16 tokens 2.6% and 3.0% faster, 1-4
@@ -141,12 +141,11 @@ INLINE __m512i x16_dpw(const int R, __m512i acc, __m512i w, const int16_t *p) {
     return _mm512_dpwssd_epi32(acc, w, x16_bcast((const int8_t *)p));
 }
 
-/* two runs of 16 per-row bytes, p[i] and p[16 + i] for row i, as the int16 halves of lane i (the pair a vpdpwssd
- * meets): widened signed (Q6_K's scales) or unsigned (Q4_K's mins) */
-INLINE __m512i x16_byte_pairs(const uint8_t *p, const int is_signed) {
+/* two runs of 16 per-row unsigned bytes (Q4_K's mins), p[i] and p[16 + i] for row i, as the int16 halves of lane i
+ * (the pair a vpdpwssd meets) */
+INLINE __m512i x16_byte_pairs(const uint8_t *p) {
     const __m128i g0 = _mm_loadu_si128((const __m128i *)p), g1 = _mm_loadu_si128((const __m128i *)(p + 16));
-    const __m256i v = _mm256_set_m128i(_mm_unpackhi_epi8(g0, g1), _mm_unpacklo_epi8(g0, g1));
-    return is_signed ? _mm512_cvtepi8_epi16(v) : _mm512_cvtepu8_epi16(v);
+    return _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(g0, g1), _mm_unpacklo_epi8(g0, g1)));
 }
 
 /* one step's two weight vectors (values 32 apart: a sub-block pair's nibbles, a chunk pair) against R activation
@@ -236,7 +235,7 @@ INLINE void x16_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
         __m512i msum[X16ROWS];
         for (int r = 0; r < R; r++) msum[r] = _mm512_setzero_si512();
         for (int jp = 0; jp < 4; jp++) {
-            const __m512i mn2 = x16_byte_pairs(blk + 192 + 32 * jp, 0);
+            const __m512i mn2 = x16_byte_pairs(blk + 192 + 32 * jp);
             for (int r = 0; r < R; r++)
                 msum[r] = x16_dpw(R, msum[r], mn2, (const int16_t *)(bw + r * BW_WORDS(k) + 4 * b + jp));
         }
@@ -264,6 +263,15 @@ INLINE void x16_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
         const uint8_t *blk = grp + Q6KX16_BYTES * b;
         __m512i sumi[X16ROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
+        /* values are q - 32: a scale group's sums start at -32 x its 16 activations' sum (bk), so its scale's vpmulld
+         * takes 32 x scale_g x bk_g back too (sums mod 2^32: the same bits as q6x8_epilogue's subtraction). Where a
+         * vpdpwssd a group pair did it after the quads (its scales widened to int16 pairs, ~9 operations a pair): Zen 4,
+         * one core, L1 (scripts/x16_rate.c) 1 / 2 / 4 / 8 rows 65.0 / 100.1 / 132.7 / 151.8 -> 75.3 / 109.0 / 141.0 /
+         * 158.9 GMAC/s */
+        int32_t off[X16ROWS][16] __attribute__((aligned(64)));
+        for (int r = 0; r < R; r++)
+            _mm512_store_si512((void *)off[r], _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(
+                _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(bk + r * (k / 16) + 16 * b))), 5)));
         for (int qh = 0; qh < 8; qh++) {  /* quad qh / 4, its chunk pair (qh / 2) % 2, steps 4 (qh % 2) .. + 3 */
             const int quad = qh / 4, pair = (qh / 2) % 2, half = qh % 2;
             const int c0 = 4 * quad + 2 * pair;  /* chunks c0, c0 + 1 */
@@ -271,7 +279,12 @@ INLINE void x16_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
             const uint8_t *base = blk + 288 + 1536 * quad;
             const int NA = R == 1 ? Q6_NA1 : 1;  /* independent sums a row, as x16_q4k's */
             __m512i a0[X16ROWS], a1[X16ROWS];
-            for (int r = 0; r < R * NA; r++) a0[r] = a1[r] = _mm512_setzero_si512();
+            const int g0 = 2 * c0 + half;  /* the scale groups of chunks c0 and c0 + 1 */
+            for (int r = 0; r < R; r++) {
+                a0[r] = _mm512_set1_epi32(off[r][g0]);
+                a1[r] = _mm512_set1_epi32(off[r][g0 + 2]);
+            }
+            for (int r = R; r < R * NA; r++) a0[r] = a1[r] = _mm512_setzero_si512();
             /* a constant trip count: t from 4 half to 4 half + 3 left GCC a loop with run-time bounds and scalar
              * glue between the steps (Zen 4, one core, weights in L1: 1 / 2 / 3 / 8 rows 66 / 89 / 110 / 124 ->
              * 68 / 99 / 116 / 130 GMAC/s, 4 rows 127 -> 125) */
@@ -291,14 +304,7 @@ INLINE void x16_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
             const __m512i s1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sg + 32)));
             x16_pair_scale(R, NA, a0, a1, s0, s1, sumi);
         }
-        /* q6x8_epilogue per lane: values are q - 32, so 32 x sum_g scale_g x bk_g is taken back, as one vpdpwssd a
-         * row against the scales times -32 (|scale x 32| <= 4096 fits int16; sums mod 2^32 as the madd, shift and
-         * subtract before: the same bits). Zen 4, one core, L1: 8 rows 129 -> 137 GMAC/s, 4 rows 123 -> 132 */
-        for (int gp = 0; gp < 8; gp++) {
-            const __m512i sc2 = x16_byte_pairs(blk + 32 + 32 * gp, 1);
-            const __m512i neg32 = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(sc2, 5));
-            for (int r = 0; r < R; r++) sumi[r] = x16_dpw(R, sumi[r], neg32, bk + r * (k / 16) + 16 * b + 2 * gp);
-        }
+        /* q6x8_epilogue's float steps per lane */
         const __m512 vd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
         for (int r = 0; r < R; r++)
             acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(dk[r * nsb + b]), _mm512_mul_ps(vd, _mm512_cvtepi32_ps(sumi[r])), acc[r]);
