@@ -5,8 +5,9 @@ This measures, on the machine at hand, the milliseconds of one pass over
 T = 1, 2, 4, 8, 16, 32 new tokens of one sequence after a context of N tokens,
 and the floor under a 1-token pass: the time to stream as many bytes as the
 weights occupy, on every core. The floor and the widths run interleaved in
-rounds and each keeps its median, so a burst of load from elsewhere skews every
-width, and the floor, alike instead of one.
+rounds, so a burst of load from elsewhere skews every width, and the floor, alike
+instead of one; ratios are taken round by round, and a run whose memory changed
+speed (the floor jumped) gets a table for each speed.
 """
 
 from __future__ import annotations
@@ -140,6 +141,41 @@ def measure(
         runner.free(slot)
 
 
+# a jump of this ratio between two read floors of one run, each side at least _PHASE_ROUNDS rounds, splits the run:
+# the Zen 4 VM's memory switched between two speeds within minutes (floors of 17.5 and 29.5 ms for the 1.5B)
+_PHASE_JUMP = 1.25
+_PHASE_ROUNDS = 3
+
+
+def memory_phases(floor_times: list[float]) -> list[list[int]]:
+    """The rounds split where the read floor jumps (faster rounds first), or [every round] when it held still."""
+    order = sorted(range(len(floor_times)), key=floor_times.__getitem__)
+    jumps = [floor_times[order[i]] / floor_times[order[i - 1]] for i in range(1, len(order))]
+    if jumps:
+        at = max(range(len(jumps)), key=jumps.__getitem__) + 1
+        if jumps[at - 1] >= _PHASE_JUMP and _PHASE_ROUNDS <= at <= len(order) - _PHASE_ROUNDS:
+            return [sorted(order[:at]), sorted(order[at:])]
+    return [list(range(len(floor_times)))]
+
+
+def pass_table(times: dict[int, list[float]], floor_times: list[float], rounds: list[int]) -> dict:
+    """The passes of the given rounds: each width's median milliseconds, and its ratios to the 1-token pass and to
+    the read floor taken round by round (a pass against the floor and the narrowest pass timed beside it), then
+    the median: a memory that changes speed between rounds moves a ratio's two sides alike."""
+    one = min(times)
+
+    def median(values) -> float:
+        return statistics.median(list(values))
+
+    return {
+        "rounds": len(rounds),
+        "read_floor_ms": median(floor_times[r] * 1e3 for r in rounds),
+        "pass_ms": {w: median(ts[r] * 1e3 for r in rounds) for w, ts in times.items()},
+        "vs_one_token": {w: median(ts[r] / times[one][r] for r in rounds) for w, ts in times.items()},
+        "vs_floor": {w: median(ts[r] / floor_times[r] for r in rounds) for w, ts in times.items()},
+    }
+
+
 def measure_prefill(runner: ModelRunner, tokens: int, rounds: int) -> float:
     """Median seconds of a ``tokens``-token prompt into an empty cache, logits for its last token only
     (after one warm-up run)."""
@@ -178,18 +214,20 @@ def cmd_passes(args: argparse.Namespace) -> int:
     prefill = measure_prefill(runner, args.prefill, args.rounds) if args.prefill else None
     floor_times = times.pop(0)
     floor = statistics.median(floor_times)
-    costs = {w: statistics.median(ts) for w, ts in times.items()}
+    whole = pass_table(times, floor_times, list(range(args.rounds)))
+    phases = memory_phases(floor_times)
+    costs = {w: ms / 1e3 for w, ms in whole["pass_ms"].items()}
     parts = {w: {**p, "rest": costs[w] - sum(p.values())} for w, p in parts.items()}
-    one = costs[widths[0]]
     result = {
         "model": llm.model_name, "dtype": args.dtype, "kv_cache": runner.kv_cache_label, "backend": runner.backend,
         "device": str(runner.device),
         "context": args.context, "rounds": args.rounds, "weight_bytes": nbytes,
         "read_floor_ms": floor * 1e3, "read_floor_ms_range": [min(floor_times) * 1e3, max(floor_times) * 1e3],
         "read_gb_per_s": nbytes / floor / 1e9, "read_streams_per_core": floor_read.streams,
-        "pass_ms": {w: c * 1e3 for w, c in costs.items()},
-        "vs_one_token": {w: c / one for w, c in costs.items()},
-        "one_token_vs_floor": one / floor, "peak_rss_bytes": model_peak, "rss_bytes": rss_bytes(),
+        "pass_ms": whole["pass_ms"], "vs_one_token": whole["vs_one_token"], "vs_floor": whole["vs_floor"],
+        "one_token_vs_floor": whole["vs_floor"][widths[0]],
+        "phases": [pass_table(times, floor_times, rounds) for rounds in phases] if len(phases) > 1 else [],
+        "peak_rss_bytes": model_peak, "rss_bytes": rss_bytes(),
         "kv_bytes": runner.kv_bytes(), "weights": runner.weights_label, "model_file_bytes": _file_bytes(args.model),
         "parts_ms": {w: {k: v * 1e3 for k, v in p.items()} for w, p in parts.items()},
         "prefill": None if prefill is None else {"tokens": args.prefill, "ms": prefill * 1e3,
@@ -211,10 +249,18 @@ def cmd_passes(args: argparse.Namespace) -> int:
     limit = result["model_file_bytes"] + result["kv_bytes"] + 500 * 2**20
     print(f"peak RSS loading and decoding {model_peak / 2**20:.0f} MiB (before the read floor's own buffer); "
           + (f"the model file + KV cache + 500 MiB = {limit / 2**20:.0f} MiB" if result["model_file_bytes"] else ""))
-    print("| tokens in the pass | ms per pass | x 1-token pass | x read floor |")
-    print("|---:|---:|---:|---:|")
-    for w in widths:
-        print(f"| {w} | {costs[w] * 1e3:.1f} | {costs[w] / one:.2f} | {costs[w] / floor:.2f} |")
+    tables = result["phases"] or [whole]
+    if result["phases"]:
+        print("the memory changed speed during the run: a table for each speed "
+              "(rounds split where the read floor jumps; ratios taken round by round)")
+    for table in tables:
+        if result["phases"]:
+            print(f"\n{table['rounds']} rounds, read floor {table['read_floor_ms']:.1f} ms "
+                  f"({nbytes / table['read_floor_ms'] / 1e6:.1f} GB/s):")
+        print("| tokens in the pass | ms per pass | x 1-token pass | x read floor |")
+        print("|---:|---:|---:|---:|")
+        for w in widths:
+            print(f"| {w} | {table['pass_ms'][w]:.1f} | {table['vs_one_token'][w]:.2f} | {table['vs_floor'][w]:.2f} |")
     if prefill is not None:
         print(f"\nprefill of {args.prefill} tokens into an empty cache: {prefill * 1e3:.1f} ms "
               f"({args.prefill / prefill:.1f} tokens/s; llama-bench's pp{args.prefill})")
