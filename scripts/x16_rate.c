@@ -8,7 +8,7 @@
  *     /tmp/x16_rate 8 6 4000 & /tmp/x16_rate 8 6 4000; wait                 # both cores streaming 81 MB
  *     /tmp/x16_rate peak                                                    # independent vpdpbusd zmm alone
  *
- * Arguments: activation rows R (1-8), 4 or 6 (Q4_K or Q6_K) or 40, 41, 50, 80 (the 32-value types Q4_0, Q4_1,
+ * Arguments: activation rows R (1-8), 4, 5 or 6 (Q4_K, Q5_K or Q6_K) or 40, 41, 50, 80 (the 32-value types Q4_0, Q4_1,
  * Q5_0, Q8_0), groups of 16 x 1536 weights (default 1: 14-20 KB for the K-quants). Random valid blocks (d = 1),
  * best of 15 repetitions of ~2 GMAC. Build on an AVX-512 VNNI CPU: elsewhere the file compiles the portable
  * reference, which says nothing about speed. */
@@ -40,7 +40,7 @@ static void peak(void) {  /* 12 independent chains: the pipe's throughput, not o
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s ROWS 4|6|40|41|50|80 [GROUPS] | peak\n", argv[0]);
+        fprintf(stderr, "usage: %s ROWS 4|5|6|40|41|50|80 [GROUPS] | peak\n", argv[0]);
         return 2;
     }
     if (argv[1][0] == 'p') {
@@ -55,19 +55,20 @@ int main(int argc, char **argv) {
     /* the types by their argument: layout, name, and the f16 fields a block of 16 rows starts with (d; Q4_K's
      * dmin, Q4_1's m), set to 1.0 */
     static const struct { int arg, fmt; const char *name; int halves; } types[] = {
-        {4, FMT_Q4KX16, "Q4_K", 32}, {6, FMT_Q6KX16, "Q6_K", 16}, {40, FMT_Q40X16, "Q4_0", 16},
+        {4, FMT_Q4KX16, "Q4_K", 32}, {5, FMT_Q5KX16, "Q5_K", 32}, {6, FMT_Q6KX16, "Q6_K", 16}, {40, FMT_Q40X16, "Q4_0", 16},
         {41, FMT_Q41X16, "Q4_1", 32}, {50, FMT_Q50X16, "Q5_0", 16}, {80, FMT_Q80X16, "Q8_0", 16},
     };
     const int R = atoi(argv[1]), arg = argc > 2 ? atoi(argv[2]) : 4, groups = argc > 3 ? atoi(argv[3]) : 1;
     int ti = 0;
-    while (ti < 6 && types[ti].arg != arg) ti++;
-    if (R < 1 || R > 8 || groups < 1 || ti == 6) {
-        fprintf(stderr, "rows 1-8, a type 4, 6, 40, 41, 50 or 80, groups >= 1\n");
+    while (ti < 7 && types[ti].arg != arg) ti++;
+    if (R < 1 || R > 8 || groups < 1 || ti == 7) {
+        fprintf(stderr, "rows 1-8, a type 4, 5, 6, 40, 41, 50 or 80, groups >= 1\n");
         return 2;
     }
     const int fmt = types[ti].fmt, kq = kx16_layout(fmt);
     const int64_t k = 1536, nsb = k / (kq ? QK : 32);
     const int64_t sb = fmt == FMT_Q6KX16   ? Q6KX16_BYTES
+                     : fmt == FMT_Q5KX16 ? Q5KX16_BYTES
                      : fmt == FMT_Q4KX16 ? Q4KX16_BYTES
                                          : bx_bytes(X16, bx16_narrow(fmt));
     const size_t gbytes = (size_t)sb * nsb;

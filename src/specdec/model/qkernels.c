@@ -912,7 +912,7 @@ void sd_dequantize_rows(const uint8_t *q, const float *s, const float *m, const 
         float *o = out + i * k;
         if (kx16_layout(fmt[n]) || kx8_layout(fmt[n])) {
             const int G = kx16_layout(fmt[n]) ? X16 : X8;
-            kgroup_dequantize(G, fmt[n] == FMT_Q4KX8 || fmt[n] == FMT_Q4KX16, q + (n & ~(int64_t)(G - 1)) * q_stride,
+            kgroup_dequantize(G, fmt[n], q + (n & ~(int64_t)(G - 1)) * q_stride,
                               (int)(n & (G - 1)), k, o);
             continue;
         }

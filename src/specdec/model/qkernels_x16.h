@@ -15,6 +15,10 @@
  *   Q4KX16, per super-block of 16 rows (16 x 148 bytes):
  *     [0, 32) d (f16)   [32, 64) dmin   [64, 192) scale[j][row]   [192, 320) min[j][row]
  *     [320, 2368) for pair p < 4, step t < 8: 64 bytes, row i's 4 bytes at 4 i (Q4KX8's nibbles)
+ *   Q5KX16, per super-block of 16 rows (16 x 180 bytes; Q5_K has no 8-row layout):
+ *     [0, 320) as Q4KX16's   [320, 832) for step t < 8: 64 bytes, row i's 4 bytes at 4 i = its GGUF qh[4 t ..]
+ *     (bit j: the fifth bit of sub-block j's value 4 t + u; read before the nibbles, so they lie first)
+ *     [832, 2880) Q4KX16's nibbles
  *   Q6KX16, per super-block of 16 rows (16 x 210 bytes):
  *     [0, 32) d (f16)   [32, 288) scale[g][row] (int8)
  *     [288, 3648) for quad h < 2, step t < 8: 192 bytes = L0, L1, H, 64 bytes each: value 32c + 4t + u of
@@ -24,21 +28,31 @@
  *     wide (d [0, 32); Q5_0's H [32, 96); Q4_1's m [32, 64); a step or a nibble pair 64 bytes): 2 x the X8 bytes
  *
  * Bits: the same exact integers and, per lane, the same fused float steps as the X8 kernels and the
- * portable C below (which every other build runs), so a row's bits never depend on its layout either.
+ * portable C below (which every other build runs), so a row's bits never depend on its layout either
+ * (Q5_K's are its 16-row layout's; a build without AVX-512 multiplies GGUF's Q5_K super-blocks, whose
+ * float steps run in another order).
  */
-enum { FMT_Q4KX16 = 13, FMT_Q6KX16 = 14, FMT_Q80X16 = 15, FMT_Q50X16 = 16, FMT_Q40X16 = 17, FMT_Q41X16 = 18 };
-enum { X16 = 16, Q4KX16_BYTES = 16 * 148, Q6KX16_BYTES = 16 * 210 };
+enum { FMT_Q4KX16 = 13, FMT_Q6KX16 = 14, FMT_Q80X16 = 15, FMT_Q50X16 = 16, FMT_Q40X16 = 17, FMT_Q41X16 = 18,
+       FMT_Q5KX16 = 20 };
+enum { X16 = 16, Q4KX16_BYTES = 16 * 148, Q6KX16_BYTES = 16 * 210, Q5KX16_BYTES = 16 * 180, Q5KX16_NIBBLES = 832 };
 
-INLINE int kx16_layout(int fmt) { return fmt == FMT_Q4KX16 || fmt == FMT_Q6KX16; }
+INLINE int kx16_layout(int fmt) { return fmt == FMT_Q4KX16 || fmt == FMT_Q5KX16 || fmt == FMT_Q6KX16; }
 INLINE int bx16_layout(int fmt) { return fmt >= FMT_Q80X16 && fmt <= FMT_Q41X16; }  /* 32-value blocks */
 INLINE int x16_layout(int fmt) { return kx16_layout(fmt) || bx16_layout(fmt); }
 INLINE int bx16_narrow(int fmt) { return fmt - FMT_Q80X16 + FMT_Q80X8; }  /* Q80X16 -> Q80X8, ... */
 
 /* value e (0..255) of row i of a super-block, unsigned (Q6_K: before its -32) */
-INLINE int q4x16_value(const uint8_t *blk, int i, int e) {
+INLINE int x16_nibble(const uint8_t *qs, int i, int e) {  /* qs: a super-block's nibbles (Q4KX16's at 320) */
     const int j = e / 32, l = e % 32;
-    const uint8_t byte = blk[320 + 512 * (j / 2) + 64 * (l / 4) + 4 * i + l % 4];
+    const uint8_t byte = qs[512 * (j / 2) + 64 * (l / 4) + 4 * i + l % 4];
     return (j & 1) ? byte >> 4 : byte & 15;
+}
+
+INLINE int q4x16_value(const uint8_t *blk, int i, int e) { return x16_nibble(blk + 320, i, e); }
+
+INLINE int q5x16_value(const uint8_t *blk, int i, int e) {
+    const int j = e / 32, l = e % 32;
+    return x16_nibble(blk + Q5KX16_NIBBLES, i, e) | (((blk[320 + 64 * (l / 4) + 4 * i + l % 4] >> j) & 1) << 4);
 }
 
 INLINE int q6x16_value(const uint8_t *blk, int i, int e) {
@@ -50,13 +64,15 @@ INLINE int q6x16_value(const uint8_t *blk, int i, int e) {
 
 /* row i of a K-quant group of G = 8 or 16 rows as float32 (the embedding look-up; GGUF's formula): the
  * two widths differ only in where a row's values sit and in the stride of the per-row fields */
-static void kgroup_dequantize(int G, int q4, const uint8_t *grp, int i, int64_t k, float *o) {
+static void kgroup_dequantize(int G, int fmt, const uint8_t *grp, int i, int64_t k, float *o) {
+    const int five = fmt == FMT_Q5KX16;
     for (int64_t b = 0; b < k / QK; b++)
-        if (q4) {
-            const uint8_t *blk = grp + (int64_t)G * 148 * b;
+        if (fmt != FMT_Q6KX8 && fmt != FMT_Q6KX16) {  /* Q4KX8, Q4KX16, Q5KX16 */
+            const uint8_t *blk = grp + (int64_t)G * (five ? 180 : 148) * b;
             const float d = f16_to_f32(blk + 2 * i), dmin = f16_to_f32(blk + 2 * G + 2 * i);
             for (int e = 0; e < QK; e++) {
-                const int j = e / 32, u = G == X8 ? q4x8_value(blk, i, e) : q4x16_value(blk, i, e);
+                const int j = e / 32, u = G == X8 ? q4x8_value(blk, i, e) : five ? q5x16_value(blk, i, e)
+                                                                                 : q4x16_value(blk, i, e);
                 o[QK * b + e] = (d * (float)blk[4 * G + G * j + i]) * (float)u - dmin * (float)blk[12 * G + G * j + i];
             }
         } else {
@@ -179,38 +195,51 @@ INLINE void x16_pair_scale(const int R, const int NA, __m512i *a0, __m512i *a1, 
 #ifndef X16_PAIR_ROWS
 #define X16_PAIR_ROWS 2
 #endif
-INLINE void x16_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int32_t *bw,
-                    float *out, int64_t os) {
+/* w with 16 added to every byte whose bit `bit` of h is set (a Q5_K value's fifth bit; any bit, no shifts) */
+INLINE __m512i x16_fifth(__m512i w, __m512i h, __m512i bit) {
+    return _mm512_mask_add_epi8(w, _mm512_test_epi8_mask(h, bit), w, _mm512_set1_epi8(0x10));
+}
+
+/* R activation rows against one Q4KX16 group, or (FIVE) one Q5KX16 group: the same tile with each weight's fifth
+ * bit (the step's qh bytes, bit j for sub-block j) put in bit 4 of its byte before the products */
+INLINE void x16_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk,
+                     const int32_t *bw, float *out, int64_t os) {
     const int64_t nsb = k / QK;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const int lines = FIVE ? 48 : 40;  /* a super-block's lines (37 or 45) rounded up to 8 a sub-block (x16_prefetch) */
     __m512 acc[X16ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
-        const uint8_t *blk = grp + Q4KX16_BYTES * b;
-
+        const uint8_t *blk = grp + (FIVE ? Q5KX16_BYTES : Q4KX16_BYTES) * b;
+        const uint8_t *qh = blk + 320, *nibbles = blk + (FIVE ? Q5KX16_NIBBLES : 320);  /* Q5KX16: step t's qh at 64 t */
         __m512i sumi[X16ROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
         if (R <= X16_PAIR_ROWS) {  /* a step's 64 bytes loaded once for both its sub-blocks (low, high nibbles) */
             for (int p = 0; p < 4; p++) {
-                x16_prefetch(R, blk, 10 * p, 10);
+                x16_prefetch(R, blk, lines / 4 * p, lines / 4);
                 const __m512i sc0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 64 + 32 * p)));
                 const __m512i sc1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 80 + 32 * p)));
-                const uint8_t *qs = blk + 320 + 512 * p;
+                const uint8_t *qs = nibbles + 512 * p;
                 const int NA = R == 1 ? 2 : 1;
                 __m512i a0[2 * X16_PAIR_ROWS], a1[2 * X16_PAIR_ROWS];  /* R * NA sums, whatever X16_PAIR_ROWS is */
                 for (int r = 0; r < R * NA; r++) a0[r] = a1[r] = _mm512_setzero_si512();
                 for (int t = 0; t < 8; t++) {
                     const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * t));
-                    const __m512i w0 = _mm512_and_si512(v, m4), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    __m512i w0 = _mm512_and_si512(v, m4), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    if (FIVE) {
+                        const __m512i h = _mm512_loadu_si512((const void *)(qh + 64 * t));
+                        w0 = x16_fifth(w0, h, _mm512_set1_epi8((char)(1 << (2 * p))));
+                        w1 = x16_fifth(w1, h, _mm512_set1_epi8((char)(2 << (2 * p))));
+                    }
                     x16_pair_step(R, NA, t, w0, w1, xk + QK * b + 64 * p + 4 * t, k, a0, a1);
                 }
                 x16_pair_scale(R, NA, a0, a1, sc0, sc1, sumi);
             }
         } else
         for (int j = 0; j < 8; j++) {
-            x16_prefetch(R, blk, 5 * j, 5);
+            x16_prefetch(R, blk, lines / 8 * j, lines / 8);
             const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 64 + 16 * j)));
-            const uint8_t *qs = blk + 320 + 512 * (j / 2);
+            const uint8_t *qs = nibbles + 512 * (j / 2);
             /* NA independent sums a row (exact, so the same bits): one chain of 8 vpdpbusd a sub-block bound
              * a 1-row pass by its latency */
             const int NA = R == 1 ? 4 : R == 2 ? 2 : 1;
@@ -218,7 +247,8 @@ INLINE void x16_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
             for (int r = 0; r < R * NA; r++) a[r] = _mm512_setzero_si512();
             for (int t = 0; t < 8; t++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * t));
-                const __m512i w = _mm512_and_si512((j & 1) ? _mm512_srli_epi16(v, 4) : v, m4);
+                __m512i w = _mm512_and_si512((j & 1) ? _mm512_srli_epi16(v, 4) : v, m4);
+                if (FIVE) w = x16_fifth(w, _mm512_loadu_si512((const void *)(qh + 64 * t)), _mm512_set1_epi8((char)(1 << j)));
                 for (int r = 0; r < R; r++)
                     a[r + R * (t % NA)] = x16_dp(R, a[r + R * (t % NA)], w, xk + r * k + QK * b + 32 * j + 4 * t);
             }
@@ -364,7 +394,8 @@ INLINE void x16_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, c
     }
     for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * os, F8 == FMT_Q80X8 ? acc[r] : _mm512_add_ps(acc[r], macc[r]));
 }
-#define CALL_Q4KX16(R) x16_q4k(R, g, k, xk, dk, bw, out, os)
+#define CALL_Q4KX16(R) x16_q45k(R, 0, g, k, xk, dk, bw, out, os)
+#define CALL_Q5KX16(R) x16_q45k(R, 1, g, k, xk, dk, bw, out, os)
 #define CALL_Q6KX16(R) x16_q6k(R, g, k, xk, dk, bk, out, os)
 #define CALL_BX16(R) x16_b32(R, FMT, g, k, xq, dx8, bs32, out, os)
 B32TILES(tiles_q80x16, FMT_Q80X16, ROWS_SWITCH, CALL_BX16)  /* qkernels_x8.h's macro */
@@ -375,6 +406,7 @@ static void tiles_x16(int fmt, int R, const uint8_t *g, int64_t k, const int8_t 
                       const int8_t *xk, const float *dk, const int16_t *bk, const int32_t *bw, float *out, int64_t os) {
     switch (fmt) {
     case FMT_Q4KX16: ROWS_SWITCH(CALL_Q4KX16) break;
+    case FMT_Q5KX16: ROWS_SWITCH(CALL_Q5KX16) break;
     case FMT_Q6KX16: ROWS_SWITCH(CALL_Q6KX16) break;
     case FMT_Q80X16: tiles_q80x16(R, g, k, xq, dx8, bs32, out, os); break;
     case FMT_Q50X16: tiles_q50x16(R, g, k, xq, dx8, bs32, out, os); break;
@@ -402,11 +434,13 @@ static void tiles_x16(int fmt, int R, const uint8_t *grp, int64_t k, const int8_
             const int8_t *x = xk + QK * b;
             const int16_t *sums = bk + 16 * b;
             int32_t sumi = 0, msum = 0;
-            if (fmt == FMT_Q4KX16) {
-                const uint8_t *blk = grp + Q4KX16_BYTES * b;
+            if (fmt != FMT_Q6KX16) {  /* Q4KX16, Q5KX16 */
+                const int five = fmt == FMT_Q5KX16;
+                const uint8_t *blk = grp + (five ? Q5KX16_BYTES : Q4KX16_BYTES) * b;
                 for (int j = 0; j < 8; j++) {
                     int32_t dot = 0;
-                    for (int l = 0; l < 32; l++) dot += q4x16_value(blk, i, 32 * j + l) * x[32 * j + l];
+                    for (int l = 0; l < 32; l++)
+                        dot += (five ? q5x16_value(blk, i, 32 * j + l) : q4x16_value(blk, i, 32 * j + l)) * x[32 * j + l];
                     sumi += blk[64 + 16 * j + i] * dot;
                     msum += blk[192 + 16 * j + i] * (sums[2 * j] + sums[2 * j + 1]);
                 }
