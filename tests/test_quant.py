@@ -103,7 +103,7 @@ def test_quantized_product_rows_have_the_bits_of_a_row_alone(qtype):
             assert np.array_equal(alone[0], out[r])
 
 
-X8_TYPES = (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1)
+X8_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1)
 
 
 @pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu"])
@@ -187,7 +187,7 @@ def test_a_pass_asked_for_argmax_gives_its_logits_argmax(tiny_model_factory, qua
 @pytest.mark.parametrize("wide", [False, True], ids=["x8", "x16"])
 @pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
 def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype, wide):
-    """Groups of 8 rows packed at load (Q4KX8, Q6KX8, Q80X8, Q50X8, Q40X8, Q41X8; wide: pairs of groups
+    """Groups of 8 rows packed at load (Q4KX8, Q5KX8, Q6KX8, Q80X8, Q50X8, Q40X8, Q41X8; wide: pairs
     as Q4KX16, Q6KX16, Q80X16, ...): the same values (a row not in a whole group keeps its layout), products
     within the activations' rounding of the dense product, and every row's bits those of its product
     alone at every pass width and tile position."""
@@ -215,33 +215,7 @@ def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype, wide):
         qm.permute_rows(np.arange(45)[::-1])
 
 
-def test_q5_k_pairs_of_groups_pack_as_16_rows_where_the_kernels_are_avx512():
-    """Q5_K has no 8-row layout: two aligned groups of 8 pack as one Q5KX16 group (Q4KX16's nibbles, the fifth
-    bits a step at a time), an unpaired group and every group of a narrow build stay GGUF's super-blocks. The
-    values are GGUF's, the products within the activations' rounding, and every row's bits those of its product
-    alone at every width (the pair path of 1-2 rows, the sub-block path, one 8-row tile and more)."""
-    rng = np.random.default_rng(55)
-    data = _random_blocks(T.Q5_K, 45, 512, rng)
-    plain = QuantMatrix.from_blocks(data, T.Q5_K, 512)
-    assert plain.interleaved(wide=False) is plain
-    qm = plain.interleaved(wide=True)
-    assert list(qm.fmt) == [quant.Q5KX16] * 32 + [quant.Q5K] * 13
-    assert qm.nbytes == 32 * 2 * 180 + 13 * 2 * 176
-    dense = quants.dequantize(data, T.Q5_K).reshape(45, 512)
-    assert np.array_equal(qm.dense(), dense)
-    x = rng.standard_normal((40, 512)).astype(np.float32)
-    out = np.empty((40, 45), dtype=np.float32)
-    kernels.qmatmul(*qm.arrays(), x, out)
-    assert np.abs(out - x @ dense.T).max() < 0.02 * np.abs(x @ dense.T).max()
-    alone = np.empty((1, 45), dtype=np.float32)
-    for m in (1, 2, 3, 5, 8, 9, 17, 40):
-        kernels.qmatmul(*qm.arrays(), x[:m], out[:m])
-        for r in range(m):
-            kernels.qmatmul(*qm.arrays(), np.ascontiguousarray(x[r : r + 1]), alone)
-            assert np.array_equal(alone[0], out[r])
-
-
-@pytest.mark.parametrize("qtype, wide", [(t, w) for w in (False, True) for t in X8_TYPES] + [(T.Q5_K, True)],
+@pytest.mark.parametrize("qtype, wide", [(t, w) for w in (False, True) for t in X8_TYPES],
                          ids=lambda v: v.name if isinstance(v, T) else ("x16" if v else "x8"))
 def test_streamed_groups_have_the_bits_of_a_wider_pass(qtype, wide):
     """A 1-2 row pass reads a chunk's interleaved groups as a few runs advanced about 1 KB at a time
@@ -271,8 +245,7 @@ from tests.test_quant import _random_blocks
 clib.load_qkernels()
 rng, out = np.random.default_rng(9), []
 # the 16-row layouts too (AVX-512's; every other build multiplies them in portable C)
-every = [(t, w) for t in (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1) for w in (False, True)]
-for qtype, wide in every + [(T.Q5_K, True)]:  # Q5_K: 16-row groups only
+for qtype, wide in [(t, w) for t in (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1) for w in (False, True)]:
     # 512 rows: 32-row chunks of 4 groups, which 1-2 row passes read as runs (AVX2's x8_streams)
     qm = QuantMatrix.from_blocks(_random_blocks(qtype, 512, 1024, rng), qtype, 1024).interleaved(wide=wide)
     assert qm.fmt[0] >= 7, (qtype, qm.fmt[0])  # interleaved
@@ -510,16 +483,16 @@ def test_k_quant_model_verify_rows_bit_identical(tmp_path, arch):
     stacked = Transformer(cfg, weights, CPU_KERNELS, 256)
     assert set(stacked.block_types) == {"Q4_K", "Q5_K", "Q6_K"}
     runner = NativeRunner(stacked, cfg, torch.float32, torch.device("cpu"), 256, num_slots=2)
-    # the super-blocks' own bytes (Q5_K 176, Q6_K 210 per 256 values; Q4_K interleaved 148 and Q5_K's 16-row
-    # groups 180: their packed scales unpacked), not widened scales; stacked layers keep their own widths
-    # (ffn_down: Q4_K in layer 0, Q5_K in layer 1)
-    q5 = 180 if clib.wide_groups() else 176
+    # the super-blocks' own bytes (Q6_K 210 per 256 values; Q4_K and Q5_K interleaved 148 and 180: their
+    # packed scales unpacked), not widened scales; stacked layers keep their own widths (ffn_down: Q4_K in
+    # layer 0, Q5_K in layer 1)
     assert list(runner.fused.weights.wqkv[5]) == [210, 210]
-    assert list(runner.fused.weights.w_down[5]) == [2 * 148, 2 * q5]
-    assert runner.fused.weights.w_down[0].nbytes == 256 * (2 * 148 + 2 * q5)
-    # interleaved at load: 16 rows a group for the AVX-512 kernels (Q5_K only there)
-    assert set(runner.fused.weights.w_down[3][0]) == {quant.Q4KX16 if clib.wide_groups() else quant.Q4KX8}
-    assert set(runner.fused.weights.w_down[3][1]) == {quant.Q5KX16 if clib.wide_groups() else quant.Q5K}
+    assert list(runner.fused.weights.w_down[5]) == [2 * 148, 2 * 180]
+    assert runner.fused.weights.w_down[0].nbytes == 256 * (2 * 148 + 2 * 180)
+    # interleaved at load: 16 rows a group for the AVX-512 kernels
+    wide = clib.wide_groups()
+    assert set(runner.fused.weights.w_down[3][0]) == {quant.Q4KX16 if wide else quant.Q4KX8}
+    assert set(runner.fused.weights.w_down[3][1]) == {quant.Q5KX16 if wide else quant.Q5KX8}
     logits = runner.run([SeqInput(runner.allocate(), [3, 40, 500])]).logits[0]
     assert torch.isfinite(logits).all() and logits.std() > 0
     runner.free(0)

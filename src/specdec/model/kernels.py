@@ -196,14 +196,14 @@ _QSWEEP = 32  # a pass up to this wide (decode, verify, a batch's drafts) sweeps
 @njit(**_FLAGS)
 def _activation_forms(fmt):  # pragma: no cover - compiled
     """Which quantized activations sd_prepare must make for rows of these layouts: bit 0 the 32-value
-    blocks (U4M, U8M, I8, the 32-value interleaved), bit 1 q8_K (the K-quant layouts: quant.py's 4-8, 13, 14, 20).
+    blocks (U4M, U8M, I8, the 32-value interleaved), bit 1 q8_K (the K-quant layouts: quant.py's 4-8, 13, 14, 19, 20).
     Every product scans its fmt (152K rows for the LM head), so the loop has no branch and no early
     exit: it vectorizes, 20 us for those rows where a loop that stopped once both were seen took 170."""
     kq = np.uint8(0)
     other = np.uint8(0)
     for i in range(fmt.shape[0]):
         f = fmt[i]
-        is_k = np.uint8((f >= 4) & (f <= 8)) | np.uint8((f >= 13) & (f <= 14)) | np.uint8(f == 20)
+        is_k = np.uint8((f >= 4) & (f <= 8)) | np.uint8((f >= 13) & (f <= 14)) | np.uint8((f >= 19) & (f <= 20))
         kq |= is_k
         other |= is_k ^ np.uint8(1)
     return (2 if kq else 0) | (1 if other else 0)

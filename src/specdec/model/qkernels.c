@@ -775,7 +775,8 @@ void sd_qmatmul(const uint8_t *q, const float *s, const float *m, const int8_t *
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *qn = q + n * q_stride;
 #if defined(SD_AMX)
-        if (kx8_layout(fmt[n]) && n + 2 * X8 <= n1 && fmt[n + X8] == fmt[n] && rows >= AMX_MIN_ROWS && amx_enabled()) {
+        if ((fmt[n] == FMT_Q4KX8 || fmt[n] == FMT_Q6KX8) && n + 2 * X8 <= n1 && fmt[n + X8] == fmt[n] &&
+            rows >= AMX_MIN_ROWS && amx_enabled()) {  /* (no AMX tile for Q5_K) */
             amx_x8_pair(fmt[n], qn, qn + X8 * q_stride, k, xk, dk, bk, rows, out + n, out_stride);  /* rows n .. n + 15 */
             n += 2 * X8 - 1;
             continue;

@@ -15,10 +15,10 @@
  *   Q4KX16, per super-block of 16 rows (16 x 148 bytes):
  *     [0, 32) d (f16)   [32, 64) dmin   [64, 192) scale[j][row]   [192, 320) min[j][row]
  *     [320, 2368) for pair p < 4, step t < 8: 64 bytes, row i's 4 bytes at 4 i (Q4KX8's nibbles)
- *   Q5KX16, per super-block of 16 rows (16 x 180 bytes; Q5_K has no 8-row layout):
+ *   Q5KX16, per super-block of 16 rows (16 x 180 bytes):
  *     [0, 320) as Q4KX16's   [320, 832) for step t < 8: 64 bytes, row i's 4 bytes at 4 i = its GGUF qh[4 t ..]
  *     (bit j: the fifth bit of sub-block j's value 4 t + u; read before the nibbles, so they lie first)
- *     [832, 2880) Q4KX16's nibbles
+ *     [832, 2880) Q4KX16's nibbles (Q5KX8 likewise at 8 rows: qh [160, 416), nibbles [416, 1440))
  *   Q6KX16, per super-block of 16 rows (16 x 210 bytes):
  *     [0, 32) d (f16)   [32, 288) scale[g][row] (int8)
  *     [288, 3648) for quad h < 2, step t < 8: 192 bytes = L0, L1, H, 64 bytes each: value 32c + 4t + u of
@@ -28,9 +28,7 @@
  *     wide (d [0, 32); Q5_0's H [32, 96); Q4_1's m [32, 64); a step or a nibble pair 64 bytes): 2 x the X8 bytes
  *
  * Bits: the same exact integers and, per lane, the same fused float steps as the X8 kernels and the
- * portable C below (which every other build runs), so a row's bits never depend on its layout either
- * (Q5_K's are its 16-row layout's; a build without AVX-512 multiplies GGUF's Q5_K super-blocks, whose
- * float steps run in another order).
+ * portable C below (which every other build runs), so a row's bits never depend on its layout either.
  */
 enum { FMT_Q4KX16 = 13, FMT_Q6KX16 = 14, FMT_Q80X16 = 15, FMT_Q50X16 = 16, FMT_Q40X16 = 17, FMT_Q41X16 = 18,
        FMT_Q5KX16 = 20 };
@@ -65,14 +63,14 @@ INLINE int q6x16_value(const uint8_t *blk, int i, int e) {
 /* row i of a K-quant group of G = 8 or 16 rows as float32 (the embedding look-up; GGUF's formula): the
  * two widths differ only in where a row's values sit and in the stride of the per-row fields */
 static void kgroup_dequantize(int G, int fmt, const uint8_t *grp, int i, int64_t k, float *o) {
-    const int five = fmt == FMT_Q5KX16;
+    const int five = fmt == FMT_Q5KX8 || fmt == FMT_Q5KX16;
     for (int64_t b = 0; b < k / QK; b++)
-        if (fmt != FMT_Q6KX8 && fmt != FMT_Q6KX16) {  /* Q4KX8, Q4KX16, Q5KX16 */
+        if (fmt != FMT_Q6KX8 && fmt != FMT_Q6KX16) {  /* Q4KX8, Q4KX16, Q5KX8, Q5KX16 */
             const uint8_t *blk = grp + (int64_t)G * (five ? 180 : 148) * b;
             const float d = f16_to_f32(blk + 2 * i), dmin = f16_to_f32(blk + 2 * G + 2 * i);
             for (int e = 0; e < QK; e++) {
-                const int j = e / 32, u = G == X8 ? q4x8_value(blk, i, e) : five ? q5x16_value(blk, i, e)
-                                                                                 : q4x16_value(blk, i, e);
+                const int j = e / 32, u = G == X8 ? (five ? q5x8_value(blk, i, e) : q4x8_value(blk, i, e))
+                                                  : (five ? q5x16_value(blk, i, e) : q4x16_value(blk, i, e));
                 o[QK * b + e] = (d * (float)blk[4 * G + G * j + i]) * (float)u - dmin * (float)blk[12 * G + G * j + i];
             }
         } else {

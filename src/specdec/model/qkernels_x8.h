@@ -36,10 +36,10 @@
  * portable C below, which uses fmaf), so a row's bits never depend on how many activation rows share
  * the pass, nor on the ISA the library was built for.
  */
-enum { FMT_Q4KX8 = 7, FMT_Q6KX8 = 8, FMT_Q80X8 = 9, FMT_Q50X8 = 10, FMT_Q40X8 = 11, FMT_Q41X8 = 12 };
-enum { X8 = 8, Q4KX8_BYTES = 8 * 148, Q6KX8_BYTES = 8 * 210 };
+enum { FMT_Q4KX8 = 7, FMT_Q6KX8 = 8, FMT_Q80X8 = 9, FMT_Q50X8 = 10, FMT_Q40X8 = 11, FMT_Q41X8 = 12, FMT_Q5KX8 = 19 };
+enum { X8 = 8, Q4KX8_BYTES = 8 * 148, Q6KX8_BYTES = 8 * 210, Q5KX8_BYTES = 8 * 180, Q5KX8_NIBBLES = 416 };
 
-INLINE int kx8_layout(int fmt) { return fmt == FMT_Q4KX8 || fmt == FMT_Q6KX8; }  /* 256-value super-blocks */
+INLINE int kx8_layout(int fmt) { return fmt == FMT_Q4KX8 || fmt == FMT_Q5KX8 || fmt == FMT_Q6KX8; }  /* super-blocks */
 INLINE int bx8_layout(int fmt) { return fmt >= FMT_Q80X8 && fmt <= FMT_Q41X8; }  /* 32-value blocks */
 INLINE int x8_layout(int fmt) { return kx8_layout(fmt) || bx8_layout(fmt); }
 /* bytes per 32-value block of a group of 8 rows; where its nibbles start; its offset (-OFF) */
@@ -84,10 +84,18 @@ static inline void bgroup_product(int G, int fmt, int R, const uint8_t *grp, int
 }
 
 /* value e (0..255) of row i of a super-block of a group, unsigned (Q6_K: before its -32) */
-INLINE int q4x8_value(const uint8_t *blk, int i, int e) {
+INLINE int x8_nibble(const uint8_t *qs, int i, int e) {  /* qs: a super-block's nibbles (Q4KX8's at 160) */
     const int j = e / 32, l = e % 32;
-    const uint8_t byte = blk[160 + 256 * (j / 2) + 32 * (l / 4) + 4 * i + l % 4];
+    const uint8_t byte = qs[256 * (j / 2) + 32 * (l / 4) + 4 * i + l % 4];
     return (j & 1) ? byte >> 4 : byte & 15;
+}
+
+INLINE int q4x8_value(const uint8_t *blk, int i, int e) { return x8_nibble(blk + 160, i, e); }
+
+/* Q5KX8: Q4KX8's fields, the qh bytes a step at a time at [160, 416) (bit j: sub-block j's fifth bit), the nibbles */
+INLINE int q5x8_value(const uint8_t *blk, int i, int e) {
+    const int j = e / 32, l = e % 32;
+    return x8_nibble(blk + Q5KX8_NIBBLES, i, e) | (((blk[160 + 32 * (l / 4) + 4 * i + l % 4] >> j) & 1) << 4);
 }
 
 INLINE int q6x8_value(const uint8_t *blk, int i, int e) {
@@ -156,6 +164,13 @@ INLINE __m256i dup16(__m256i v) {  /* a 16-bit value in the low half of each lan
     return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
 }
 
+/* w with bit 4 of each byte set where bit `bit` of h's byte is (a Q5_K value's fifth bit): 16-bit shifts by at most
+ * 4 move no other byte's bit into bit 4 */
+INLINE __m256i x8_fifth(__m256i w, __m256i h, const int bit) {
+    const __m256i s = bit < 4 ? _mm256_slli_epi16(h, 4 - bit) : bit == 4 ? h : _mm256_srli_epi16(h, bit - 4);
+    return _mm256_or_si256(w, _mm256_and_si256(s, _mm256_set1_epi8(0x10)));
+}
+
 #if defined(SD_VNNI)
 /* acc + the sums of 4 products u8 w x s8 x per 32-bit lane (exact: at most 4 x 15 x 128 a step) */
 INLINE __m256i dot4_acc(__m256i acc, __m256i w, __m256i x) {
@@ -217,8 +232,8 @@ INLINE __m256 q4x8_epilogue(const uint8_t *blk, __m256i sumi, __m256i msum, floa
  * each), one vpdpbusd sums them into int32 against the two steps' activations (vpermd spreads a
  * row's 8 bytes over the halves), and a sub-block's sums meet its 8 scales in one vpmulld; the
  * halves are added at the end of a super-block (exact integers: the AVX2 and portable bits) */
-INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
-                   float *out, int64_t os) {
+INLINE void x8_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk,
+                    const int16_t *bk, float *out, int64_t os) {
     const int64_t nsb = k / QK;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i spread[4] = {  /* step pair tt: lanes 0..7 <- x dword 2 tt, lanes 8..15 <- 2 tt + 1 */
@@ -229,20 +244,25 @@ INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
     __m256 acc[XROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
-        const uint8_t *blk = grp + Q4KX8_BYTES * b;
-        prefetch_ahead(R, blk, Q4KX8_BYTES);
+        const uint8_t *blk = grp + (FIVE ? Q5KX8_BYTES : Q4KX8_BYTES) * b;
+        prefetch_ahead(R, blk, FIVE ? Q5KX8_BYTES : Q4KX8_BYTES);
         __m512i sumi[XROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
             int64_t sc8;
             memcpy(&sc8, blk + 32 + 8 * j, 8);
             const __m512i sc = _mm512_cvtepu8_epi32(_mm_set1_epi64x(sc8));  /* rows 0..7 in both halves */
-            const uint8_t *qs = blk + 160 + 256 * (j / 2);
+            const uint8_t *qs = blk + (FIVE ? Q5KX8_NIBBLES : 160) + 256 * (j / 2);
             __m512i a[XROWS];
             for (int r = 0; r < R; r++) a[r] = _mm512_setzero_si512();
             for (int tt = 0; tt < 4; tt++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * tt));
-                const __m512i w = _mm512_and_si512((j & 1) ? _mm512_srli_epi16(v, 4) : v, m4);
+                __m512i w = _mm512_and_si512((j & 1) ? _mm512_srli_epi16(v, 4) : v, m4);
+                if (FIVE) {  /* steps 2 tt, 2 tt + 1's qh bytes: 16 added where bit j is set */
+                    const __m512i h = _mm512_loadu_si512((const void *)(blk + 160 + 64 * tt));
+                    w = _mm512_mask_add_epi8(w, _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << j))), w,
+                                             _mm512_set1_epi8(0x10));
+                }
                 for (int r = 0; r < R; r++) {
                     const __m256i x = _mm256_loadu_si256((const __m256i *)(xk + r * k + QK * b + 32 * j));
                     a[r] = _mm512_dpbusd_epi32(a[r], w, _mm512_permutexvar_epi32(spread[tt], _mm512_castsi256_si512(x)));
@@ -262,24 +282,25 @@ INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
 #elif defined(SD_VNNI)
 /* R activation rows against one Q4KX8 group (AVX-VNNI): out[r * os + i] for weight rows i < 8; a step's
  * 4 products go straight to int32 (vpdpbusd) and meet the sub-block's scales in one vpmulld */
-INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
-                   float *out, int64_t os) {
+INLINE void x8_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk,
+                    const int16_t *bk, float *out, int64_t os) {
     const int64_t nsb = k / QK;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256 acc[XROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
-        const uint8_t *blk = grp + Q4KX8_BYTES * b;
-        prefetch_ahead(R, blk, Q4KX8_BYTES);
+        const uint8_t *blk = grp + (FIVE ? Q5KX8_BYTES : Q4KX8_BYTES) * b;
+        prefetch_ahead(R, blk, FIVE ? Q5KX8_BYTES : Q4KX8_BYTES);
         __m256i sumi[XROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
-            const uint8_t *qs = blk + 160 + 256 * (j / 2);
+            const uint8_t *qs = blk + (FIVE ? Q5KX8_NIBBLES : 160) + 256 * (j / 2);
             __m256i a[XROWS];
             for (int r = 0; r < R; r++) a[r] = _mm256_setzero_si256();
             for (int t = 0; t < 8; t++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * t));
-                const __m256i w = _mm256_and_si256((j & 1) ? _mm256_srli_epi16(v, 4) : v, m4);
+                __m256i w = _mm256_and_si256((j & 1) ? _mm256_srli_epi16(v, 4) : v, m4);
+                if (FIVE) w = x8_fifth(w, _mm256_loadu_si256((const __m256i *)(blk + 160 + 32 * t)), j);
                 for (int r = 0; r < R; r++) a[r] = dot4_acc(a[r], w, x4_bcast(xk + r * k + QK * b + 32 * j + 4 * t));
             }
             const __m256i sc = u8x8_epi32(blk + 32 + 8 * j);
@@ -292,15 +313,18 @@ INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, acc[r]);
 }
 #else
-/* sub-block j's int16 sums of R activation rows (HIGH: its nibbles are the high ones of the pair's loads):
- * vpmaddubsw's int16 pairs of 8 steps (at most 8 x 2 x 15 x 128 < 2^15) */
-INLINE void q4x8_sub_sums(const int R, const int HIGH, const uint8_t *qs, const int8_t *x, int64_t k, __m256i *a) {
+/* sub-block j's int16 sums of R activation rows over steps t0 .. t0 + N - 1 (HIGH: its nibbles are the high ones
+ * of the pair's loads; FIVE: Q5KX8, its fifth bits in qh): vpmaddubsw's int16 pairs of at most 8 steps of Q4_K
+ * (8 x 2 x 15 x 128 < 2^15) or 4 of Q5_K (4 x 2 x 31 x 128) */
+INLINE void q4x8_sub_sums(const int R, const int HIGH, const int FIVE, const int N, const uint8_t *qs, const uint8_t *qh,
+                          int j, int t0, const int8_t *x, int64_t k, __m256i *a) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int r = 0; r < R; r++) a[r] = _mm256_setzero_si256();
 #pragma GCC unroll 2
-    for (int t = 0; t < 8; t++) {
+    for (int t = t0; t < t0 + N; t++) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * t));
-        const __m256i w = _mm256_and_si256(HIGH ? _mm256_srli_epi16(v, 4) : v, m4);
+        __m256i w = _mm256_and_si256(HIGH ? _mm256_srli_epi16(v, 4) : v, m4);
+        if (FIVE) w = x8_fifth(w, _mm256_loadu_si256((const __m256i *)(qh + 32 * t)), j);
         for (int r = 0; r < R; r++) a[r] = _mm256_add_epi16(a[r], _mm256_maddubs_epi16(w, x4_bcast(x + r * k + 4 * t)));
     }
 }
@@ -311,25 +335,29 @@ INLINE void q4x8_sub_sums(const int R, const int HIGH, const uint8_t *qs, const 
  * spills nor branches (a sub-block's nibble half is a constant). Zen 2, two threads, 127 MB out of cache
  * (scripts/kernel_stream.py, alternated with the 4-row tiles whose 2 x R sums lived in registers): 6 rows
  * 124-125 -> 140-142 GMAC/s, 8 rows 127-128 -> 143-144, 3-4 rows equal. The same integers and epilogue */
-INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
-                   float *out, int64_t os) {
+INLINE void x8_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk,
+                    const int16_t *bk, float *out, int64_t os) {
     const int64_t nsb = k / QK;
+    const int N = FIVE ? 4 : 8;  /* steps a set of int16 sums holds (q4x8_sub_sums) */
     __m256i msum[XROWS];
     int32_t sumi[XROWS][8] __attribute__((aligned(32)));
     float acc[XROWS][8] __attribute__((aligned(32)));
     for (int r = 0; r < R; r++) _mm256_store_ps(acc[r], _mm256_setzero_ps());
     for (int64_t b = 0; b < nsb; b++) {
-        const uint8_t *blk = grp + Q4KX8_BYTES * b;
-        prefetch_ahead(R, blk, Q4KX8_BYTES);
+        const uint8_t *blk = grp + (FIVE ? Q5KX8_BYTES : Q4KX8_BYTES) * b;
+        prefetch_ahead(R, blk, FIVE ? Q5KX8_BYTES : Q4KX8_BYTES);
         for (int r = 0; r < R; r++) _mm256_store_si256((__m256i *)sumi[r], _mm256_setzero_si256());
         for (int j = 0; j < 8; j++) {
-            __m256i a[XROWS];
-            if (j & 1) q4x8_sub_sums(R, 1, blk + 160 + 256 * (j / 2), xk + QK * b + 32 * j, k, a);
-            else q4x8_sub_sums(R, 0, blk + 160 + 256 * (j / 2), xk + QK * b + 32 * j, k, a);
+            const uint8_t *qs = blk + (FIVE ? Q5KX8_NIBBLES : 160) + 256 * (j / 2);
             const __m256i sc = u8x8_dup16(blk + 32 + 8 * j);
-            for (int r = 0; r < R; r++)
-                _mm256_store_si256((__m256i *)sumi[r], _mm256_add_epi32(_mm256_load_si256((const __m256i *)sumi[r]),
-                                                                         _mm256_madd_epi16(a[r], sc)));
+            for (int t0 = 0; t0 < 8; t0 += N) {
+                __m256i a[XROWS];
+                if (j & 1) q4x8_sub_sums(R, 1, FIVE, N, qs, blk + 160, j, t0, xk + QK * b + 32 * j, k, a);
+                else q4x8_sub_sums(R, 0, FIVE, N, qs, blk + 160, j, t0, xk + QK * b + 32 * j, k, a);
+                for (int r = 0; r < R; r++)
+                    _mm256_store_si256((__m256i *)sumi[r], _mm256_add_epi32(_mm256_load_si256((const __m256i *)sumi[r]),
+                                                                             _mm256_madd_epi16(a[r], sc)));
+            }
         }
         q4x8_min_sums(R, blk, bk, k, b, msum);
         for (int r = 0; r < R; r++)
@@ -350,25 +378,34 @@ INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
  * alternated): 3 rows 104-106 -> 107 GMAC/s, 4 rows 124-125 -> 130; the 1.5B's 3- and 4-token passes
  * 54.7-55.1 -> 53.1 ms and 63.4-64.7 -> 62.8 at like read floors. */
 #define NARROW_ROWS 4
-INLINE void x8_q4k_narrow_span(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk,
-                               const int16_t *bk, float *out, int64_t os, int64_t b0, int64_t b1, int pf) {
+INLINE void x8_q45k_narrow_span(const int R, const int FIVE, const uint8_t *grp, int64_t k, const int8_t *xk,
+                                const float *dk, const int16_t *bk, float *out, int64_t os, int64_t b0, int64_t b1,
+                                int pf) {
     const int64_t nsb = k / QK;
+    const int N = FIVE ? 4 : 8;  /* steps a set of int16 sums holds (q4x8_sub_sums) */
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256 acc[NARROW_ROWS];
     for (int r = 0; r < R; r++) acc[r] = b0 ? _mm256_loadu_ps(out + r * os) : _mm256_setzero_ps();
     for (int64_t b = b0; b < b1; b++) {
-        const uint8_t *blk = grp + Q4KX8_BYTES * b;
-        if (pf) prefetch_ahead(R, blk, Q4KX8_BYTES);
+        const uint8_t *blk = grp + (FIVE ? Q5KX8_BYTES : Q4KX8_BYTES) * b;
+        if (pf) prefetch_ahead(R, blk, FIVE ? Q5KX8_BYTES : Q4KX8_BYTES);
         __m256i sumi[NARROW_ROWS], msum[NARROW_ROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {  /* sub-blocks 2p (low nibbles) and 2p + 1 (high) */
-            const uint8_t *qs = blk + 160 + 256 * p;
+          const uint8_t *qs = blk + (FIVE ? Q5KX8_NIBBLES : 160) + 256 * p;
+          const __m256i sc0 = u8x8_dup16(blk + 32 + 16 * p), sc1 = u8x8_dup16(blk + 40 + 16 * p);
+          for (int t0 = 0; t0 < 8; t0 += N) {
             __m256i a0[NARROW_ROWS], a1[NARROW_ROWS];
             for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
-            for (int t = 0; t < 8; t++) {
+            for (int t = t0; t < t0 + N; t++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * t));
-                const __m256i w0 = _mm256_and_si256(v, m4), w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                __m256i w0 = _mm256_and_si256(v, m4), w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if (FIVE) {
+                    const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 160 + 32 * t));
+                    w0 = x8_fifth(w0, h, 2 * p);
+                    w1 = x8_fifth(w1, h, 2 * p + 1);
+                }
                 for (int r = 0; r < R; r++) {
                     const int8_t *x = xk + r * k + QK * b + 64 * p + 4 * t;
                     a0[r] = _mm256_add_epi16(a0[r], _mm256_maddubs_epi16(w0, x4_bcast(x)));
@@ -377,19 +414,19 @@ INLINE void x8_q4k_narrow_span(const int R, const uint8_t *grp, int64_t k, const
                     __asm__("" : "+x"(a0[r]), "+x"(a1[r]));
                 }
             }
-            const __m256i sc0 = u8x8_dup16(blk + 32 + 16 * p), sc1 = u8x8_dup16(blk + 40 + 16 * p);
             for (int r = 0; r < R; r++)
                 sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(_mm256_madd_epi16(a0[r], sc0),
                                                                      _mm256_madd_epi16(a1[r], sc1)));
+          }
         }
         q4x8_min_sums(R, blk, bk, k, b, msum);
         for (int r = 0; r < R; r++) acc[r] = q4x8_epilogue(blk, sumi[r], msum[r], dk[r * nsb + b], acc[r]);
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * os, acc[r]);
 }
-INLINE void x8_q4k_narrow(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk,
-                          const int16_t *bk, float *out, int64_t os) {
-    x8_q4k_narrow_span(R, grp, k, xk, dk, bk, out, os, 0, k / QK, 1);
+INLINE void x8_q45k_narrow(const int R, const int FIVE, const uint8_t *grp, int64_t k, const int8_t *xk,
+                           const float *dk, const int16_t *bk, float *out, int64_t os) {
+    x8_q45k_narrow_span(R, FIVE, grp, k, xk, dk, bk, out, os, 0, k / QK, 1);
 }
 #endif
 
@@ -587,20 +624,21 @@ INLINE void x8_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, co
 }
 #else  /* portable C: the same integers and the same fused float steps (fmaf), row by row */
 #define XROWS 4
-INLINE void x8_q4k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
-                   float *out, int64_t os) {
+INLINE void x8_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk,
+                    const int16_t *bk, float *out, int64_t os) {
     const int64_t nsb = k / QK;
     for (int r = 0; r < R; r++)
         for (int i = 0; i < X8; i++) {
             float acc = 0.0f;
             for (int64_t b = 0; b < nsb; b++) {
-                const uint8_t *blk = grp + Q4KX8_BYTES * b;
+                const uint8_t *blk = grp + (FIVE ? Q5KX8_BYTES : Q4KX8_BYTES) * b;
                 const int8_t *x = xk + r * k + QK * b;
                 const int16_t *sums = bk + r * (k / 16) + 16 * b;
                 int32_t sumi = 0, msum = 0;
                 for (int j = 0; j < 8; j++) {
                     int32_t dot = 0;
-                    for (int l = 0; l < 32; l++) dot += q4x8_value(blk, i, 32 * j + l) * x[32 * j + l];
+                    for (int l = 0; l < 32; l++)
+                        dot += (FIVE ? q5x8_value(blk, i, 32 * j + l) : q4x8_value(blk, i, 32 * j + l)) * x[32 * j + l];
                     sumi += blk[32 + 8 * j + i] * dot;
                     msum += blk[96 + 8 * j + i] * (sums[2 * j] + sums[2 * j + 1]);
                 }
@@ -654,15 +692,21 @@ INLINE void x8_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, co
     }
 #if defined(SD_AVX2) && !defined(SD_VNNI)
 /* 1-4 rows: the narrow tile (R is a constant here, so the choice folds away) */
-#define CALL_Q4KX8(R) ((R) <= NARROW_ROWS ? x8_q4k_narrow : x8_q4k)(R, g, k, xk, dk, bk, out, os)
+#define CALL_Q4KX8(R) ((R) <= NARROW_ROWS ? x8_q45k_narrow : x8_q45k)(R, 0, g, k, xk, dk, bk, out, os)
+#define CALL_Q5KX8(R) ((R) <= NARROW_ROWS ? x8_q45k_narrow : x8_q45k)(R, 1, g, k, xk, dk, bk, out, os)
 #else
-#define CALL_Q4KX8(R) x8_q4k(R, g, k, xk, dk, bk, out, os)
+#define CALL_Q4KX8(R) x8_q45k(R, 0, g, k, xk, dk, bk, out, os)
+#define CALL_Q5KX8(R) x8_q45k(R, 1, g, k, xk, dk, bk, out, os)
 #endif
 #define CALL_Q6KX8(R) x8_q6k(R, g, k, xk, dk, bk, out, os)
 #define CALL_BX8(R) x8_b32(R, FMT, g, k, xq, dx8, bs32, out, os)
 static void tiles_q4kx8(int R, const uint8_t *g, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
                         float *out, int64_t os) {
     X8SWITCH(CALL_Q4KX8)
+}
+static void tiles_q5kx8(int R, const uint8_t *g, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
+                        float *out, int64_t os) {
+    X8SWITCH(CALL_Q5KX8)
 }
 static void tiles_q6kx8(int R, const uint8_t *g, int64_t k, const int8_t *xk, const float *dk, const int16_t *bk,
                         float *out, int64_t os) {
@@ -702,7 +746,7 @@ B32TILES(tiles_q41x8, FMT_Q41X8, X8SWITCH, CALL_BX8)
 /* one interleaved group (weight rows n .. n + 7, at q + n * q_stride) against every activation row */
 static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xq, const float *dx8, const float *bs32,
                      const int8_t *xk, const float *dk, const int16_t *bk, int64_t rows, float *out, int64_t out_stride) {
-    const int step = fmt == FMT_Q6KX8 ? Q6_XROWS : fmt == FMT_Q4KX8 ? Q4_XROWS : B_XROWS;
+    const int step = fmt == FMT_Q6KX8 ? Q6_XROWS : fmt == FMT_Q4KX8 || fmt == FMT_Q5KX8 ? Q4_XROWS : B_XROWS;
     for (int64_t r0 = 0; r0 < rows; r0 += step) {
         const int R = rows - r0 < step ? (int)(rows - r0) : step;
         float *o = out + r0 * out_stride;
@@ -714,6 +758,8 @@ static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xq, c
         else if (fmt == FMT_Q41X8) tiles_q41x8(R, grp, k, x, d, b32, o, out_stride);
         else if (fmt == FMT_Q4KX8)
             tiles_q4kx8(R, grp, k, xk + r0 * k, dk + r0 * (k / QK), bk + r0 * (k / 16), out + r0 * out_stride, out_stride);
+        else if (fmt == FMT_Q5KX8)
+            tiles_q5kx8(R, grp, k, xk + r0 * k, dk + r0 * (k / QK), bk + r0 * (k / 16), out + r0 * out_stride, out_stride);
         else
             tiles_q6kx8(R, grp, k, xk + r0 * k, dk + r0 * (k / QK), bk + r0 * (k / 16), out + r0 * out_stride, out_stride);
     }
@@ -750,7 +796,8 @@ static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xq, c
 INLINE void x8_span(const int fmt, const int R, const uint8_t *grp, int64_t k, const int8_t *xq, const float *dx8,
                     const float *bs32, const int8_t *xk, const float *dk, const int16_t *bk, float *out, int64_t os,
                     int64_t b0, int64_t b1, __m256 *carry) {
-    if (fmt == FMT_Q4KX8) x8_q4k_narrow_span(R, grp, k, xk, dk, bk, out, os, b0, b1, 0);
+    if (fmt == FMT_Q4KX8) x8_q45k_narrow_span(R, 0, grp, k, xk, dk, bk, out, os, b0, b1, 0);
+    else if (fmt == FMT_Q5KX8) x8_q45k_narrow_span(R, 1, grp, k, xk, dk, bk, out, os, b0, b1, 0);
     else if (fmt == FMT_Q6KX8) x8_q6k_span(R, grp, k, xk, dk, bk, out, os, b0, b1, 0, (int32_t *)carry);
     else x8_b32_span(R, fmt, grp, k, xq, dx8, bs32, out, os, b0, b1, 0, (float *)carry);
 }
@@ -760,9 +807,12 @@ INLINE void x8_span(const int fmt, const int R, const uint8_t *grp, int64_t k, c
 INLINE void x8_streams_of(const int fmt, const int R, const uint8_t *q0, int64_t gstride, int64_t groups, int64_t k,
                           const int8_t *xq, const float *dx8, const float *bs32, const int8_t *xk, const float *dk,
                           const int16_t *bk, float *out, int64_t os) {
-    /* a span's units: Q4_K super-blocks (1184 bytes), Q6_K half super-blocks (840), 32-value blocks (144-272) */
-    const int64_t nb = fmt == FMT_Q4KX8 ? k / QK : fmt == FMT_Q6KX8 ? 2 * (k / QK) : k / 32;
-    const int unit = fmt == FMT_Q4KX8 ? Q4KX8_BYTES : fmt == FMT_Q6KX8 ? Q6KX8_BYTES / 2 : bx8_bytes(fmt);
+    /* a span's units: Q4_K / Q5_K super-blocks (1184 / 1440 bytes), Q6_K half super-blocks (840), 32-value blocks
+     * (144-272) */
+    const int64_t nb = fmt == FMT_Q4KX8 || fmt == FMT_Q5KX8 ? k / QK : fmt == FMT_Q6KX8 ? 2 * (k / QK) : k / 32;
+    const int unit = fmt == FMT_Q4KX8   ? Q4KX8_BYTES
+                   : fmt == FMT_Q5KX8   ? Q5KX8_BYTES
+                   : fmt == FMT_Q6KX8 ? Q6KX8_BYTES / 2 : bx8_bytes(fmt);
     const int64_t turn = (STREAM_TURN + unit / 2) / unit;  /* the whole units nearest STREAM_TURN bytes */
     __m256 carry[STREAMS][2];  /* a span's sums left for the next: Q6_K's int32, the 32-value layouts' min sums */
     int64_t first[STREAMS + 1];
@@ -792,6 +842,7 @@ static void x8_streams(int fmt, const uint8_t *q0, int64_t gstride, int64_t grou
                        int R, float *out, int64_t os) {
     switch (fmt) {
     case FMT_Q4KX8: if (R == 1) STREAMS_OF(FMT_Q4KX8, 1); else STREAMS_OF(FMT_Q4KX8, 2); break;
+    case FMT_Q5KX8: if (R == 1) STREAMS_OF(FMT_Q5KX8, 1); else STREAMS_OF(FMT_Q5KX8, 2); break;
     case FMT_Q6KX8: if (R == 1) STREAMS_OF(FMT_Q6KX8, 1); else STREAMS_OF(FMT_Q6KX8, 2); break;
     case FMT_Q80X8: STREAMS_OF(FMT_Q80X8, 1); break;  /* 1 row only (STREAM_B32_ROWS) */
     case FMT_Q50X8: STREAMS_OF(FMT_Q50X8, 1); break;

@@ -10,12 +10,12 @@ kernels in the integer domain. Types outside ``SUPPORTED`` are dequantised at lo
 the caller (one notice line).
 
 ``QuantMatrix.interleaved`` then packs every aligned group of 8 rows of one type into an
-interleaved layout (qkernels_x8.h: one 32-bit lane per weight row): Q4_K and Q6_K into Q4KX8 /
-Q6KX8, Q8_0, Q5_0, Q4_0 and Q4_1 into Q80X8 / Q50X8 / Q40X8 / Q41X8 (each at GGUF's own bytes,
+interleaved layout (qkernels_x8.h: one 32-bit lane per weight row): Q4_K, Q5_K and Q6_K into Q4KX8 /
+Q5KX8 / Q6KX8, Q8_0, Q5_0, Q4_0 and Q4_1 into Q80X8 / Q50X8 / Q40X8 / Q41X8 (each at GGUF's own bytes,
 where U8M spent 10 bits on a 5-bit weight), which the model does once at load for the matrices its
 passes multiply by. Where the kernels run AVX-512 (without AMX), two groups of a type at a multiple of 16
-rows pack as one group of 16 (Q4KX16, Q6KX16, Q80X16, ..., qkernels_x16.h: a zmm per step, no permutes);
-Q5_K only so (Q5KX16: no 8-row layout, so elsewhere it stays GGUF's super-blocks).
+rows pack as one group of 16 (Q4KX16, Q5KX16, Q6KX16, Q80X16, ..., qkernels_x16.h: a zmm per step, no
+permutes).
 """
 
 from __future__ import annotations
@@ -29,18 +29,16 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants
 
 U4M, U8M, I8, Q4K, Q5K, Q6K, Q4KX8, Q6KX8, Q80X8, Q50X8, Q40X8, Q41X8 = 0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12
+Q5KX8 = 19
 # qkernels_x16.h: the layouts 16 rows wide, for AVX-512
 Q4KX16, Q6KX16, Q80X16, Q50X16, Q40X16, Q41X16, Q5KX16 = 13, 14, 15, 16, 17, 18, 20
-# Q5_K's 8-row groups only pair into Q5KX16 (no 8-row kernels: an unpaired group, and every group where the kernels
-# are not AVX-512's, stays Q5K); the kernels never see this number
-Q5KX8 = 19
 # bytes per 256 values and row
-SUPER_BLOCK = {Q4K: 144, Q5K: 176, Q6K: 210, Q4KX8: 148, Q6KX8: 210, Q4KX16: 148, Q6KX16: 210, Q5KX16: 180}
+SUPER_BLOCK = {Q4K: 144, Q5K: 176, Q6K: 210, Q4KX8: 148, Q6KX8: 210, Q4KX16: 148, Q6KX16: 210, Q5KX8: 180, Q5KX16: 180}
 X8_BLOCK = {Q80X8: 34, Q50X8: 22, Q40X8: 18, Q41X8: 20}  # bytes per 32 values and row: GGUF's own
 X8 = 8  # weight rows per interleaved group (X16: 16)
-X8_LAYOUTS = (Q4KX8, Q6KX8, *X8_BLOCK)
-WIDE = {Q4KX8: Q4KX16, Q6KX8: Q6KX16, Q80X8: Q80X16, Q50X8: Q50X16, Q40X8: Q40X16, Q41X8: Q41X16,
-        Q5KX8: Q5KX16}  # 8 -> 16 rows
+X8_LAYOUTS = (Q4KX8, Q5KX8, Q6KX8, *X8_BLOCK)
+WIDE = {Q4KX8: Q4KX16, Q5KX8: Q5KX16, Q6KX8: Q6KX16, Q80X8: Q80X16, Q50X8: Q50X16, Q40X8: Q40X16,
+        Q41X8: Q41X16}  # 8 -> 16 rows
 BLOCK = X8_BLOCK | {WIDE[f]: size for f, size in X8_BLOCK.items()}  # the 32-value layouts, both widths
 INTERLEAVED = (*X8_LAYOUTS, *WIDE.values())
 GROUP_ROWS = {**dict.fromkeys(X8_LAYOUTS, X8), **dict.fromkeys(WIDE.values(), 2 * X8)}
@@ -117,7 +115,7 @@ class QuantMatrix:
         groups = x8_layouts(self)[: len(self.fmt) // X8 * X8].reshape(-1, X8)
         # a group of Q4_0 rows beside Q4_1 ones is Q4_1 with m = -8 d
         groups = np.where((groups == Q41X8).any(axis=1, keepdims=True) & (groups == Q40X8), Q41X8, groups)
-        todo = {f: np.flatnonzero((groups == f).all(axis=1)) for f in (*X8_LAYOUTS, Q5KX8)}
+        todo = {f: np.flatnonzero((groups == f).all(axis=1)) for f in X8_LAYOUTS}
         if wide is None:
             from specdec.model import clib  # builds the kernels: only where a matrix is packed
 
@@ -127,7 +125,7 @@ class QuantMatrix:
             pairs = idx[(idx % 2 == 0) & np.isin(idx + 1, idx)]  # groups 2p and 2p + 1: rows 16p .. 16p + 15
             todo[wider] = pairs // 2
             todo[narrow] = idx[~np.isin(idx // 2, todo[wider])]
-        todo = {f: g for f, g in todo.items() if len(g) and f != Q5KX8}
+        todo = {f: g for f, g in todo.items() if len(g)}
         if not todo:
             return self
         packed = np.zeros(len(self.fmt), dtype=bool)
@@ -326,9 +324,10 @@ def _q4k_x8(b: np.ndarray) -> np.ndarray:
     ], axis=-1)
 
 
-def _q5k_x16(b: np.ndarray) -> np.ndarray:
-    """Q5_K super-blocks of groups of 16 rows [G, 16, nsb, 176] -> Q5KX16 [G, nsb, 16 x 180]: Q4KX16's fields
-    with the high bits (qh) a step at a time, as the nibbles, between the mins and the nibbles (qkernels_x16.h)."""
+def _q5k_x8(b: np.ndarray) -> np.ndarray:
+    """Q5_K super-blocks of groups of n = 8 or 16 rows [G, n, nsb, 176] -> Q5KX8 [G, nsb, 8 x 180] or Q5KX16
+    [G, nsb, 16 x 180]: Q4KX8's or Q4KX16's fields with the high bits (qh) a step at a time, as the nibbles,
+    between the mins and the nibbles (qkernels_x8.h, qkernels_x16.h)."""
     G, n, nsb = b.shape[:3]
     as_q4 = _q4k_x8(np.concatenate([b[..., :16], b[..., 48:]], axis=-1))  # d, dmin, scales, qs: Q4_K's fields
     qh = b[..., 16:48].transpose(0, 2, 1, 3).reshape(G, nsb, n, 8, 4).transpose(0, 1, 3, 2, 4)  # [.., step, row, 4]
@@ -466,7 +465,8 @@ def _x8_blocks(layout: int):
 
 
 _PACK = {Q4KX8: _x8_k_quant(Q4K, _q4k_x8), Q6KX8: _x8_k_quant(Q6K, _q6k_x8),
-         Q4KX16: _x8_k_quant(Q4K, _q4k_x8), Q6KX16: _x8_k_quant(Q6K, _q6k_x8), Q5KX16: _x8_k_quant(Q5K, _q5k_x16),
+         Q4KX16: _x8_k_quant(Q4K, _q4k_x8), Q6KX16: _x8_k_quant(Q6K, _q6k_x8),
+         Q5KX8: _x8_k_quant(Q5K, _q5k_x8), Q5KX16: _x8_k_quant(Q5K, _q5k_x8),
          **{layout: _x8_blocks(layout) for layout in BLOCK}}
 
 _REPACK = {
