@@ -349,11 +349,11 @@ INLINE void x8_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k, 
         for (int r = 0; r < R; r++) _mm256_store_si256((__m256i *)sumi[r], _mm256_setzero_si256());
         for (int j = 0; j < 8; j++) {
             const uint8_t *qs = blk + (FIVE ? Q5KX8_NIBBLES : 160) + 256 * (j / 2);
-            const __m256i sc = u8x8_dup16(blk + 32 + 8 * j);
             for (int t0 = 0; t0 < 8; t0 += N) {
                 __m256i a[XROWS];
                 if (j & 1) q4x8_sub_sums(R, 1, FIVE, N, qs, blk + 160, j, t0, xk + QK * b + 32 * j, k, a);
                 else q4x8_sub_sums(R, 0, FIVE, N, qs, blk + 160, j, t0, xk + QK * b + 32 * j, k, a);
+                const __m256i sc = u8x8_dup16(blk + 32 + 8 * j);  /* after the steps: no register held through them */
                 for (int r = 0; r < R; r++)
                     _mm256_store_si256((__m256i *)sumi[r], _mm256_add_epi32(_mm256_load_si256((const __m256i *)sumi[r]),
                                                                              _mm256_madd_epi16(a[r], sc)));
@@ -393,7 +393,6 @@ INLINE void x8_q45k_narrow_span(const int R, const int FIVE, const uint8_t *grp,
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {  /* sub-blocks 2p (low nibbles) and 2p + 1 (high) */
           const uint8_t *qs = blk + (FIVE ? Q5KX8_NIBBLES : 160) + 256 * p;
-          const __m256i sc0 = u8x8_dup16(blk + 32 + 16 * p), sc1 = u8x8_dup16(blk + 40 + 16 * p);
           for (int t0 = 0; t0 < 8; t0 += N) {
             __m256i a0[NARROW_ROWS], a1[NARROW_ROWS];
             for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_si256();
@@ -414,6 +413,7 @@ INLINE void x8_q45k_narrow_span(const int R, const int FIVE, const uint8_t *grp,
                     __asm__("" : "+x"(a0[r]), "+x"(a1[r]));
                 }
             }
+            const __m256i sc0 = u8x8_dup16(blk + 32 + 16 * p), sc1 = u8x8_dup16(blk + 40 + 16 * p);
             for (int r = 0; r < R; r++)
                 sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(_mm256_madd_epi16(a0[r], sc0),
                                                                      _mm256_madd_epi16(a1[r], sc1)));
