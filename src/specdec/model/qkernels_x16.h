@@ -193,11 +193,6 @@ INLINE void x16_pair_scale(const int R, const int NA, __m512i *a0, __m512i *a1, 
 #ifndef X16_PAIR_ROWS
 #define X16_PAIR_ROWS 2
 #endif
-/* w with 16 added to every byte whose bit `bit` of h is set (a Q5_K value's fifth bit; any bit, no shifts) */
-INLINE __m512i x16_fifth(__m512i w, __m512i h, __m512i bit) {
-    return _mm512_mask_add_epi8(w, _mm512_test_epi8_mask(h, bit), w, _mm512_set1_epi8(0x10));
-}
-
 /* R activation rows against one Q4KX16 group, or (FIVE) one Q5KX16 group: the same tile with each weight's fifth
  * bit (the step's qh bytes, bit j for sub-block j) put in bit 4 of its byte before the products */
 INLINE void x16_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k, const int8_t *xk, const float *dk,
@@ -209,7 +204,7 @@ INLINE void x16_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k,
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = grp + (FIVE ? Q5KX16_BYTES : Q4KX16_BYTES) * b;
-        const uint8_t *qh = blk + 320, *nibbles = blk + (FIVE ? Q5KX16_NIBBLES : 320);  /* Q5KX16: step t's qh at 64 t */
+        const uint8_t *qh = blk + 320, *nibbles = blk + (FIVE ? Q5KX16_NIBBLES : 320);  /* Q5KX16: qh, a step 64 bytes */
         __m512i sumi[X16ROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
         if (R <= X16_PAIR_ROWS) {  /* a step's 64 bytes loaded once for both its sub-blocks (low, high nibbles) */
@@ -226,8 +221,8 @@ INLINE void x16_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k,
                     __m512i w0 = _mm512_and_si512(v, m4), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                     if (FIVE) {
                         const __m512i h = _mm512_loadu_si512((const void *)(qh + 64 * t));
-                        w0 = x16_fifth(w0, h, _mm512_set1_epi8((char)(1 << (2 * p))));
-                        w1 = x16_fifth(w1, h, _mm512_set1_epi8((char)(2 << (2 * p))));
+                        w0 = fifth_zmm(w0, h, _mm512_set1_epi8((char)(1 << (2 * p))));
+                        w1 = fifth_zmm(w1, h, _mm512_set1_epi8((char)(2 << (2 * p))));
                     }
                     x16_pair_step(R, NA, t, w0, w1, xk + QK * b + 64 * p + 4 * t, k, a0, a1);
                 }
@@ -246,7 +241,8 @@ INLINE void x16_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k,
             for (int t = 0; t < 8; t++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * t));
                 __m512i w = _mm512_and_si512((j & 1) ? _mm512_srli_epi16(v, 4) : v, m4);
-                if (FIVE) w = x16_fifth(w, _mm512_loadu_si512((const void *)(qh + 64 * t)), _mm512_set1_epi8((char)(1 << j)));
+                if (FIVE)
+                    w = fifth_zmm(w, _mm512_loadu_si512((const void *)(qh + 64 * t)), _mm512_set1_epi8((char)(1 << j)));
                 for (int r = 0; r < R; r++)
                     a[r + R * (t % NA)] = x16_dp(R, a[r + R * (t % NA)], w, xk + r * k + QK * b + 32 * j + 4 * t);
             }

@@ -166,7 +166,7 @@ INLINE __m256i dup16(__m256i v) {  /* a 16-bit value in the low half of each lan
 
 /* w with bit 4 of each byte set where bit `bit` of h's byte is (a Q5_K value's fifth bit): 16-bit shifts by at most
  * 4 move no other byte's bit into bit 4 */
-INLINE __m256i x8_fifth(__m256i w, __m256i h, const int bit) {
+INLINE __m256i fifth_ymm(__m256i w, __m256i h, const int bit) {
     const __m256i s = bit < 4 ? _mm256_slli_epi16(h, 4 - bit) : bit == 4 ? h : _mm256_srli_epi16(h, bit - 4);
     return _mm256_or_si256(w, _mm256_and_si256(s, _mm256_set1_epi8(0x10)));
 }
@@ -228,6 +228,12 @@ INLINE __m256 q4x8_epilogue(const uint8_t *blk, __m256i sumi, __m256i msum, floa
 }
 
 #if defined(SD_AVX512) && defined(__AVX512VL__)
+/* w with 16 added to every byte where h's byte has the bit set in mask's (a Q5_K value's fifth bit: any bit, no
+ * shifts; qkernels_x16.h's tiles too) */
+INLINE __m512i fifth_zmm(__m512i w, __m512i h, __m512i mask) {
+    return _mm512_mask_add_epi8(w, _mm512_test_epi8_mask(h, mask), w, _mm512_set1_epi8(0x10));
+}
+
 /* R activation rows against one Q4KX8 group, AVX-512 VNNI: a zmm holds two steps (4 values of 8 rows
  * each), one vpdpbusd sums them into int32 against the two steps' activations (vpermd spreads a
  * row's 8 bytes over the halves), and a sub-block's sums meet its 8 scales in one vpmulld; the
@@ -258,11 +264,9 @@ INLINE void x8_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k, 
             for (int tt = 0; tt < 4; tt++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * tt));
                 __m512i w = _mm512_and_si512((j & 1) ? _mm512_srli_epi16(v, 4) : v, m4);
-                if (FIVE) {  /* steps 2 tt, 2 tt + 1's qh bytes: 16 added where bit j is set */
-                    const __m512i h = _mm512_loadu_si512((const void *)(blk + 160 + 64 * tt));
-                    w = _mm512_mask_add_epi8(w, _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << j))), w,
-                                             _mm512_set1_epi8(0x10));
-                }
+                if (FIVE)  /* steps 2 tt and 2 tt + 1's qh bytes */
+                    w = fifth_zmm(w, _mm512_loadu_si512((const void *)(blk + 160 + 64 * tt)),
+                                  _mm512_set1_epi8((char)(1 << j)));
                 for (int r = 0; r < R; r++) {
                     const __m256i x = _mm256_loadu_si256((const __m256i *)(xk + r * k + QK * b + 32 * j));
                     a[r] = _mm512_dpbusd_epi32(a[r], w, _mm512_permutexvar_epi32(spread[tt], _mm512_castsi256_si512(x)));
@@ -300,7 +304,7 @@ INLINE void x8_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k, 
             for (int t = 0; t < 8; t++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * t));
                 __m256i w = _mm256_and_si256((j & 1) ? _mm256_srli_epi16(v, 4) : v, m4);
-                if (FIVE) w = x8_fifth(w, _mm256_loadu_si256((const __m256i *)(blk + 160 + 32 * t)), j);
+                if (FIVE) w = fifth_ymm(w, _mm256_loadu_si256((const __m256i *)(blk + 160 + 32 * t)), j);
                 for (int r = 0; r < R; r++) a[r] = dot4_acc(a[r], w, x4_bcast(xk + r * k + QK * b + 32 * j + 4 * t));
             }
             const __m256i sc = u8x8_epi32(blk + 32 + 8 * j);
@@ -324,7 +328,7 @@ INLINE void q4x8_sub_sums(const int R, const int HIGH, const int FIVE, const int
     for (int t = t0; t < t0 + N; t++) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * t));
         __m256i w = _mm256_and_si256(HIGH ? _mm256_srli_epi16(v, 4) : v, m4);
-        if (FIVE) w = x8_fifth(w, _mm256_loadu_si256((const __m256i *)(qh + 32 * t)), j);
+        if (FIVE) w = fifth_ymm(w, _mm256_loadu_si256((const __m256i *)(qh + 32 * t)), j);
         for (int r = 0; r < R; r++) a[r] = _mm256_add_epi16(a[r], _mm256_maddubs_epi16(w, x4_bcast(x + r * k + 4 * t)));
     }
 }
@@ -402,8 +406,8 @@ INLINE void x8_q45k_narrow_span(const int R, const int FIVE, const uint8_t *grp,
                 __m256i w0 = _mm256_and_si256(v, m4), w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
                 if (FIVE) {
                     const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 160 + 32 * t));
-                    w0 = x8_fifth(w0, h, 2 * p);
-                    w1 = x8_fifth(w1, h, 2 * p + 1);
+                    w0 = fifth_ymm(w0, h, 2 * p);
+                    w1 = fifth_ymm(w1, h, 2 * p + 1);
                 }
                 for (int r = 0; r < R; r++) {
                     const int8_t *x = xk + r * k + QK * b + 64 * p + 4 * t;
