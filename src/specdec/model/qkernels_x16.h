@@ -97,11 +97,13 @@ static void kgroup_dequantize(int G, int fmt, const uint8_t *grp, int i, int64_t
 
 /* the weights X16_PF_AHEAD bytes on, lines first .. first + n - 1 of this super-block's: a few per
  * sub-block, not prefetch_ahead's burst a super-block (37 or 53 lines here: the burst left 8-row Q4_K
- * passes out of cache at 0.8x the 8-row layout's speed, spread 1.37x; Zen 4). A 1-row tile fetches its own
+ * passes out of cache at 0.8x the 8-row layout's speed, spread 1.37x; Zen 4). A 1-2 row tile fetches its own
  * super-block's lines a sub-block or two before it reads them instead (X16_PF_AHEAD1 = 0, AMD): 2 KB ahead kept
  * the 1.5B's 1-token pass at 28.4 ms where 0 made it 24.3 (34.4 -> 33.6 ms at the VM's slower memory
  * speed; no prefetch 27.0-31.9), while 8-row passes need the 2 KB (0: 64.5 -> 80.7 ms); alternated in one
- * process, Zen 4 */
+ * process, Zen 4. 2-row tiles too: both cores streaming 2 x 4000 groups (scripts/x16_rate.c, alternated four times),
+ * Q4_K 146-166 -> 176-220 GMAC/s, Q6_K 101-121 -> 117-157, Q8_0 / Q4_1 / Q5_0 83 / 167 / 160 -> 93 / 210-217 /
+ * 166-172; 3-4 rows not (Q6_K 10% slower, Q4_K even) */
 #ifndef X16_PF_AHEAD
 #define X16_PF_AHEAD 2048
 #endif
@@ -113,7 +115,7 @@ static void kgroup_dequantize(int G, int fmt, const uint8_t *grp, int i, int64_t
 #endif
 #endif
 INLINE void x16_prefetch(const int R, const uint8_t *blk, int first, int n) {
-    const int64_t ahead = R == 1 ? X16_PF_AHEAD1 : X16_PF_AHEAD;
+    const int64_t ahead = R <= 2 ? X16_PF_AHEAD1 : X16_PF_AHEAD;
     for (int i = first; i < first + n; i++) _mm_prefetch((const char *)(blk + ahead + 64 * i), PF_HINT);
 }
 
@@ -350,7 +352,7 @@ INLINE void x16_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, c
     for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = grp + (int64_t)bytes * b;
-        x16_prefetch(R, blk, 0, (bytes + 63) / 64);  /* 1 row: this block's lines (AMD; 2 KB on alike) */
+        x16_prefetch(R, blk, 0, (bytes + 63) / 64);  /* 1-2 rows: this block's lines (AMD; 2 KB on alike) */
         __m512i a[X16ROWS];  /* R x NA <= 8 */
         for (int r = 0; r < R * NA; r++) a[r] = _mm512_setzero_si512();
         const __m512i h = F8 == FMT_Q50X8 ? _mm512_loadu_si512((const void *)(blk + 32)) : _mm512_setzero_si512();
