@@ -2,7 +2,7 @@
 
 Each format gets COPIES separate matrices the size of Qwen2.5-Coder-1.5B's (Q4_K and Q5_K: ffn_gate 8960 x 1536;
 Q6_K: ffn_down 1536 x 8960) or of the 0.5B's (Q5_0: ffn_gate 4864 x 896, Q8_0 the same shape; COPIES x 4
-of them), random valid blocks packed as at load; one product of R activation rows
+of them; Q5_1 likewise), random valid blocks packed as at load; one product of R activation rows
 against each in turn is timed (best of 5) and compared with reading a buffer of the same size on every
 core (the read floor of `specdec bench passes`). Build variants through the kernels' extra flags:
 
@@ -27,7 +27,8 @@ from specdec.bench.passes import floor_reader
 from specdec.model import clib, kernels
 from specdec.model.quant import QuantMatrix
 
-SHAPES = {T.Q4_K: (8960, 1536), T.Q5_K: (8960, 1536), T.Q6_K: (1536, 8960), T.Q5_0: (4864, 896), T.Q8_0: (4864, 896)}
+SHAPES = {T.Q4_K: (8960, 1536), T.Q5_K: (8960, 1536), T.Q6_K: (1536, 8960), T.Q5_0: (4864, 896), T.Q8_0: (4864, 896),
+          T.Q5_1: (4864, 896)}
 K_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K)
 
 

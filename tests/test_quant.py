@@ -103,7 +103,7 @@ def test_quantized_product_rows_have_the_bits_of_a_row_alone(qtype):
             assert np.array_equal(alone[0], out[r])
 
 
-X8_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1)
+X8_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1, T.Q5_1)
 
 
 @pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu"])
@@ -187,7 +187,7 @@ def test_a_pass_asked_for_argmax_gives_its_logits_argmax(tiny_model_factory, qua
 @pytest.mark.parametrize("wide", [False, True], ids=["x8", "x16"])
 @pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
 def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype, wide):
-    """Groups of 8 rows packed at load (Q4KX8, Q5KX8, Q6KX8, Q80X8, Q50X8, Q40X8, Q41X8; wide: pairs
+    """Groups of 8 rows packed at load (Q4KX8, Q5KX8, Q6KX8, Q80X8, Q50X8, Q40X8, Q41X8, Q51X8; wide: pairs
     as Q4KX16, Q6KX16, Q80X16, ...): the same values (a row not in a whole group keeps its layout), products
     within the activations' rounding of the dense product, and every row's bits those of its product
     alone at every pass width and tile position."""
@@ -245,7 +245,8 @@ from tests.test_quant import _random_blocks
 clib.load_qkernels()
 rng, out = np.random.default_rng(9), []
 # the 16-row layouts too (AVX-512's; every other build multiplies them in portable C)
-for qtype, wide in [(t, w) for t in (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1) for w in (False, True)]:
+types = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1, T.Q5_1)
+for qtype, wide in [(t, w) for t in types for w in (False, True)]:
     # 512 rows: 32-row chunks of 4 groups, which 1-2 row passes read as runs (AVX2's x8_streams)
     qm = QuantMatrix.from_blocks(_random_blocks(qtype, 512, 1024, rng), qtype, 1024).interleaved(wide=wide)
     assert qm.fmt[0] >= 7, (qtype, qm.fmt[0])  # interleaved

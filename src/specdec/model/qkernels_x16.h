@@ -24,20 +24,21 @@
  *     [288, 3648) for quad h < 2, step t < 8: 192 bytes = L0, L1, H, 64 bytes each: value 32c + 4t + u of
  *                 chunk c = 4h + cc has its low 4 bits in L0 (cc 0: low nibble, cc 1: high) or L1 (cc 2, 3)
  *                 and its high 2 bits at bits 2 cc of H (Q6KX8 packed so until the B0, B1, B2 steps)
- *   Q80X16, Q50X16, Q40X16, Q41X16, per block of 32 values of 16 rows: Q80X8's ... with every per-row run 16 rows
- *     wide (d [0, 32); Q5_0's H [32, 96); Q4_1's m [32, 64); a step or a nibble pair 64 bytes): 2 x the X8 bytes
+ *   Q80X16, Q50X16, Q40X16, Q41X16, Q51X16, per block of 32 values of 16 rows: Q80X8's ... with every per-row run
+ *     16 rows wide (d [0, 32); Q5_0's H [32, 96); Q4_1's m [32, 64); Q5_1's m [32, 64), H [64, 128); a step or a
+ *     nibble pair 64 bytes): 2 x the X8 bytes
  *
  * Bits: the same exact integers and, per lane, the same fused float steps as the X8 kernels and the
  * portable C below (which every other build runs), so a row's bits never depend on its layout either.
  */
 enum { FMT_Q4KX16 = 13, FMT_Q6KX16 = 14, FMT_Q80X16 = 15, FMT_Q50X16 = 16, FMT_Q40X16 = 17, FMT_Q41X16 = 18,
-       FMT_Q5KX16 = 20 };
+       FMT_Q5KX16 = 20, FMT_Q51X16 = 22 };
 enum { X16 = 16, Q4KX16_BYTES = 16 * 148, Q6KX16_BYTES = 16 * 210, Q5KX16_BYTES = 16 * 180, Q5KX16_NIBBLES = 832 };
 
 INLINE int kx16_layout(int fmt) { return fmt == FMT_Q4KX16 || fmt == FMT_Q5KX16 || fmt == FMT_Q6KX16; }
-INLINE int bx16_layout(int fmt) { return fmt >= FMT_Q80X16 && fmt <= FMT_Q41X16; }  /* 32-value blocks */
+INLINE int bx16_layout(int fmt) { return (fmt >= FMT_Q80X16 && fmt <= FMT_Q41X16) || fmt == FMT_Q51X16; }
 INLINE int x16_layout(int fmt) { return kx16_layout(fmt) || bx16_layout(fmt); }
-INLINE int bx16_narrow(int fmt) { return fmt - FMT_Q80X16 + FMT_Q80X8; }  /* Q80X16 -> Q80X8, ... */
+INLINE int bx16_narrow(int fmt) { return fmt == FMT_Q51X16 ? FMT_Q51X8 : fmt - FMT_Q80X16 + FMT_Q80X8; }  /* Q80X16 -> Q80X8 */
 
 /* value e (0..255) of row i of a super-block, unsigned (Q6_K: before its -32) */
 INLINE int x16_nibble(const uint8_t *qs, int i, int e) {  /* qs: a super-block's nibbles (Q4KX16's at 320) */
@@ -355,7 +356,7 @@ INLINE void x16_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, c
         x16_prefetch(R, blk, 0, (bytes + 63) / 64);  /* 1-2 rows: this block's lines (AMD; 2 KB on alike) */
         __m512i a[X16ROWS];  /* R x NA <= 8 */
         for (int r = 0; r < R * NA; r++) a[r] = _mm512_setzero_si512();
-        const __m512i h = F8 == FMT_Q50X8 ? _mm512_loadu_si512((const void *)(blk + 32)) : _mm512_setzero_si512();
+        const __m512i h = bx8_fifths(F8) ? _mm512_loadu_si512((const void *)(blk + 2 * bx8_fifths(F8))) : _mm512_setzero_si512();
         for (int t = 0; t < 8; t++) {
             __m512i w;
             __mmask64 neg = 0;
@@ -366,7 +367,7 @@ INLINE void x16_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, c
             } else {
                 const __m512i v = _mm512_loadu_si512((const void *)(blk + nib + 64 * (t % 4)));
                 w = _mm512_and_si512(t < 4 ? v : _mm512_srli_epi16(v, 4), m4);
-                if (F8 == FMT_Q50X8) {  /* bit t of H's bytes to bit 4 (bx8_fifth) */
+                if (bx8_fifths(F8)) {  /* bit t of H's bytes to bit 4 (bx8_fifth) */
                     const __m512i hs = t < 4 ? _mm512_slli_epi16(h, 4 - t) : t == 4 ? h : _mm512_srli_epi16(h, t - 4);
                     w = _mm512_ternarylogic_epi32(w, hs, m10, 0xF8);  /* a | (b & c) */
                 }
@@ -380,7 +381,7 @@ INLINE void x16_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, c
         }
         for (int r = R; r < R * NA; r++) a[r % R] = _mm512_add_epi32(a[r % R], a[r]);
         const __m512 vd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-        const __m512 vm = F8 == FMT_Q41X8 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
+        const __m512 vm = bx8_min(F8) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
                         : _mm512_mul_ps(vd, _mm512_set1_ps(bx8_offset(F8)));
         for (int r = 0; r < R; r++) {
             const __m512 scale = _mm512_mul_ps(vd, _mm512_set1_ps(dx8[r * (k / 4) + 8 * b]));
@@ -398,6 +399,7 @@ B32TILES(tiles_q80x16, FMT_Q80X16, ROWS_SWITCH, CALL_BX16)  /* qkernels_x8.h's m
 B32TILES(tiles_q50x16, FMT_Q50X16, ROWS_SWITCH, CALL_BX16)
 B32TILES(tiles_q40x16, FMT_Q40X16, ROWS_SWITCH, CALL_BX16)
 B32TILES(tiles_q41x16, FMT_Q41X16, ROWS_SWITCH, CALL_BX16)
+B32TILES(tiles_q51x16, FMT_Q51X16, ROWS_SWITCH, CALL_BX16)
 static void tiles_x16(int fmt, int R, const uint8_t *g, int64_t k, const int8_t *xq, const float *dx8, const float *bs32,
                       const int8_t *xk, const float *dk, const int16_t *bk, const int32_t *bw, float *out, int64_t os) {
     switch (fmt) {
@@ -407,6 +409,7 @@ static void tiles_x16(int fmt, int R, const uint8_t *g, int64_t k, const int8_t 
     case FMT_Q80X16: tiles_q80x16(R, g, k, xq, dx8, bs32, out, os); break;
     case FMT_Q50X16: tiles_q50x16(R, g, k, xq, dx8, bs32, out, os); break;
     case FMT_Q40X16: tiles_q40x16(R, g, k, xq, dx8, bs32, out, os); break;
+    case FMT_Q51X16: tiles_q51x16(R, g, k, xq, dx8, bs32, out, os); break;
     default: tiles_q41x16(R, g, k, xq, dx8, bs32, out, os); break;
     }
 }

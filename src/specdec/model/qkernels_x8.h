@@ -27,6 +27,7 @@
  *                         [48, 176) pair p < 4: 32 bytes, byte 4 i + u = value 4 p + u (low nibble), 4 (p + 4) + u (high)
  *   Q40X8 (144 = 8 x 18): [0, 16) d   [16, 144) the nibbles as Q50X8's         (OFF 16 for Q5_0, 8 for Q4_0)
  *   Q41X8 (160 = 8 x 20): [0, 16) d   [16, 32) m (f16)   [32, 160) the nibbles  (Q4_1: value d u + m)
+ *   Q51X8 (192 = 8 x 24): [0, 16) d   [16, 32) m   [32, 64) H as Q50X8's   [64, 192) the nibbles  (Q5_1: d u + m)
  * Q8_0's signed bytes go through |w| x sign(x, w); the offsets and Q4_1's mins through the activations'
  * block sums (bs32), the float steps per block the same on every path.
  *
@@ -36,16 +37,21 @@
  * portable C below, which uses fmaf), so a row's bits never depend on how many activation rows share
  * the pass, nor on the ISA the library was built for.
  */
-enum { FMT_Q4KX8 = 7, FMT_Q6KX8 = 8, FMT_Q80X8 = 9, FMT_Q50X8 = 10, FMT_Q40X8 = 11, FMT_Q41X8 = 12, FMT_Q5KX8 = 19 };
+enum { FMT_Q4KX8 = 7, FMT_Q6KX8 = 8, FMT_Q80X8 = 9, FMT_Q50X8 = 10, FMT_Q40X8 = 11, FMT_Q41X8 = 12, FMT_Q5KX8 = 19,
+       FMT_Q51X8 = 21 };
 enum { X8 = 8, Q4KX8_BYTES = 8 * 148, Q6KX8_BYTES = 8 * 210, Q5KX8_BYTES = 8 * 180, Q5KX8_NIBBLES = 416 };
 
 INLINE int kx8_layout(int fmt) { return fmt == FMT_Q4KX8 || fmt == FMT_Q5KX8 || fmt == FMT_Q6KX8; }  /* super-blocks */
-INLINE int bx8_layout(int fmt) { return fmt >= FMT_Q80X8 && fmt <= FMT_Q41X8; }  /* 32-value blocks */
+INLINE int bx8_layout(int fmt) { return (fmt >= FMT_Q80X8 && fmt <= FMT_Q41X8) || fmt == FMT_Q51X8; }  /* 32-value */
 INLINE int x8_layout(int fmt) { return kx8_layout(fmt) || bx8_layout(fmt); }
 /* bytes per 32-value block of a group of 8 rows; where its nibbles start; its offset (-OFF) */
-INLINE int bx8_bytes(int fmt) { return fmt == FMT_Q80X8 ? 272 : fmt == FMT_Q50X8 ? 176 : fmt == FMT_Q40X8 ? 144 : 160; }
-INLINE int bx8_nibbles(int fmt) { return fmt == FMT_Q50X8 ? 48 : fmt == FMT_Q40X8 ? 16 : 32; }
+INLINE int bx8_bytes(int fmt) {
+    return fmt == FMT_Q80X8 ? 272 : fmt == FMT_Q50X8 ? 176 : fmt == FMT_Q40X8 ? 144 : fmt == FMT_Q51X8 ? 192 : 160;
+}
+INLINE int bx8_nibbles(int fmt) { return fmt == FMT_Q50X8 ? 48 : fmt == FMT_Q40X8 ? 16 : fmt == FMT_Q51X8 ? 64 : 32; }
 INLINE float bx8_offset(int fmt) { return fmt == FMT_Q50X8 ? -16.0f : -8.0f; }
+INLINE int bx8_min(int fmt) { return fmt == FMT_Q41X8 || fmt == FMT_Q51X8; }  /* a float16 m a block (else an offset) */
+INLINE int bx8_fifths(int fmt) { return fmt == FMT_Q51X8 ? 32 : fmt == FMT_Q50X8 ? 16 : 0; }  /* H's offset (X8), or 0 */
 
 /* bytes per 32-value block of a group of G rows (fmt its X8 layout), and where its nibbles start */
 INLINE int bx_bytes(int G, int fmt) { return bx8_bytes(fmt) / X8 * G; }
@@ -58,7 +64,7 @@ INLINE int bx_value(int G, int fmt, const uint8_t *blk, int i, int l) {
     if (fmt == FMT_Q80X8) return (int8_t)blk[2 * G + 4 * G * t + 4 * i + u];
     const uint8_t byte = blk[bx_nibbles(G, fmt) + 4 * G * (t % 4) + 4 * i + u];
     const int low = t < 4 ? byte & 15 : byte >> 4;
-    return fmt == FMT_Q50X8 ? low | (((blk[2 * G + 4 * i + u] >> t) & 1) << 4) : low;
+    return bx8_fifths(fmt) ? low | (((blk[bx8_fifths(fmt) / X8 * G + 4 * i + u] >> t) & 1) << 4) : low;
 }
 
 /* R activation rows against one 32-value group of G = 8 or 16 rows (fmt its X8 layout), in portable C: the
@@ -76,7 +82,7 @@ static inline void bgroup_product(int G, int fmt, int R, const uint8_t *grp, int
                 for (int l = 0; l < 32; l++) dot += bx_value(G, fmt, blk, i, l) * x[l];
                 const float d = f16_to_f32(blk + 2 * i);
                 acc = fmaf((float)dot, d * dx8[r * (k / 4) + 8 * b], acc);
-                const float m = fmt == FMT_Q41X8 ? f16_to_f32(blk + 2 * G + 2 * i) : d * bx8_offset(fmt);
+                const float m = bx8_min(fmt) ? f16_to_f32(blk + 2 * G + 2 * i) : d * bx8_offset(fmt);
                 if (fmt != FMT_Q80X8) macc = fmaf(m, bs32[r * nb + b], macc);
             }
             out[r * os + i] = fmt == FMT_Q80X8 ? acc : acc + macc;
@@ -538,7 +544,7 @@ INLINE __m256i bx8_fifth(__m256i h, int t) {
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
-/* R activation rows against one group of a 32-value interleaved layout (Q80X8, Q50X8, Q40X8, Q41X8):
+/* R activation rows against one group of a 32-value interleaved layout (Q80X8, Q50X8, Q40X8, Q41X8, Q51X8):
  * per block the 8 steps' weights are unpacked once; each activation row's products are summed in int32
  * (vpdpbusd; or vpmaddubsw's int16 pairs, 4 steps of 2 x 31 x 127 < 2^15, then vpmaddwd), then
  * acc += (d dx) sum and, for an offset or a min, macc += m bs32; out = acc + macc */
@@ -570,13 +576,13 @@ INLINE void x8_b32_span(const int R, const int FMT, const uint8_t *grp, int64_t 
                 w[p] = _mm256_and_si256(v, m4);
                 w[p + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             }
-            if (FMT == FMT_Q50X8) {
-                const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 16));
+            if (bx8_fifths(FMT)) {
+                const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + bx8_fifths(FMT)));
                 for (int t = 0; t < 8; t++) w[t] = _mm256_or_si256(w[t], bx8_fifth(h, t));
             }
         }
         const __m256 vd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-        const __m256 vm = FMT == FMT_Q41X8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)))
+        const __m256 vm = bx8_min(FMT) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)))
                         : _mm256_mul_ps(vd, _mm256_set1_ps(bx8_offset(FMT)));
         for (int r = 0; r < R; r++) {
             const int8_t *x = xq + r * k + 32 * b;
@@ -728,6 +734,7 @@ B32TILES(tiles_q80x8, FMT_Q80X8, X8SWITCH, CALL_BX8)
 B32TILES(tiles_q50x8, FMT_Q50X8, X8SWITCH, CALL_BX8)
 B32TILES(tiles_q40x8, FMT_Q40X8, X8SWITCH, CALL_BX8)
 B32TILES(tiles_q41x8, FMT_Q41X8, X8SWITCH, CALL_BX8)
+B32TILES(tiles_q51x8, FMT_Q51X8, X8SWITCH, CALL_BX8)
 
 /* activation rows per tile, by layout (at most XROWS). AVX-512 builds keep Q6_K at 4 rows: the zmm Q6KX8
  * tile that kept two int32 sums a row spilled at 8, and 4-row tiles ran 8 and 16 rows at 97-106 GMAC/s
@@ -760,6 +767,7 @@ static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xq, c
         else if (fmt == FMT_Q50X8) tiles_q50x8(R, grp, k, x, d, b32, o, out_stride);
         else if (fmt == FMT_Q40X8) tiles_q40x8(R, grp, k, x, d, b32, o, out_stride);
         else if (fmt == FMT_Q41X8) tiles_q41x8(R, grp, k, x, d, b32, o, out_stride);
+        else if (fmt == FMT_Q51X8) tiles_q51x8(R, grp, k, x, d, b32, o, out_stride);
         else if (fmt == FMT_Q4KX8)
             tiles_q4kx8(R, grp, k, xk + r0 * k, dk + r0 * (k / QK), bk + r0 * (k / 16), out + r0 * out_stride, out_stride);
         else if (fmt == FMT_Q5KX8)
@@ -851,6 +859,7 @@ static void x8_streams(int fmt, const uint8_t *q0, int64_t gstride, int64_t grou
     case FMT_Q80X8: STREAMS_OF(FMT_Q80X8, 1); break;  /* 1 row only (STREAM_B32_ROWS) */
     case FMT_Q50X8: STREAMS_OF(FMT_Q50X8, 1); break;
     case FMT_Q40X8: STREAMS_OF(FMT_Q40X8, 1); break;
+    case FMT_Q51X8: STREAMS_OF(FMT_Q51X8, 1); break;
     default: STREAMS_OF(FMT_Q41X8, 1); break;
     }
 }
@@ -864,7 +873,7 @@ static void bgroup_dequantize(int G, int fmt, const uint8_t *grp, int i, int64_t
         const float d = f16_to_f32(blk + 2 * i);
         for (int l = 0; l < 32; l++) {
             const float v = (float)bx_value(G, fmt, blk, i, l);
-            o[32 * b + l] = fmt == FMT_Q80X8 ? d * v : fmt == FMT_Q41X8 ? d * v + f16_to_f32(blk + 2 * G + 2 * i)
+            o[32 * b + l] = fmt == FMT_Q80X8 ? d * v : bx8_min(fmt) ? d * v + f16_to_f32(blk + 2 * G + 2 * i)
                           : d * (v + bx8_offset(fmt));
         }
     }

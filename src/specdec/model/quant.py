@@ -11,7 +11,7 @@ the caller (one notice line).
 
 ``QuantMatrix.interleaved`` then packs every aligned group of 8 rows of one type into an
 interleaved layout (qkernels_x8.h: one 32-bit lane per weight row): Q4_K, Q5_K and Q6_K into Q4KX8 /
-Q5KX8 / Q6KX8, Q8_0, Q5_0, Q4_0 and Q4_1 into Q80X8 / Q50X8 / Q40X8 / Q41X8 (each at GGUF's own bytes,
+Q5KX8 / Q6KX8, Q8_0, Q5_0, Q4_0, Q4_1 and Q5_1 into Q80X8 / Q50X8 / Q40X8 / Q41X8 / Q51X8 (each at GGUF's own bytes,
 where U8M spent 10 bits on a 5-bit weight), which the model does once at load for the matrices its
 passes multiply by. Where the kernels run AVX-512 (without AMX), two groups of a type at a multiple of 16
 rows pack as one group of 16 (Q4KX16, Q5KX16, Q6KX16, Q80X16, ..., qkernels_x16.h: a zmm per step, no
@@ -29,16 +29,16 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants
 
 U4M, U8M, I8, Q4K, Q5K, Q6K, Q4KX8, Q6KX8, Q80X8, Q50X8, Q40X8, Q41X8 = 0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12
-Q5KX8 = 19
+Q5KX8, Q51X8 = 19, 21
 # qkernels_x16.h: the layouts 16 rows wide, for AVX-512
-Q4KX16, Q6KX16, Q80X16, Q50X16, Q40X16, Q41X16, Q5KX16 = 13, 14, 15, 16, 17, 18, 20
+Q4KX16, Q6KX16, Q80X16, Q50X16, Q40X16, Q41X16, Q5KX16, Q51X16 = 13, 14, 15, 16, 17, 18, 20, 22
 # bytes per 256 values and row
 SUPER_BLOCK = {Q4K: 144, Q5K: 176, Q6K: 210, Q4KX8: 148, Q6KX8: 210, Q4KX16: 148, Q6KX16: 210, Q5KX8: 180, Q5KX16: 180}
-X8_BLOCK = {Q80X8: 34, Q50X8: 22, Q40X8: 18, Q41X8: 20}  # bytes per 32 values and row: GGUF's own
+X8_BLOCK = {Q80X8: 34, Q50X8: 22, Q40X8: 18, Q41X8: 20, Q51X8: 24}  # bytes per 32 values and row: GGUF's own
 X8 = 8  # weight rows per interleaved group (X16: 16)
 X8_LAYOUTS = (Q4KX8, Q5KX8, Q6KX8, *X8_BLOCK)
 WIDE = {Q4KX8: Q4KX16, Q5KX8: Q5KX16, Q6KX8: Q6KX16, Q80X8: Q80X16, Q50X8: Q50X16, Q40X8: Q40X16,
-        Q41X8: Q41X16}  # 8 -> 16 rows
+        Q41X8: Q41X16, Q51X8: Q51X16}  # 8 -> 16 rows
 BLOCK = X8_BLOCK | {WIDE[f]: size for f, size in X8_BLOCK.items()}  # the 32-value layouts, both widths
 INTERLEAVED = (*X8_LAYOUTS, *WIDE.values())
 GROUP_ROWS = {**dict.fromkeys(X8_LAYOUTS, X8), **dict.fromkeys(WIDE.values(), 2 * X8)}
@@ -113,8 +113,9 @@ class QuantMatrix:
         one of 16 rows (``WIDE``). Bytes per row grow by 4 per Q4_K super-block (its 12 packed
         scale bytes unpacked); the other layouts keep GGUF's bytes."""
         groups = x8_layouts(self)[: len(self.fmt) // X8 * X8].reshape(-1, X8)
-        # a group of Q4_0 rows beside Q4_1 ones is Q4_1 with m = -8 d
-        groups = np.where((groups == Q41X8).any(axis=1, keepdims=True) & (groups == Q40X8), Q41X8, groups)
+        # a group of Q4_0 rows beside Q4_1 ones is Q4_1 with m = -8 d; Q5_0 beside Q5_1 likewise, m = -16 d
+        for offset, with_min in ((Q40X8, Q41X8), (Q50X8, Q51X8)):
+            groups = np.where((groups == with_min).any(axis=1, keepdims=True) & (groups == offset), with_min, groups)
         todo = {f: np.flatnonzero((groups == f).all(axis=1)) for f in X8_LAYOUTS}
         if wide is None:
             from specdec.model import clib  # builds the kernels: only where a matrix is packed
@@ -408,6 +409,7 @@ def x8_layouts(mat: QuantMatrix) -> np.ndarray:
         return out
     scales = _f16_exact(s)
     out[(mat.fmt == I8) & scales] = Q80X8
+    out[(mat.fmt == U8M) & scales & _f16_exact(m)] = Q51X8
     out[(mat.fmt == U8M) & scales & (m == -16.0 * s).all(axis=1)] = Q50X8
     out[(mat.fmt == U4M) & scales & _f16_exact(m)] = Q41X8
     out[(mat.fmt == U4M) & scales & (m == -8.0 * s).all(axis=1)] = Q40X8
@@ -447,14 +449,14 @@ def _x8_blocks(layout: int):
         v = _block_values(mat, rows).reshape(groups, n, nb, 8, 4)  # [G, row, block, step, 4]
         d = mat.s[rows, :nb].astype(np.float16).reshape(groups, n, nb).transpose(0, 2, 1)  # [G, block, row]
         parts = [np.ascontiguousarray(d).view(np.uint8).reshape(groups, nb, 2 * n)]
-        if narrow == Q41X8:
+        if narrow in (Q41X8, Q51X8):
             mn = mat.m[rows, :nb].astype(np.float16).reshape(groups, n, nb).transpose(0, 2, 1)
             parts.append(np.ascontiguousarray(mn).view(np.uint8).reshape(groups, nb, 2 * n))
         steps = v.transpose(0, 2, 3, 1, 4)  # [G, block, step, row, 4]
         if narrow == Q80X8:
             parts.append(steps.reshape(groups, nb, 32 * n))
         else:
-            if narrow == Q50X8:  # bit t of byte 4 i + u: the fifth bit of row i's value 4 t + u
+            if narrow in (Q50X8, Q51X8):  # bit t of byte 4 i + u: the fifth bit of row i's value 4 t + u
                 high = ((v >> 4) & 1).transpose(0, 2, 1, 4, 3)  # [G, block, row, u, step]
                 parts.append(np.packbits(high, axis=-1, bitorder="little").reshape(groups, nb, 4 * n))
             low = steps & 15
