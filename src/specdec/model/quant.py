@@ -110,7 +110,7 @@ class QuantMatrix:
         """The same matrix with every group of 8 rows (at a multiple of 8) that shares a type packed into its
         interleaved layout (``x8_layouts``); other rows as they are. With ``wide`` (default: where the
         kernels run AVX-512 without AMX, ``clib.wide_groups``) two such groups at a multiple of 16 pack as
-        one of 16 rows (``WIDE``). Bytes per row grow by 4 per Q4_K super-block (its 12 packed
+        one of 16 rows (``WIDE``). Bytes per row grow by 4 per Q4_K or Q5_K super-block (its 12 packed
         scale bytes unpacked); the other layouts keep GGUF's bytes."""
         groups = x8_layouts(self)[: len(self.fmt) // X8 * X8].reshape(-1, X8)
         # a group of Q4_0 rows beside Q4_1 ones is Q4_1 with m = -8 d; Q5_0 beside Q5_1 likewise, m = -16 d
