@@ -13,6 +13,9 @@
  *     [0, 16) d of rows 0..7 (f16)   [16, 32) dmin (f16)   [32, 96) scale[j][row]   [96, 160) min[j][row]
  *     [160, 1184) for pair p < 4, step t < 8: 32 bytes, row i's 4 bytes at 4 i = its GGUF qs[32 p + 4 t ..]
  *                 (low nibbles: sub-block 2p values 4t..4t+3; high nibbles: sub-block 2p + 1)
+ *   Q5KX8, per super-block of 8 rows (8 x 180 bytes: GGUF's 176, its scales unpacked as Q4KX8's):
+ *     [0, 160) as Q4KX8's   [160, 416) for step t < 8: 32 bytes, row i's 4 bytes at 4 i = its GGUF qh[4 t ..]
+ *                 (bit j: the fifth bit of sub-block j's value 4 t + u)   [416, 1440) the nibbles as Q4KX8's
  *   Q6KX8, per super-block of 8 rows (8 x 210 bytes, as GGUF's):
  *     [0, 16) d (f16)   [16, 144) scale[g][row] (int8, g < 16 per 16 values)
  *     [144, 1680) for quad h < 2, step t < 8: 96 bytes = B0, B1, B2, each row i's 4 bytes at 4 i:
@@ -32,7 +35,7 @@
  * block sums (bs32), the float steps per block the same on every path.
  *
  * Arithmetic: the integers are exact (int16 partial sums are bounded below 2^15 by construction:
- * 8 steps of 2 x 15 x 127 for Q4_K, 2 steps of 2 x 63 x 127 for Q6_K), and the float epilogue per
+ * 8 steps of 2 x 15 x 127 for Q4_K, 4 of 2 x 31 x 127 for Q5_K, 2 of 2 x 63 x 127 for Q6_K), and the float epilogue per
  * super-block is the same fused operations in the same order on every path (AVX2, AVX-512 VL, and the
  * portable C below, which uses fmaf), so a row's bits never depend on how many activation rows share
  * the pass, nor on the ISA the library was built for.
