@@ -299,8 +299,11 @@ INLINE void x16_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
         for (int r = 0; r < R; r++)
             _mm512_store_si512((void *)off[r], _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(
                 _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(bk + r * (k / 16) + 16 * b))), 5)));
-        for (int qh = 0; qh < 8; qh++) {  /* quad qh / 4, its chunk pair (qh / 2) % 2, steps 4 (qh % 2) .. + 3 */
-            const int quad = qh / 4, pair = (qh / 2) % 2, half = qh % 2;
+        /* quad qh / 4, steps 4 ((qh / 2) % 2) .. + 3, chunk pair qh % 2: a half-quad's 12 lines (L0, L1, H of 4 steps)
+         * both pairs at a time, in reading order (pairs outer took L0 and H of all 8 steps, then came back for L1):
+         * Zen 4, both cores streaming 8 rows, alternated three times 242-248 -> 254-259 GMAC/s; the same integers */
+        for (int qh = 0; qh < 8; qh++) {
+            const int quad = qh / 4, pair = qh % 2, half = (qh / 2) % 2;
             const int c0 = 4 * quad + 2 * pair;  /* chunks c0, c0 + 1 */
             x16_prefetch(R, blk, 7 * qh, 7);
             const uint8_t *base = blk + 288 + 1536 * quad;
