@@ -33,7 +33,7 @@
  */
 enum { FMT_Q4KX16 = 13, FMT_Q6KX16 = 14, FMT_Q80X16 = 15, FMT_Q50X16 = 16, FMT_Q40X16 = 17, FMT_Q41X16 = 18,
        FMT_Q5KX16 = 20, FMT_Q51X16 = 22 };
-enum { X16 = 16, Q4KX16_BYTES = 16 * 148, Q6KX16_BYTES = 16 * 210, Q5KX16_BYTES = 16 * 180, Q5KX16_NIBBLES = 832 };
+enum { X16 = 16, Q4KX16_BYTES = 16 * 148, Q6KX16_BYTES = 16 * 210 };
 
 INLINE int kx16_layout(int fmt) { return fmt == FMT_Q4KX16 || fmt == FMT_Q5KX16 || fmt == FMT_Q6KX16; }
 INLINE int bx16_layout(int fmt) { return (fmt >= FMT_Q80X16 && fmt <= FMT_Q41X16) || fmt == FMT_Q51X16; }
@@ -51,7 +51,7 @@ INLINE int q4x16_value(const uint8_t *blk, int i, int e) { return x16_nibble(blk
 
 INLINE int q5x16_value(const uint8_t *blk, int i, int e) {
     const int j = e / 32, l = e % 32;
-    return x16_nibble(blk + Q5KX16_NIBBLES, i, e) | (((blk[320 + 64 * (l / 4) + 4 * i + l % 4] >> j) & 1) << 4);
+    return x16_nibble(blk + q45_nibbles(X16, 1), i, e) | (((blk[320 + 64 * (l / 4) + 4 * i + l % 4] >> j) & 1) << 4);
 }
 
 INLINE int q6x16_value(const uint8_t *blk, int i, int e) {
@@ -67,7 +67,7 @@ static void kgroup_dequantize(int G, int fmt, const uint8_t *grp, int i, int64_t
     const int five = fmt == FMT_Q5KX8 || fmt == FMT_Q5KX16;
     for (int64_t b = 0; b < k / QK; b++)
         if (fmt != FMT_Q6KX8 && fmt != FMT_Q6KX16) {  /* Q4KX8, Q4KX16, Q5KX8, Q5KX16 */
-            const uint8_t *blk = grp + (int64_t)G * (five ? 180 : 148) * b;
+            const uint8_t *blk = grp + (int64_t)q45_bytes(G, five) * b;
             const float d = f16_to_f32(blk + 2 * i), dmin = f16_to_f32(blk + 2 * G + 2 * i);
             for (int e = 0; e < QK; e++) {
                 const int j = e / 32, u = G == X8 ? (five ? q5x8_value(blk, i, e) : q4x8_value(blk, i, e))
@@ -206,8 +206,8 @@ INLINE void x16_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k,
     __m512 acc[X16ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
-        const uint8_t *blk = grp + (FIVE ? Q5KX16_BYTES : Q4KX16_BYTES) * b;
-        const uint8_t *qh = blk + 320, *nibbles = blk + (FIVE ? Q5KX16_NIBBLES : 320);  /* Q5KX16: qh, a step 64 bytes */
+        const uint8_t *blk = grp + q45_bytes(X16, FIVE) * b;
+        const uint8_t *qh = blk + 320, *nibbles = blk + q45_nibbles(X16, FIVE);  /* Q5KX16: qh, a step 64 bytes */
         __m512i sumi[X16ROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
         if (R <= X16_PAIR_ROWS) {  /* a step's 64 bytes loaded once for both its sub-blocks (low, high nibbles) */
@@ -350,7 +350,7 @@ INLINE void x16_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, c
     const int F8 = bx16_narrow(FMT);
     const int64_t nb = k / 32;
     const int bytes = bx_bytes(X16, F8), nib = bx_nibbles(X16, F8);
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
     const int NA = R == 1 ? 4 : R == 2 ? 2 : 1;  /* independent sums a row, as x16_q4k's */
     __m512 acc[X16ROWS], macc[X16ROWS];
     for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm512_setzero_ps();
@@ -359,7 +359,8 @@ INLINE void x16_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, c
         x16_prefetch(R, blk, 0, (bytes + 63) / 64);  /* 1-2 rows: this block's lines (AMD; 2 KB on alike) */
         __m512i a[X16ROWS];  /* R x NA <= 8 */
         for (int r = 0; r < R * NA; r++) a[r] = _mm512_setzero_si512();
-        const __m512i h = bx8_fifths(F8) ? _mm512_loadu_si512((const void *)(blk + 2 * bx8_fifths(F8))) : _mm512_setzero_si512();
+        const __m512i h = bx8_fifths(F8) ? _mm512_loadu_si512((const void *)(blk + 2 * bx8_fifths(F8)))
+                                         : _mm512_setzero_si512();
         for (int t = 0; t < 8; t++) {
             __m512i w;
             __mmask64 neg = 0;
@@ -370,10 +371,7 @@ INLINE void x16_b32(const int R, const int FMT, const uint8_t *grp, int64_t k, c
             } else {
                 const __m512i v = _mm512_loadu_si512((const void *)(blk + nib + 64 * (t % 4)));
                 w = _mm512_and_si512(t < 4 ? v : _mm512_srli_epi16(v, 4), m4);
-                if (bx8_fifths(F8)) {  /* bit t of H's bytes to bit 4 (bx8_fifth) */
-                    const __m512i hs = t < 4 ? _mm512_slli_epi16(h, 4 - t) : t == 4 ? h : _mm512_srli_epi16(h, t - 4);
-                    w = _mm512_ternarylogic_epi32(w, hs, m10, 0xF8);  /* a | (b & c) */
-                }
+                if (bx8_fifths(F8)) w = fifth_zmm(w, h, _mm512_set1_epi8((char)(1 << t)));  /* bit t of H's bytes */
             }
             for (int r = 0; r < R; r++) {
                 __m512i xv = x16_bcast(xq + r * k + 32 * b + 4 * t);
@@ -438,7 +436,7 @@ static void tiles_x16(int fmt, int R, const uint8_t *grp, int64_t k, const int8_
             int32_t sumi = 0, msum = 0;
             if (fmt != FMT_Q6KX16) {  /* Q4KX16, Q5KX16 */
                 const int five = fmt == FMT_Q5KX16;
-                const uint8_t *blk = grp + (five ? Q5KX16_BYTES : Q4KX16_BYTES) * b;
+                const uint8_t *blk = grp + q45_bytes(X16, five) * b;
                 for (int j = 0; j < 8; j++) {
                     int32_t dot = 0;
                     for (int l = 0; l < 32; l++)

@@ -42,7 +42,7 @@
  */
 enum { FMT_Q4KX8 = 7, FMT_Q6KX8 = 8, FMT_Q80X8 = 9, FMT_Q50X8 = 10, FMT_Q40X8 = 11, FMT_Q41X8 = 12, FMT_Q5KX8 = 19,
        FMT_Q51X8 = 21 };
-enum { X8 = 8, Q4KX8_BYTES = 8 * 148, Q6KX8_BYTES = 8 * 210, Q5KX8_BYTES = 8 * 180, Q5KX8_NIBBLES = 416 };
+enum { X8 = 8, Q4KX8_BYTES = 8 * 148, Q6KX8_BYTES = 8 * 210 };
 
 INLINE int kx8_layout(int fmt) { return fmt == FMT_Q4KX8 || fmt == FMT_Q5KX8 || fmt == FMT_Q6KX8; }  /* super-blocks */
 INLINE int bx8_layout(int fmt) { return (fmt >= FMT_Q80X8 && fmt <= FMT_Q41X8) || fmt == FMT_Q51X8; }  /* 32-value */
@@ -54,7 +54,7 @@ INLINE int bx8_bytes(int fmt) {
 INLINE int bx8_nibbles(int fmt) { return fmt == FMT_Q50X8 ? 48 : fmt == FMT_Q40X8 ? 16 : fmt == FMT_Q51X8 ? 64 : 32; }
 INLINE float bx8_offset(int fmt) { return fmt == FMT_Q50X8 ? -16.0f : -8.0f; }
 INLINE int bx8_min(int fmt) { return fmt == FMT_Q41X8 || fmt == FMT_Q51X8; }  /* a float16 m a block (else an offset) */
-INLINE int bx8_fifths(int fmt) { return fmt == FMT_Q51X8 ? 32 : fmt == FMT_Q50X8 ? 16 : 0; }  /* H's offset (X8), or 0 */
+INLINE int bx8_fifths(int fmt) { return fmt == FMT_Q51X8 ? 32 : fmt == FMT_Q50X8 ? 16 : 0; }  /* H at (X8), or 0 */
 
 /* bytes per 32-value block of a group of G rows (fmt its X8 layout), and where its nibbles start */
 INLINE int bx_bytes(int G, int fmt) { return bx8_bytes(fmt) / X8 * G; }
@@ -99,12 +99,17 @@ INLINE int x8_nibble(const uint8_t *qs, int i, int e) {  /* qs: a super-block's 
     return (j & 1) ? byte >> 4 : byte & 15;
 }
 
+/* a Q4_K super-block of a group of G = 8 or 16 rows (five: Q5_K's, its qh between the mins, at 20 G, and the
+ * nibbles): its bytes, and where its nibbles start */
+INLINE int q45_bytes(int G, int five) { return G * (five ? 180 : 148); }
+INLINE int q45_nibbles(int G, int five) { return G * (five ? 52 : 20); }
+
 INLINE int q4x8_value(const uint8_t *blk, int i, int e) { return x8_nibble(blk + 160, i, e); }
 
 /* Q5KX8: Q4KX8's fields, the qh bytes a step at a time at [160, 416) (bit j: sub-block j's fifth bit), the nibbles */
 INLINE int q5x8_value(const uint8_t *blk, int i, int e) {
     const int j = e / 32, l = e % 32;
-    return x8_nibble(blk + Q5KX8_NIBBLES, i, e) | (((blk[160 + 32 * (l / 4) + 4 * i + l % 4] >> j) & 1) << 4);
+    return x8_nibble(blk + q45_nibbles(X8, 1), i, e) | (((blk[160 + 32 * (l / 4) + 4 * i + l % 4] >> j) & 1) << 4);
 }
 
 INLINE int q6x8_value(const uint8_t *blk, int i, int e) {
@@ -173,11 +178,11 @@ INLINE __m256i dup16(__m256i v) {  /* a 16-bit value in the low half of each lan
     return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
 }
 
-/* w with bit 4 of each byte set where bit `bit` of h's byte is (a Q5_K value's fifth bit): 16-bit shifts by at most
- * 4 move no other byte's bit into bit 4 */
-INLINE __m256i fifth_ymm(__m256i w, __m256i h, const int bit) {
-    const __m256i s = bit < 4 ? _mm256_slli_epi16(h, 4 - bit) : bit == 4 ? h : _mm256_srli_epi16(h, bit - 4);
-    return _mm256_or_si256(w, _mm256_and_si256(s, _mm256_set1_epi8(0x10)));
+/* bit `bit` of each byte of h at bit 4, the rest cleared (a fifth bit: Q5_K's qh, Q5_0's and Q5_1's H): a 16-bit
+ * shift by at most 4 never carries another byte's bit into a byte's bit 4 */
+INLINE __m256i fifth_bits(__m256i h, int bit) {
+    const __m256i v = bit < 4 ? _mm256_slli_epi16(h, 4 - bit) : bit == 4 ? h : _mm256_srli_epi16(h, bit - 4);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
 #if defined(SD_VNNI)
@@ -237,8 +242,10 @@ INLINE __m256 q4x8_epilogue(const uint8_t *blk, __m256i sumi, __m256i msum, floa
 }
 
 #if defined(SD_AVX512) && defined(__AVX512VL__)
-/* w with 16 added to every byte where h's byte has the bit set in mask's (a Q5_K value's fifth bit: any bit, no
- * shifts; qkernels_x16.h's tiles too) */
+/* w with 16 added to every byte where h's byte has the bit set in mask's (a fifth bit: Q5_K's qh, Q5_0's and
+ * Q5_1's H; any bit, no shifts; qkernels_x16.h's tiles too). In the 16-row 32-value tile, against a shift and a
+ * vpternlogd a step: Zen 4, one core, L1 (scripts/x16_rate.c, three runs) Q5_0 1 row 70-71 -> 76 GMAC/s, 2 rows
+ * 114-118 -> 113-114, 8 rows even */
 INLINE __m512i fifth_zmm(__m512i w, __m512i h, __m512i mask) {
     return _mm512_mask_add_epi8(w, _mm512_test_epi8_mask(h, mask), w, _mm512_set1_epi8(0x10));
 }
@@ -259,15 +266,15 @@ INLINE void x8_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k, 
     __m256 acc[XROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
-        const uint8_t *blk = grp + (FIVE ? Q5KX8_BYTES : Q4KX8_BYTES) * b;
-        prefetch_ahead(R, blk, FIVE ? Q5KX8_BYTES : Q4KX8_BYTES);
+        const uint8_t *blk = grp + q45_bytes(X8, FIVE) * b;
+        prefetch_ahead(R, blk, q45_bytes(X8, FIVE));
         __m512i sumi[XROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
             int64_t sc8;
             memcpy(&sc8, blk + 32 + 8 * j, 8);
             const __m512i sc = _mm512_cvtepu8_epi32(_mm_set1_epi64x(sc8));  /* rows 0..7 in both halves */
-            const uint8_t *qs = blk + (FIVE ? Q5KX8_NIBBLES : 160) + 256 * (j / 2);
+            const uint8_t *qs = blk + q45_nibbles(X8, FIVE) + 256 * (j / 2);
             __m512i a[XROWS];
             for (int r = 0; r < R; r++) a[r] = _mm512_setzero_si512();
             for (int tt = 0; tt < 4; tt++) {
@@ -302,18 +309,19 @@ INLINE void x8_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k, 
     __m256 acc[XROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
-        const uint8_t *blk = grp + (FIVE ? Q5KX8_BYTES : Q4KX8_BYTES) * b;
-        prefetch_ahead(R, blk, FIVE ? Q5KX8_BYTES : Q4KX8_BYTES);
+        const uint8_t *blk = grp + q45_bytes(X8, FIVE) * b;
+        prefetch_ahead(R, blk, q45_bytes(X8, FIVE));
         __m256i sumi[XROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
-            const uint8_t *qs = blk + (FIVE ? Q5KX8_NIBBLES : 160) + 256 * (j / 2);
+            const uint8_t *qs = blk + q45_nibbles(X8, FIVE) + 256 * (j / 2);
             __m256i a[XROWS];
             for (int r = 0; r < R; r++) a[r] = _mm256_setzero_si256();
             for (int t = 0; t < 8; t++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * t));
                 __m256i w = _mm256_and_si256((j & 1) ? _mm256_srli_epi16(v, 4) : v, m4);
-                if (FIVE) w = fifth_ymm(w, _mm256_loadu_si256((const __m256i *)(blk + 160 + 32 * t)), j);
+                if (FIVE)
+                    w = _mm256_or_si256(w, fifth_bits(_mm256_loadu_si256((const __m256i *)(blk + 160 + 32 * t)), j));
                 for (int r = 0; r < R; r++) a[r] = dot4_acc(a[r], w, x4_bcast(xk + r * k + QK * b + 32 * j + 4 * t));
             }
             const __m256i sc = u8x8_epi32(blk + 32 + 8 * j);
@@ -337,7 +345,7 @@ INLINE void q4x8_sub_sums(const int R, const int HIGH, const int FIVE, const int
     for (int t = t0; t < t0 + N; t++) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * t));
         __m256i w = _mm256_and_si256(HIGH ? _mm256_srli_epi16(v, 4) : v, m4);
-        if (FIVE) w = fifth_ymm(w, _mm256_loadu_si256((const __m256i *)(qh + 32 * t)), j);
+        if (FIVE) w = _mm256_or_si256(w, fifth_bits(_mm256_loadu_si256((const __m256i *)(qh + 32 * t)), j));
         for (int r = 0; r < R; r++) a[r] = _mm256_add_epi16(a[r], _mm256_maddubs_epi16(w, x4_bcast(x + r * k + 4 * t)));
     }
 }
@@ -357,11 +365,11 @@ INLINE void x8_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k, 
     float acc[XROWS][8] __attribute__((aligned(32)));
     for (int r = 0; r < R; r++) _mm256_store_ps(acc[r], _mm256_setzero_ps());
     for (int64_t b = 0; b < nsb; b++) {
-        const uint8_t *blk = grp + (FIVE ? Q5KX8_BYTES : Q4KX8_BYTES) * b;
-        prefetch_ahead(R, blk, FIVE ? Q5KX8_BYTES : Q4KX8_BYTES);
+        const uint8_t *blk = grp + q45_bytes(X8, FIVE) * b;
+        prefetch_ahead(R, blk, q45_bytes(X8, FIVE));
         for (int r = 0; r < R; r++) _mm256_store_si256((__m256i *)sumi[r], _mm256_setzero_si256());
         for (int j = 0; j < 8; j++) {
-            const uint8_t *qs = blk + (FIVE ? Q5KX8_NIBBLES : 160) + 256 * (j / 2);
+            const uint8_t *qs = blk + q45_nibbles(X8, FIVE) + 256 * (j / 2);
             for (int t0 = 0; t0 < 8; t0 += N) {
                 __m256i a[XROWS];
                 if (j & 1) q4x8_sub_sums(R, 1, FIVE, N, qs, blk + 160, j, t0, xk + QK * b + 32 * j, k, a);
@@ -400,12 +408,12 @@ INLINE void x8_q45k_narrow_span(const int R, const int FIVE, const uint8_t *grp,
     __m256 acc[NARROW_ROWS];
     for (int r = 0; r < R; r++) acc[r] = b0 ? _mm256_loadu_ps(out + r * os) : _mm256_setzero_ps();
     for (int64_t b = b0; b < b1; b++) {
-        const uint8_t *blk = grp + (FIVE ? Q5KX8_BYTES : Q4KX8_BYTES) * b;
-        if (pf) prefetch_ahead(R, blk, FIVE ? Q5KX8_BYTES : Q4KX8_BYTES);
+        const uint8_t *blk = grp + q45_bytes(X8, FIVE) * b;
+        if (pf) prefetch_ahead(R, blk, q45_bytes(X8, FIVE));
         __m256i sumi[NARROW_ROWS], msum[NARROW_ROWS];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {  /* sub-blocks 2p (low nibbles) and 2p + 1 (high) */
-          const uint8_t *qs = blk + (FIVE ? Q5KX8_NIBBLES : 160) + 256 * p;
+          const uint8_t *qs = blk + q45_nibbles(X8, FIVE) + 256 * p;
           for (int t0 = 0; t0 < 8; t0 += N) {
             __m256i a0[NARROW_ROWS], a1[NARROW_ROWS];
             for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_si256();
@@ -415,8 +423,8 @@ INLINE void x8_q45k_narrow_span(const int R, const int FIVE, const uint8_t *grp,
                 __m256i w0 = _mm256_and_si256(v, m4), w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
                 if (FIVE) {
                     const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 160 + 32 * t));
-                    w0 = fifth_ymm(w0, h, 2 * p);
-                    w1 = fifth_ymm(w1, h, 2 * p + 1);
+                    w0 = _mm256_or_si256(w0, fifth_bits(h, 2 * p));
+                    w1 = _mm256_or_si256(w1, fifth_bits(h, 2 * p + 1));
                 }
                 for (int r = 0; r < R; r++) {
                     const int8_t *x = xk + r * k + QK * b + 64 * p + 4 * t;
@@ -540,13 +548,6 @@ INLINE void x8_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk,
                    float *out, int64_t os) {
     x8_q6k_span(R, grp, k, xk, dk, bk, out, os, 0, 2 * (k / QK), 1, NULL);
 }
-/* Q5_0's fifth bits of step t (bit t of each H byte) at bit 4: a 16-bit shift by 4 - t never carries
- * another byte's bit into a byte's bit 4 */
-INLINE __m256i bx8_fifth(__m256i h, int t) {
-    const __m256i v = t < 4 ? _mm256_slli_epi16(h, 4 - t) : t == 4 ? h : _mm256_srli_epi16(h, t - 4);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
-}
-
 /* R activation rows against one group of a 32-value interleaved layout (Q80X8, Q50X8, Q40X8, Q41X8, Q51X8):
  * per block the 8 steps' weights are unpacked once; each activation row's products are summed in int32
  * (vpdpbusd; or vpmaddubsw's int16 pairs, 4 steps of 2 x 31 x 127 < 2^15, then vpmaddwd), then
@@ -581,7 +582,7 @@ INLINE void x8_b32_span(const int R, const int FMT, const uint8_t *grp, int64_t 
             }
             if (bx8_fifths(FMT)) {
                 const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + bx8_fifths(FMT)));
-                for (int t = 0; t < 8; t++) w[t] = _mm256_or_si256(w[t], bx8_fifth(h, t));
+                for (int t = 0; t < 8; t++) w[t] = _mm256_or_si256(w[t], fifth_bits(h, t));
             }
         }
         const __m256 vd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
@@ -644,7 +645,7 @@ INLINE void x8_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k, 
         for (int i = 0; i < X8; i++) {
             float acc = 0.0f;
             for (int64_t b = 0; b < nsb; b++) {
-                const uint8_t *blk = grp + (FIVE ? Q5KX8_BYTES : Q4KX8_BYTES) * b;
+                const uint8_t *blk = grp + q45_bytes(X8, FIVE) * b;
                 const int8_t *x = xk + r * k + QK * b;
                 const int16_t *sums = bk + r * (k / 16) + 16 * b;
                 int32_t sumi = 0, msum = 0;
@@ -826,7 +827,7 @@ INLINE void x8_streams_of(const int fmt, const int R, const uint8_t *q0, int64_t
      * (144-272) */
     const int64_t nb = fmt == FMT_Q4KX8 || fmt == FMT_Q5KX8 ? k / QK : fmt == FMT_Q6KX8 ? 2 * (k / QK) : k / 32;
     const int unit = fmt == FMT_Q4KX8   ? Q4KX8_BYTES
-                   : fmt == FMT_Q5KX8   ? Q5KX8_BYTES
+                   : fmt == FMT_Q5KX8   ? q45_bytes(X8, 1)
                    : fmt == FMT_Q6KX8 ? Q6KX8_BYTES / 2 : bx8_bytes(fmt);
     const int64_t turn = (STREAM_TURN + unit / 2) / unit;  /* the whole units nearest STREAM_TURN bytes */
     __m256 carry[STREAMS][2];  /* a span's sums left for the next: Q6_K's int32, the 32-value layouts' min sums */
