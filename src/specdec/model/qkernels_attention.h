@@ -191,14 +191,18 @@ INLINE void attend_values(const int NV, const int R, const int KIND, const float
     }
 #endif
 
-/* the cache rows at p, ``bytes`` of them but no more than ``rows_left`` rows (the job's last key), fetched one key
- * block ahead: a 1-row pass over a long context streams the cache, and the hardware prefetcher alone kept too few
- * lines in flight (Zen 4, 1.5B, 2,000 keys: 270-278 -> 248 us a layer; 8 rows 1007-1023 -> 980 us) */
+/* the cache rows at p, ``bytes`` of them but no more than ``rows_left`` rows (the job's last key), fetched into L2
+ * ahead of use: a pass meets each layer's cache once, out of memory, and the hardware prefetcher alone kept too few
+ * lines in flight (Zen 4, 1.5B, 2,000 keys: 270-278 -> 248 us a layer; 8 rows 1007-1023 -> 980 us). The keys go a
+ * block ahead, and the values (a job's 512 keys: 128 KB) while the dots run, so the value sweep after them finds
+ * them in L2. Into L2 (T1), not L1, and the values with the keys: a job out of memory (scripts/attention_ab.py, 256
+ * caches in turn, Zen 4, one thread), 1 / 2 / 8 rows x 512 keys 34.1 / 57.0 / 166.8 -> 23.9 / 42.6 / 146.7 us; 300
+ * keys 20.9 / 33.0 / 96.5 -> 15.3 / 25.1 / 87.4; in cache within 1-5% */
 #if defined(SD_AVX2)
 INLINE void prefetch_rows(const char *p, int64_t bytes, int64_t rows_left, int64_t stride) {
     if (rows_left <= 0) return;
     if (bytes > rows_left * stride) bytes = rows_left * stride;
-    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
 }
 #endif
 
@@ -226,8 +230,10 @@ void sd_attend(const float *q, int64_t n, int64_t group, int64_t dim, const void
             const int64_t j1 = n_keys < j0 + kb ? n_keys : j0 + kb;
             for (int64_t j = j0; j < j1; j += DOT_KEYS) {
                 const void *key = (const char *)keys + (size_t)(j * kstride);
-                if (i0 == 0)  /* the next block's keys, while this one computes */
+                if (i0 == 0) {  /* the next block's keys, and these keys' values for the sweep after the dots */
                     prefetch_rows((const char *)key + kb * kstride, DOT_KEYS * kstride, n_keys - j - kb, kstride);
+                    prefetch_rows((const char *)values + (size_t)(j * kstride), DOT_KEYS * kstride, n_keys - j, kstride);
+                }
                 switch (j1 - j < DOT_KEYS ? j1 - j : DOT_KEYS) {
                 case 4: { enum { J = DOT_KEYS > 2 ? 4 : 1 }; DOTS_SWITCH } break;
                 case 3: { enum { J = DOT_KEYS > 2 ? 3 : 1 }; DOTS_SWITCH } break;
