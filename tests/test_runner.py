@@ -98,17 +98,19 @@ def test_few_rows_matmul_matches_blas_and_keeps_row_bits():
 def test_attention_is_softmax_attention_over_the_keys_a_row_sees_wherever_they_sit(dim, cache_dtype):
     """decoder_kernels.attention (its jobs in qkernels_attention.h) against float64 softmax attention, 4 query heads on
     2 KV heads, rows that see different keys; then one row's keys moved to other cache entries, in the same
-    order (a tree node's path): the same bits, since the sums run over the keys seen, one after another."""
+    order (a tree node's path): the same bits, since the sums run over the keys seen, one after another. The
+    lengths put keys in every place of sd_attend's key groups (4 keys a load on AVX-512, 2 on AVX2, a short group
+    last) and the moved row's last key alone in its group, where its score's sum is hsum8's, not hsum8x8's."""
     rng = np.random.default_rng(3)
-    n_heads, n_kv, length, scale = 4, 2, 40, 0.3
+    n_heads, n_kv, length, scale = 4, 2, 39, 0.3
     k, v = (rng.standard_normal((1, n_kv, 64, dim)).astype(np.float32) for _ in range(2))
     # a 16-bit cache holds the bits kernels.as_numpy gives the kernels; the reference reads the values they stand for
     k_cache, v_cache = (kernels.as_numpy(torch.from_numpy(a).to(cache_dtype)) for a in (k, v))
     k, v = (torch.from_numpy(a).to(cache_dtype).float().numpy() for a in (k, v))
     q = rng.standard_normal((3, n_heads, dim)).astype(np.float32)
     mask = np.zeros((3, length), dtype=bool)
-    mask[0, :30], mask[1, :35], mask[2, [0, 5, 9, 33]] = True, True, True
-    positions = np.array([29, 34, 39], dtype=np.int64)
+    mask[0, :30], mask[1, :39], mask[2, [0, 5, 9, 33]] = True, True, True
+    positions = np.array([29, 38, 39], dtype=np.int64)
 
     def attend(q, k_cache, v_cache, mask, positions):
         out = np.empty_like(q)
@@ -125,10 +127,11 @@ def test_attention_is_softmax_attention_over_the_keys_a_row_sees_wherever_they_s
             w = np.exp(s - s.max())
             np.testing.assert_allclose(out[r, h], w / w.sum() @ v[0, kvh, :length], rtol=1e-4, atol=1e-5)
     moved_k, moved_v = k_cache.copy(), v_cache.copy()
-    moved_k[:, :, 1:5], moved_v[:, :, 1:5] = k_cache[:, :, [0, 5, 9, 33]], v_cache[:, :, [0, 5, 9, 33]]
-    seen = np.zeros((1, 8), dtype=bool)
-    seen[0, 1:5] = True
-    assert np.array_equal(attend(q[2:], moved_k, moved_v, seen, np.array([7], dtype=np.int64))[0], out[2])
+    places = [1, 2, 3, 8]  # the last of 9 keys: a group of its own
+    moved_k[:, :, places], moved_v[:, :, places] = k_cache[:, :, [0, 5, 9, 33]], v_cache[:, :, [0, 5, 9, 33]]
+    seen = np.zeros((1, 9), dtype=bool)
+    seen[0, places] = True
+    assert np.array_equal(attend(q[2:], moved_k, moved_v, seen, np.array([9], dtype=np.int64))[0], out[2])
 
 
 @pytest.mark.parametrize(("dtype", "kv_cache_dtype"),

@@ -78,7 +78,8 @@ INLINE __m256 cache8(const void *row, int kind, int64_t d) {
 
 /* hsum8 of eight vectors at once, lane k = hsum8(v[k]) bit for bit: the same sums in the same order,
  * ((x0 + x4) + (x2 + x6)) + ((x1 + x5) + (x3 + x7)), as 7 vector adds and 12 shuffles where eight hsum8 take 24
- * and 24 (an 8-row job's scores: the horizontal sums were a third of its operations) */
+ * and 24 (an 8-row job's scores: the horizontal sums were a third of its operations). Lane k adds v[k]'s lanes
+ * alone, so a score's bits never depend on the pairs it shares the call with: every score goes through here */
 INLINE __m256 hsum8x8(const __m256 v[8]) {
     __m256 h[4];  /* h[k]: v[k]'s four halves' sums, then v[k + 4]'s */
     for (int k = 0; k < 4; k++)
@@ -93,7 +94,7 @@ INLINE __m256 hsum8x8(const __m256 v[8]) {
 }
 
 /* scores of R row-heads (q rows, stride dim) against J keys (stride dim): one 8-lane fused sum over dim
- * per pair, then hsum8 (eight pairs at a time through hsum8x8); a pair's steps are the same whatever R and J
+ * per pair, then its horizontal sum (eight pairs at a time, hsum8x8); a pair's steps are the same whatever R and J
  * (more keys a row-head's load: 2, or 4 in AVX-512's registers; an 8-row job's dots 16% faster, Zen 4).
  * R up to 6, a job's row-heads split evenly (a 1-row pass of a 6-head group was 4 + 2, the 2 waiting on the
  * FMA latency): Zen 2, the 1.5B, scripts/attention_stream.py alternated twice, 1 row 194 -> 180 us a layer at
@@ -117,12 +118,7 @@ INLINE void attend_dots(const int R, const int J, const float *q, int64_t dim, c
             for (int j = 0; j < J; j++) a[r][j] = _mm256_fmadd_ps(x, k[j], a[r][j]);
         }
     }
-    if (R * J < 4) {
-        for (int r = 0; r < R; r++)
-            for (int j = 0; j < J; j++) s[r * spad + j] = hsum8(a[r][j]);
-        return;
-    }
-    for (int p0 = 0; p0 < R * J; p0 += 8) {  /* the pairs eight at a time, row-head after row-head */
+    for (int p0 = 0; p0 < R * J; p0 += 8) {  /* the pairs eight at a time, row-head after row-head (fewer: zeros) */
         __m256 v[8];
         for (int k = 0; k < 8; k++) v[k] = p0 + k < R * J ? a[(p0 + k) / J][(p0 + k) % J] : _mm256_setzero_ps();
         float t[8];
