@@ -40,20 +40,6 @@ INLINE int bx16_layout(int fmt) { return (fmt >= FMT_Q80X16 && fmt <= FMT_Q41X16
 INLINE int x16_layout(int fmt) { return kx16_layout(fmt) || bx16_layout(fmt); }
 INLINE int bx16_narrow(int fmt) { return fmt == FMT_Q51X16 ? FMT_Q51X8 : fmt - FMT_Q80X16 + FMT_Q80X8; }  /* Q80X16 -> Q80X8 */
 
-/* value e (0..255) of row i of a super-block, unsigned (Q6_K: before its -32) */
-INLINE int x16_nibble(const uint8_t *qs, int i, int e) {  /* qs: a super-block's nibbles (Q4KX16's at 320) */
-    const int j = e / 32, l = e % 32;
-    const uint8_t byte = qs[512 * (j / 2) + 64 * (l / 4) + 4 * i + l % 4];
-    return (j & 1) ? byte >> 4 : byte & 15;
-}
-
-INLINE int q4x16_value(const uint8_t *blk, int i, int e) { return x16_nibble(blk + 320, i, e); }
-
-INLINE int q5x16_value(const uint8_t *blk, int i, int e) {
-    const int j = e / 32, l = e % 32;
-    return x16_nibble(blk + q45_nibbles(X16, 1), i, e) | (((blk[320 + 64 * (l / 4) + 4 * i + l % 4] >> j) & 1) << 4);
-}
-
 INLINE int q6x16_value(const uint8_t *blk, int i, int e) {
     const int c = e / 32, l = e % 32, cc = c % 4;
     const uint8_t *base = blk + 288 + 1536 * (c / 4) + 192 * (l / 4) + 4 * i + l % 4;
@@ -70,8 +56,7 @@ static void kgroup_dequantize(int G, int fmt, const uint8_t *grp, int i, int64_t
             const uint8_t *blk = grp + (int64_t)q45_bytes(G, five) * b;
             const float d = f16_to_f32(blk + 2 * i), dmin = f16_to_f32(blk + 2 * G + 2 * i);
             for (int e = 0; e < QK; e++) {
-                const int j = e / 32, u = G == X8 ? (five ? q5x8_value(blk, i, e) : q4x8_value(blk, i, e))
-                                                  : (five ? q5x16_value(blk, i, e) : q4x16_value(blk, i, e));
+                const int j = e / 32, u = q45_value(G, five, blk, i, e);
                 o[QK * b + e] = (d * (float)blk[4 * G + G * j + i]) * (float)u - dmin * (float)blk[12 * G + G * j + i];
             }
         } else {
@@ -440,7 +425,7 @@ static void tiles_x16(int fmt, int R, const uint8_t *grp, int64_t k, const int8_
                 for (int j = 0; j < 8; j++) {
                     int32_t dot = 0;
                     for (int l = 0; l < 32; l++)
-                        dot += (five ? q5x16_value(blk, i, 32 * j + l) : q4x16_value(blk, i, 32 * j + l)) * x[32 * j + l];
+                        dot += q45_value(X16, five, blk, i, 32 * j + l) * x[32 * j + l];
                     sumi += blk[64 + 16 * j + i] * dot;
                     msum += blk[192 + 16 * j + i] * (sums[2 * j] + sums[2 * j + 1]);
                 }

@@ -92,26 +92,22 @@ static inline void bgroup_product(int G, int fmt, int R, const uint8_t *grp, int
         }
 }
 
-/* value e (0..255) of row i of a super-block of a group, unsigned (Q6_K: before its -32) */
-INLINE int x8_nibble(const uint8_t *qs, int i, int e) {  /* qs: a super-block's nibbles (Q4KX8's at 160) */
-    const int j = e / 32, l = e % 32;
-    const uint8_t byte = qs[256 * (j / 2) + 32 * (l / 4) + 4 * i + l % 4];
-    return (j & 1) ? byte >> 4 : byte & 15;
-}
-
 /* a Q4_K super-block of a group of G = 8 or 16 rows (five: Q5_K's, its qh between the mins, at 20 G, and the
  * nibbles): its bytes, and where its nibbles start */
 INLINE int q45_bytes(int G, int five) { return G * (five ? 180 : 148); }
 INLINE int q45_nibbles(int G, int five) { return G * (five ? 52 : 20); }
 
-INLINE int q4x8_value(const uint8_t *blk, int i, int e) { return x8_nibble(blk + 160, i, e); }
-
-/* Q5KX8: Q4KX8's fields, the qh bytes a step at a time at [160, 416) (bit j: sub-block j's fifth bit), the nibbles */
-INLINE int q5x8_value(const uint8_t *blk, int i, int e) {
-    const int j = e / 32, l = e % 32;
-    return x8_nibble(blk + q45_nibbles(X8, 1), i, e) | (((blk[160 + 32 * (l / 4) + 4 * i + l % 4] >> j) & 1) << 4);
+/* value e (0..255) of row i of such a super-block, unsigned: its nibble (a step's 4 G bytes hold 4 values of each
+ * row, sub-blocks 2p and 2p + 1 in the low and high halves) and, for Q5_K, its fifth bit (qh, a step at a time at
+ * [20 G, 52 G): bit j is sub-block j's) */
+INLINE int q45_value(int G, int five, const uint8_t *blk, int i, int e) {
+    const int j = e / 32, l = e % 32, at = 4 * G * (l / 4) + 4 * i + l % 4;
+    const uint8_t byte = blk[q45_nibbles(G, five) + 32 * G * (j / 2) + at];
+    const int nibble = (j & 1) ? byte >> 4 : byte & 15;
+    return five ? nibble | (((blk[20 * G + at] >> j) & 1) << 4) : nibble;
 }
 
+/* value e (0..255) of row i of a Q6KX8 super-block, unsigned (before its -32); q6x16_value the Q6KX16 one */
 INLINE int q6x8_value(const uint8_t *blk, int i, int e) {
     const int c = e / 32, l = e % 32, cc = c % 4;
     const uint8_t *base = blk + 144 + 768 * (c / 4) + 96 * (l / 4) + 4 * i + l % 4;
@@ -652,7 +648,7 @@ INLINE void x8_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k, 
                 for (int j = 0; j < 8; j++) {
                     int32_t dot = 0;
                     for (int l = 0; l < 32; l++)
-                        dot += (FIVE ? q5x8_value(blk, i, 32 * j + l) : q4x8_value(blk, i, 32 * j + l)) * x[32 * j + l];
+                        dot += q45_value(X8, FIVE, blk, i, 32 * j + l) * x[32 * j + l];
                     sumi += blk[32 + 8 * j + i] * dot;
                     msum += blk[96 + 8 * j + i] * (sums[2 * j] + sums[2 * j + 1]);
                 }
