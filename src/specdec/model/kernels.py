@@ -30,7 +30,7 @@ from numba.extending import overload
 
 from specdec.errors import ModelLoadError
 from specdec.model.clib import cpu_has_amx, load_qkernels, numba_cache_dir
-from specdec.model.quant import K_LAYOUTS
+from specdec.model.layouts import K_LAYOUTS
 from specdec.model.weight_names import GATE_UP_BLOCK, gate_up_block
 
 if not numba.config.CACHE_DIR:  # unless the user chose one (NUMBA_CACHE_DIR): one folder per C build
