@@ -9,8 +9,8 @@
  * 355 -> 135 us (Zen 4, one thread); 99 -> 83 us with 4 keys and the sums eight at a time (AVX2 build 115 -> 93).
  *
  * Bits: every (row-head, key) score is the same fused steps in the same order whatever the number of
- * rows in the pass, where the row-head sits in its group of 4 or the key in its pair; a weight is
- * elementwise; the weights' sum and the weighted values run over the keys the row sees, one after another
+ * rows in the pass, where the row-head sits among the R or the key among the J (hsum8x8 sums a lane's own);
+ * a weight is elementwise; the weights' sum and the weighted values run over the keys the row sees, one after another
  * in key order, so where those keys sit in the cache (a tree's branches) changes nothing. A verify row's
  * attention thus equals decoding it alone (tests/test_runner.py pins it).
  */
@@ -83,8 +83,9 @@ INLINE __m256 cache8(const void *row, int kind, int64_t d) {
 INLINE __m256 hsum8x8(const __m256 v[8]) {
     __m256 h[4];  /* h[k]: v[k]'s four halves' sums, then v[k + 4]'s */
     for (int k = 0; k < 4; k++)
-        h[k] = _mm256_add_ps(_mm256_permute2f128_ps(v[k], v[k + 4], 0x20), _mm256_permute2f128_ps(v[k], v[k + 4], 0x31));
-    __m256 u[2];  /* u[k]: (x0 + x4) + (x2 + x6) and (x1 + x5) + (x3 + x7) of v[2k], v[2k + 1], then v[2k + 4], v[2k + 5] */
+        h[k] = _mm256_add_ps(_mm256_permute2f128_ps(v[k], v[k + 4], 0x20),
+                             _mm256_permute2f128_ps(v[k], v[k + 4], 0x31));
+    __m256 u[2];  /* u[k]: (x0 + x4) + (x2 + x6), (x1 + x5) + (x3 + x7) of v[2k], v[2k + 1], v[2k + 4], v[2k + 5] */
     for (int k = 0; k < 2; k++) {
         const __m256d a = _mm256_castps_pd(h[2 * k]), b = _mm256_castps_pd(h[2 * k + 1]);
         u[k] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)), _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
@@ -191,9 +192,9 @@ INLINE void attend_values(const int NV, const int R, const int KIND, const float
  * ahead of use: a pass meets each layer's cache once, out of memory, and the hardware prefetcher alone kept too few
  * lines in flight (Zen 4, 1.5B, 2,000 keys: 270-278 -> 248 us a layer; 8 rows 1007-1023 -> 980 us). The keys go a
  * block ahead, and the values (a job's 512 keys: 128 KB) while the dots run, so the value sweep after them finds
- * them in L2. Into L2 (T1), not L1, and the values with the keys: a job out of memory (scripts/attention_ab.py, 256
- * caches in turn, Zen 4, one thread), 1 / 2 / 8 rows x 512 keys 34.1 / 57.0 / 166.8 -> 23.9 / 42.6 / 146.7 us; 300
- * keys 20.9 / 33.0 / 96.5 -> 15.3 / 25.1 / 87.4; in cache within 1-5% */
+ * them in L2. Against the keys alone a block ahead into L1, a job out of memory (scripts/attention_ab.py, 256
+ * caches in turn, Zen 4, one thread): 1 / 2 / 8 rows x 512 keys 34.1 / 57.0 / 166.8 -> 23.9 / 42.6 / 146.7 us;
+ * 300 keys 20.9 / 33.0 / 96.5 -> 15.3 / 25.1 / 87.4; in cache within 1-5% */
 #if defined(SD_AVX2)
 INLINE void prefetch_rows(const char *p, int64_t bytes, int64_t rows_left, int64_t stride) {
     if (rows_left <= 0) return;
@@ -228,7 +229,8 @@ void sd_attend(const float *q, int64_t n, int64_t group, int64_t dim, const void
                 const void *key = (const char *)keys + (size_t)(j * kstride);
                 if (i0 == 0) {  /* the next block's keys, and these keys' values for the sweep after the dots */
                     prefetch_rows((const char *)key + kb * kstride, DOT_KEYS * kstride, n_keys - j - kb, kstride);
-                    prefetch_rows((const char *)values + (size_t)(j * kstride), DOT_KEYS * kstride, n_keys - j, kstride);
+                    prefetch_rows((const char *)values + (size_t)(j * kstride), DOT_KEYS * kstride, n_keys - j,
+                                  kstride);
                 }
                 switch (j1 - j < DOT_KEYS ? j1 - j : DOT_KEYS) {
                 case 4: { enum { J = DOT_KEYS > 2 ? 4 : 1 }; DOTS_SWITCH } break;
@@ -246,7 +248,8 @@ void sd_attend(const float *q, int64_t n, int64_t group, int64_t dim, const void
             int64_t j = 0;
             for (; j + 8 <= n_keys; j += 8) {
                 const __m128i m = _mm_loadl_epi64((const __m128i *)(seen + j));
-                const __m256 on = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(m), _mm256_setzero_si256()));
+                const __m256i seen8 = _mm256_cvtepu8_epi32(m);
+                const __m256 on = _mm256_castsi256_ps(_mm256_cmpgt_epi32(seen8, _mm256_setzero_si256()));
                 const __m256 x = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_loadu_ps(s + j), vsc), on);
                 _mm256_storeu_ps(s + j, x);
                 most8 = _mm256_max_ps(x, most8);  /* a NaN score is passed over, as below */
