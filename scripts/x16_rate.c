@@ -67,10 +67,9 @@ int main(int argc, char **argv) {
     }
     const int fmt = types[ti].fmt, kq = kx16_layout(fmt);
     const int64_t k = 1536, nsb = k / (kq ? QK : 32);
-    const int64_t sb = fmt == FMT_Q6KX16   ? Q6KX16_BYTES
-                     : fmt == FMT_Q5KX16 ? q45_bytes(X16, 1)
-                     : fmt == FMT_Q4KX16 ? Q4KX16_BYTES
-                                         : bx_bytes(X16, bx16_narrow(fmt));
+    const int64_t sb = fmt == FMT_Q6KX16                        ? Q6KX16_BYTES
+                     : fmt == FMT_Q4KX16 || fmt == FMT_Q5KX16 ? q45_bytes(X16, fmt == FMT_Q5KX16)
+                                                              : bx_bytes(X16, bx16_narrow(fmt));
     const size_t gbytes = (size_t)sb * nsb;
     /* on 2 MB pages, as a loaded model's weights are (numpy asks for transparent huge pages: a loaded 1.5B holds
      * 1.1 GB of AnonHugePages); on 4 KB pages, streamed 8-row Q6_K read 100-105 GMAC/s against 123-128 */

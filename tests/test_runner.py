@@ -100,7 +100,7 @@ def test_attention_is_softmax_attention_over_the_keys_a_row_sees_wherever_they_s
     2 KV heads, rows that see different keys; then one row's keys moved to other cache entries, in the same
     order (a tree node's path): the same bits, since the sums run over the keys seen, one after another. The
     lengths put keys in every place of sd_attend's key groups (4 keys a load on AVX-512, 2 on AVX2, a short group
-    last) and the moved row's last key alone in its group, where its score's sum is hsum8's, not hsum8x8's."""
+    last) and the moved row's last key alone in its group (its score summed in a call of its own)."""
     rng = np.random.default_rng(3)
     n_heads, n_kv, length, scale = 4, 2, 39, 0.3
     k, v = (rng.standard_normal((1, n_kv, 64, dim)).astype(np.float32) for _ in range(2))

@@ -197,7 +197,7 @@ _QSWEEP = 32  # a pass up to this wide (decode, verify, a batch's drafts) sweeps
 @njit(**_FLAGS)
 def _activation_forms(fmt):  # pragma: no cover - compiled
     """Which quantized activations sd_prepare must make for rows of these layouts: bit 0 the 32-value
-    blocks (U4M, U8M, I8, the 32-value interleaved), bit 1 q8_K (quant.K_LAYOUTS).
+    blocks (U4M, U8M, I8, the 32-value interleaved), bit 1 q8_K (layouts.K_LAYOUTS).
     Every product scans its fmt (152K rows for the LM head), so the loop has no branch and no early
     exit: it vectorizes, 20 us for those rows where a loop that stopped once both were seen took 170
     (a lookup table, 28 us; the comparisons with K_LAYOUTS unrolled, as fast as ranges of numbers)."""

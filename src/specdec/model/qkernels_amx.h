@@ -161,7 +161,7 @@ static void q6x8_pair_epilogue(const uint8_t *blk0, const uint8_t *blk1, const i
 static void amx_x8_pair(int fmt, const uint8_t *g0, const uint8_t *g1, int64_t k, const int8_t *xk, const float *dk,
                         const int16_t *bk, int64_t rows, float *out, int64_t os) {
     enum { SWEEP = AMX_ROWS * AMX_BLOCKS };
-    const int q4 = fmt == FMT_Q4KX8, group = q4 ? 32 : 16, bytes = q4 ? Q4KX8_BYTES : Q6KX8_BYTES;
+    const int q4 = fmt == FMT_Q4KX8, group = q4 ? 32 : 16, bytes = q4 ? q45_bytes(X8, 0) : Q6KX8_BYTES;
     const uint8_t *scales0 = q4 ? g0 + 32 : g0 + 16, *scales1 = q4 ? g1 + 32 : g1 + 16;  /* group g's at 8 g */
     const int64_t nsb = k / QK;
     uint8_t btile[8 * 64] __attribute__((aligned(64)));

@@ -33,12 +33,13 @@
  */
 enum { FMT_Q4KX16 = 13, FMT_Q6KX16 = 14, FMT_Q80X16 = 15, FMT_Q50X16 = 16, FMT_Q40X16 = 17, FMT_Q41X16 = 18,
        FMT_Q5KX16 = 20, FMT_Q51X16 = 22 };
-enum { X16 = 16, Q4KX16_BYTES = 16 * 148, Q6KX16_BYTES = 16 * 210 };
+enum { X16 = 16, Q6KX16_BYTES = 16 * 210 };
 
 INLINE int kx16_layout(int fmt) { return fmt == FMT_Q4KX16 || fmt == FMT_Q5KX16 || fmt == FMT_Q6KX16; }
 INLINE int bx16_layout(int fmt) { return (fmt >= FMT_Q80X16 && fmt <= FMT_Q41X16) || fmt == FMT_Q51X16; }
 INLINE int x16_layout(int fmt) { return kx16_layout(fmt) || bx16_layout(fmt); }
-INLINE int bx16_narrow(int fmt) { return fmt == FMT_Q51X16 ? FMT_Q51X8 : fmt - FMT_Q80X16 + FMT_Q80X8; }  /* Q80X16 -> Q80X8 */
+/* a 32-value 16-row layout's 8-row twin: Q80X16 -> Q80X8, ... */
+INLINE int bx16_narrow(int fmt) { return fmt == FMT_Q51X16 ? FMT_Q51X8 : fmt - FMT_Q80X16 + FMT_Q80X8; }
 
 INLINE int q6x16_value(const uint8_t *blk, int i, int e) {
     const int c = e / 32, l = e % 32, cc = c % 4;

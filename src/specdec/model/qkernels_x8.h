@@ -42,7 +42,7 @@
  */
 enum { FMT_Q4KX8 = 7, FMT_Q6KX8 = 8, FMT_Q80X8 = 9, FMT_Q50X8 = 10, FMT_Q40X8 = 11, FMT_Q41X8 = 12, FMT_Q5KX8 = 19,
        FMT_Q51X8 = 21 };
-enum { X8 = 8, Q4KX8_BYTES = 8 * 148, Q6KX8_BYTES = 8 * 210 };
+enum { X8 = 8, Q6KX8_BYTES = 8 * 210 };
 
 INLINE int kx8_layout(int fmt) { return fmt == FMT_Q4KX8 || fmt == FMT_Q5KX8 || fmt == FMT_Q6KX8; }  /* super-blocks */
 INLINE int bx8_layout(int fmt) { return (fmt >= FMT_Q80X8 && fmt <= FMT_Q41X8) || fmt == FMT_Q51X8; }  /* 32-value */
@@ -822,9 +822,9 @@ INLINE void x8_streams_of(const int fmt, const int R, const uint8_t *q0, int64_t
     /* a span's units: Q4_K / Q5_K super-blocks (1184 / 1440 bytes), Q6_K half super-blocks (840), 32-value blocks
      * (144-272) */
     const int64_t nb = fmt == FMT_Q4KX8 || fmt == FMT_Q5KX8 ? k / QK : fmt == FMT_Q6KX8 ? 2 * (k / QK) : k / 32;
-    const int unit = fmt == FMT_Q4KX8   ? Q4KX8_BYTES
-                   : fmt == FMT_Q5KX8   ? q45_bytes(X8, 1)
-                   : fmt == FMT_Q6KX8 ? Q6KX8_BYTES / 2 : bx8_bytes(fmt);
+    const int unit = fmt == FMT_Q4KX8 || fmt == FMT_Q5KX8 ? q45_bytes(X8, fmt == FMT_Q5KX8)
+                   : fmt == FMT_Q6KX8                     ? Q6KX8_BYTES / 2
+                                                          : bx8_bytes(fmt);
     const int64_t turn = (STREAM_TURN + unit / 2) / unit;  /* the whole units nearest STREAM_TURN bytes */
     __m256 carry[STREAMS][2];  /* a span's sums left for the next: Q6_K's int32, the 32-value layouts' min sums */
     int64_t first[STREAMS + 1];
