@@ -88,7 +88,7 @@ static void kgroup_dequantize(int G, int fmt, const uint8_t *grp, int i, int64_t
  * super-block's lines a sub-block or two before it reads them instead (X16_PF_AHEAD1 = 0, AMD): 2 KB ahead kept
  * the 1.5B's 1-token pass at 28.4 ms where 0 made it 24.3 (34.4 -> 33.6 ms at the VM's slower memory
  * speed; no prefetch 27.0-31.9), while 8-row passes need the 2 KB (0: 64.5 -> 80.7 ms); alternated in one
- * process, Zen 4. 2-row tiles too: both cores streaming 2 x 4000 groups (scripts/x16_rate.c, alternated four times),
+ * process, Zen 4. 2-row tiles too: both cores streaming 2 x 4000 groups (scripts/tile_rate.c, alternated four times),
  * Q4_K 146-166 -> 176-220 GMAC/s, Q6_K 101-121 -> 117-157, Q8_0 / Q4_1 / Q5_0 83 / 167 / 160 -> 93 / 210-217 /
  * 166-172; 3-4 rows not (Q6_K 10% slower, Q4_K even) */
 #ifndef X16_PF_AHEAD
@@ -115,7 +115,7 @@ INLINE __m512i x16_bcast(const int8_t *p) {  /* 4 activation bytes to every lane
 /* acc + w . p's 4 bytes in every lane (vpdpbusd), and acc + w . p's two int16 in every lane (vpdpwssd), for a tile
  * of R activation rows. From X16_EMB_ROWS rows the activations go as an embedded broadcast operand ({1to16}): GCC
  * 12 loaded 90% of the intrinsics' set1 broadcasts into a register of their own, a vpbroadcastd beside each
- * product and a register fewer for the 8-row tiles' sums. Zen 4, one core (scripts/x16_rate.c, alternated
+ * product and a register fewer for the 8-row tiles' sums. Zen 4, one core (scripts/tile_rate.c, alternated
  * twice; Q6_K's offset then a vpdpwssd a scale group pair): 8 rows in L1 Q6_K 125 -> 152 GMAC/s, Q4_K 171 -> 176,
  * streamed from memory (4000 groups on 4 KB pages) 96 -> 110 and 150 -> 165; but 2 and 4 rows streamed ran
  * slower with it (Q6_K 42 -> 39 and 85 -> 71), so narrower tiles keep the register broadcast. Whole passes of
@@ -241,7 +241,7 @@ INLINE void x16_q45k(const int R, const int FIVE, const uint8_t *grp, int64_t k,
         /* the min term, sum_j min_j x sub-block j's sum: sub-blocks 2 jp and 2 jp + 1 in one vpdpwssd (their mins
          * as a lane's int16 halves against bw's word of their two 32-value sums), where a vpdpwssd a sub-block took
          * its two 16-value sums (bk): the same integers, half the products on the vpdpbusd pipe. Zen 4, one core,
-         * L1 (scripts/x16_rate.c): 2 / 4 / 8 rows 158 / 171 / 176 -> 168 / 177 / 184 GMAC/s, 1 row unchanged. The
+         * L1 (scripts/tile_rate.c): 2 / 4 / 8 rows 158 / 171 / 176 -> 168 / 177 / 184 GMAC/s, 1 row unchanged. The
          * 1.5B's products, 28 layers each, old and new tiles alternated in one process: 8 rows wqkv, wo, gate/up
          * 1.06, 1.05, 1.03x faster (down, half Q4_K, 1.03), 1 row wqkv and wo 1.07 and 1.15, gate/up and down
          * 1.00; whole passes 1.00-1.03 (1-16 tokens) */
@@ -279,7 +279,7 @@ INLINE void x16_q6k(const int R, const uint8_t *grp, int64_t k, const int8_t *xk
         /* values are q - 32: a scale group's sums start at -32 x its 16 activations' sum (bk), so its scale's vpmulld
          * takes 32 x scale_g x bk_g back too (sums mod 2^32: the same bits as q6x8_epilogue's subtraction). Where a
          * vpdpwssd a group pair did it after the quads (its scales widened to int16 pairs, ~9 operations a pair): Zen 4,
-         * one core, L1 (scripts/x16_rate.c) 1 / 2 / 4 / 8 rows 65.0 / 100.1 / 132.7 / 151.8 -> 75.3 / 109.0 / 141.0 /
+         * one core, L1 (scripts/tile_rate.c) 1 / 2 / 4 / 8 rows 65.0 / 100.1 / 132.7 / 151.8 -> 75.3 / 109.0 / 141.0 /
          * 158.9 GMAC/s */
         int32_t off[X16ROWS][16] __attribute__((aligned(64)));
         for (int r = 0; r < R; r++)

@@ -240,7 +240,7 @@ INLINE __m256 q4x8_epilogue(const uint8_t *blk, __m256i sumi, __m256i msum, floa
 #if defined(SD_AVX512) && defined(__AVX512VL__)
 /* w with 16 added to every byte where h's byte has the bit set in mask's (a fifth bit: Q5_K's qh, Q5_0's and
  * Q5_1's H; any bit, no shifts; qkernels_x16.h's tiles too). In the 16-row 32-value tile, against a shift and a
- * vpternlogd a step: Zen 4, one core, L1 (scripts/x16_rate.c, three runs) Q5_0 1 row 70-71 -> 76 GMAC/s, 2 rows
+ * vpternlogd a step: Zen 4, one core, L1 (scripts/tile_rate.c, three runs) Q5_0 1 row 70-71 -> 76 GMAC/s, 2 rows
  * 114-118 -> 113-114, 8 rows even */
 INLINE __m512i fifth_zmm(__m512i w, __m512i h, __m512i mask) {
     return _mm512_mask_add_epi8(w, _mm512_test_epi8_mask(h, mask), w, _mm512_set1_epi8(0x10));
