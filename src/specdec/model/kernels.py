@@ -186,6 +186,15 @@ _UNIT = 16
 # 135M's 1-token pass 6.1-6.3 -> 5.5-5.8 ms, the 0.5B's 14.8-15.5 -> 13.8-14.5; the 1.5B's the same.
 _QCHUNKS = 16
 _CHUNK_BYTES = 131072
+# A product of up to this many activation rows (a decode step, a verify of up to 3 drafts) is bound by reading its
+# weights, and each thread takes its run in halving spans from the start (no cap): its reads run as few long sequences.
+# The AVX2 streaming reader (qkernels_x8.h's x8_streams) splits a span into 4 runs, so capped spans of 16-20 groups
+# (the 1.5B's q/k/v and output matrices) left runs of 4-5 groups, 17-19 GB/s a core against 29-34 for whole runs
+# (scripts/tile_rate.c, both cores streaming Q4_K at 1 row, Zen 4). Whole passes of the 1.5B, capped and uncapped
+# alternated in one process (16-20 rounds, medians of the ratios): AVX2 build 1 / 2 tokens 0.962-0.992 (eight runs) /
+# 0.957-0.969, AVX-512 0.974-0.998 / 0.980-0.993, 4 tokens 0.985-0.988; 8 tokens 1.006 (twice), where a span's
+# gated outputs and the head's part leave L1/L2 without the cap.
+_LONG_SPAN_ROWS = 4
 # activation rows per sweep over the weights in a long pass (a prompt's hundreds of rows): AMX tiles
 # share each unpacked weight block among 64 rows (Qwen2.5-Coder-1.5B prefill of 512 tokens 5.47 ->
 # 4.80 s on Sapphire Rapids against 16); elsewhere 16 rows keep the activations in a small L2
@@ -234,8 +243,7 @@ def qmatmul(q, s, m, fmt, x, out, gated=None):  # pragma: no cover - compiled
     threads = _sd_threads()
     unit = _UNIT if gated is None else 2 * GATE_UP_BLOCK
     units = (n_out + unit - 1) // unit
-    chunks = max(threads, min(_QCHUNKS, q.size // _CHUNK_BYTES))
-    most = (units + chunks - 1) // chunks
+    most = _span_cap(rows, units, max(threads, min(_QCHUNKS, q.size // _CHUNK_BYTES)))
     need = _activation_forms(fmt)
     for r0 in range(0, rows, block):
         n_rows = min(block, rows - r0)
@@ -328,6 +336,13 @@ def _prepare(x, r0, n_rows, act, at, need):  # pragma: no cover - compiled
 
 
 @njit(**_FLAGS)
+def _span_cap(rows, units, chunks):  # pragma: no cover - compiled
+    """The most units sd_span hands a thread at once for a product of ``rows`` activation rows: all of them up to
+    _LONG_SPAN_ROWS rows (its run in halving spans), else a ``chunks``-th."""
+    return units if rows <= _LONG_SPAN_ROWS else (units + chunks - 1) // chunks
+
+
+@njit(**_FLAGS)
 def _span_rows(span, unit, n_out):  # pragma: no cover - compiled
     """The weight rows n0:n1 of an sd_span span of ``unit``-row units."""
     return (span >> 32) * unit, min(n_out, (span & 0xFFFFFFFF) * unit)
@@ -342,19 +357,22 @@ def _qchunk(q, s, m, fmt, act, n_rows, out_ptr, out_stride, n0, n1):  # pragma: 
                 bk.ctypes.data, bw.ctypes.data, n_rows, out_ptr, out_stride, n0, n1)
 
 
-_HEAD_CHUNKS = 128  # an LM head's spans in ``qmatmul_argmax``: at most 1,200 of 151,936 rows, [8, 1200] floats in L1/L2
+# an LM head's spans in ``qmatmul_argmax`` past _LONG_SPAN_ROWS rows: at most 1,200 of 151,936 rows, [8, 1200]
+# floats in L1/L2
+_HEAD_CHUNKS = 128
 
 
 @njit(parallel=True, **_FLAGS)
 def qmatmul_argmax(q, s, m, fmt, x, best):  # pragma: no cover - compiled
     """best[M] = each row's argmax of x[M, K] @ W.T (``qmatmul``'s product, the same bits) without writing
-    the [M, N] product: each span's [M, <= 1200] part passes through a small buffer and leaves its row
-    maxima, combined in column order. Ties go to the lower column, as torch.argmax (for finite logits)."""
+    the [M, N] product: each span's part ([M, <= 1200] past _LONG_SPAN_ROWS rows) passes through a buffer of its
+    own and leaves its row maxima, combined in column order. Ties go to the lower column, as torch.argmax (for
+    finite logits)."""
     rows, k = x.shape
     n_out = q.shape[0]
     act = _activations(rows, k)
     units = (n_out + _UNIT - 1) // _UNIT
-    most = (units + _HEAD_CHUNKS - 1) // _HEAD_CHUNKS
+    most = _span_cap(rows, units, _HEAD_CHUNKS)
     top = np.empty((units, rows), dtype=np.float32)  # a span's maxima at its first unit
     at = np.empty((units, rows), dtype=np.int64)
     starts = np.zeros(units, dtype=np.bool_)
