@@ -247,7 +247,7 @@ rng, out = np.random.default_rng(9), []
 # the 16-row layouts too (AVX-512's; every other build multiplies them in portable C)
 types = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1, T.Q5_1)
 for qtype, wide in [(t, w) for t in types for w in (False, True)]:
-    # 512 rows: 32-row chunks of 4 groups, which 1-2 row passes read as runs (AVX2's x8_streams)
+    # 512 rows: a thread's 256 in spans of 16, 8, 4, 2 groups, which 1-2 row passes read as runs (AVX2's x8_streams)
     qm = QuantMatrix.from_blocks(_random_blocks(qtype, 512, 1024, rng), qtype, 1024).interleaved(wide=wide)
     assert qm.fmt[0] >= 7, (qtype, qm.fmt[0])  # interleaved
     x = rng.standard_normal((17, 1024)).astype(np.float32)

@@ -176,6 +176,7 @@ _sd_claim = types.ExternalFunction("sd_claim", types.int64(_i))
 _sd_finish = types.ExternalFunction("sd_finish", types.void(_i))
 _sd_await = types.ExternalFunction("sd_await", types.void(_i, types.int64))
 _sd_gated = types.ExternalFunction("sd_gated", types.void(*([_i] * 6)))
+_sd_stream_rows = types.ExternalFunction("sd_stream_rows", types.int64())
 _sd_first_max = types.ExternalFunction("sd_first_max", types.int64(_i, _i))
 # a product's unit of work: 16 weight rows, so interleaved groups stay whole and AMX pairs them
 _UNIT = 16
@@ -186,15 +187,6 @@ _UNIT = 16
 # 135M's 1-token pass 6.1-6.3 -> 5.5-5.8 ms, the 0.5B's 14.8-15.5 -> 13.8-14.5; the 1.5B's the same.
 _QCHUNKS = 16
 _CHUNK_BYTES = 131072
-# A product of up to this many activation rows (a decode step, a verify of up to 3 drafts) is bound by reading its
-# weights, and each thread takes its run in halving spans from the start (no cap): its reads run as few long sequences.
-# The AVX2 streaming reader (qkernels_x8.h's x8_streams) splits a span into 4 runs, so capped spans of 16-20 groups
-# (the 1.5B's q/k/v and output matrices) left runs of 4-5 groups, 17-19 GB/s a core against 29-34 for whole runs
-# (scripts/tile_rate.c, both cores streaming Q4_K at 1 row, Zen 4). Whole passes of the 1.5B, capped and uncapped
-# alternated in one process (16-20 rounds, medians of the ratios): AVX2 build 1 / 2 tokens 0.962-0.992 (eight runs) /
-# 0.957-0.969, AVX-512 0.974-0.998 / 0.980-0.993, 4 tokens 0.985-0.988; 8 tokens 1.006 (twice), where a span's
-# gated outputs and the head's part leave L1/L2 without the cap.
-_LONG_SPAN_ROWS = 4
 # activation rows per sweep over the weights in a long pass (a prompt's hundreds of rows): AMX tiles
 # share each unpacked weight block among 64 rows (Qwen2.5-Coder-1.5B prefill of 512 tokens 5.47 ->
 # 4.80 s on Sapphire Rapids against 16); elsewhere 16 rows keep the activations in a small L2
@@ -337,9 +329,15 @@ def _prepare(x, r0, n_rows, act, at, need):  # pragma: no cover - compiled
 
 @njit(**_FLAGS)
 def _span_cap(rows, units, chunks):  # pragma: no cover - compiled
-    """The most units sd_span hands a thread at once for a product of ``rows`` activation rows: all of them up to
-    _LONG_SPAN_ROWS rows (its run in halving spans), else a ``chunks``-th."""
-    return units if rows <= _LONG_SPAN_ROWS else (units + chunks - 1) // chunks
+    """The most units sd_span hands a thread at once for a product of ``rows`` activation rows: a ``chunks``-th, or
+    all of them (its run in halving spans) where the build reads such a product with qkernels_x8.h's x8_streams
+    (AVX2 without VNNI, 1-2 rows: sd_stream_rows). x8_streams reads a span as 4 runs in turn, and the capped spans of
+    the 1.5B's q/k/v and output matrices (16 and 20 groups) left runs of 4-5 groups, too short for the hardware
+    prefetcher: 17-19 GB/s a core against 29-34 for whole runs (scripts/tile_rate.c, both cores, Q4_K at 1 row, Zen 4).
+    Whole passes of the 1.5B on the AVX2 build, capped / uncapped alternated in one process (the order swapped every
+    round, 24 rounds): 1 and 2 tokens 1.034-1.043 and 1.032-1.033. On the AVX-512 build, which reads a group at a
+    time, the same measure read 0.996-1.018 at 1, 2 and 4 tokens (the 0.5B's 1-token pass 0.996-1.001): left capped."""
+    return units if rows <= _sd_stream_rows() else (units + chunks - 1) // chunks
 
 
 @njit(**_FLAGS)
@@ -357,16 +355,16 @@ def _qchunk(q, s, m, fmt, act, n_rows, out_ptr, out_stride, n0, n1):  # pragma: 
                 bk.ctypes.data, bw.ctypes.data, n_rows, out_ptr, out_stride, n0, n1)
 
 
-# an LM head's spans in ``qmatmul_argmax`` past _LONG_SPAN_ROWS rows: at most 1,200 of 151,936 rows, [8, 1200]
-# floats in L1/L2
+# an LM head's spans in ``qmatmul_argmax`` (capped: _span_cap): at most 1,200 of 151,936 rows, [8, 1200] floats in
+# L1/L2
 _HEAD_CHUNKS = 128
 
 
 @njit(parallel=True, **_FLAGS)
 def qmatmul_argmax(q, s, m, fmt, x, best):  # pragma: no cover - compiled
     """best[M] = each row's argmax of x[M, K] @ W.T (``qmatmul``'s product, the same bits) without writing
-    the [M, N] product: each span's part ([M, <= 1200] past _LONG_SPAN_ROWS rows) passes through a buffer of its
-    own and leaves its row maxima, combined in column order. Ties go to the lower column, as torch.argmax (for
+    the [M, N] product: each span's part ([M, <= 1200] where capped) passes through a buffer of its own and leaves
+    its row maxima, combined in column order. Ties go to the lower column, as torch.argmax (for
     finite logits)."""
     rows, k = x.shape
     n_out = q.shape[0]

@@ -863,6 +863,16 @@ static int64_t sd_thread_count = 1;
 void sd_set_threads(int64_t n) { sd_thread_count = n > 0 ? n : 1; }
 int64_t sd_threads(void) { return sd_thread_count; }
 
+/* The activation rows up to which this build's products read K-quant groups with x8_streams (0: it never does), whose
+   runs need long spans (kernels._span_cap) */
+int64_t sd_stream_rows(void) {
+#if defined(SD_AVX2) && !defined(SD_VNNI)
+    return STREAM_ROWS;
+#else
+    return 0;
+#endif
+}
+
 /* Work shared inside a region without a barrier (kernels.qmatmul's activation rows): each thread claims units
    from a counter (sd_claim), counts each one it finishes (sd_finish), and waits until the count reaches the total
    (sd_await). A thread only waits for units some running thread has claimed, so a region whose iterations run
