@@ -377,6 +377,17 @@ def test_a_run_whose_memory_changed_speed_gets_a_table_for_each_speed():
     assert memory_phases([0.0175, 0.0295, 0.0296, 0.0297]) == [[0, 1, 2, 3]]  # one fast round is not a phase
 
 
+def test_alternated_calls_meet_every_predecessor():
+    """An A/B in one process times its calls in an order rotated every round, so no call always follows the same one
+    (whatever a call leaves behind meets every other alike); the first round is untimed."""
+    from specdec.bench.passes import alternated
+
+    order: list[str] = []
+    seconds = alternated({name: (lambda name=name: order.append(name)) for name in "abc"}, rounds=3)
+    assert order == list("abc" "bca" "cab" "abc")
+    assert set(seconds) == set("abc")
+
+
 def test_bench_passes_rejects_bad_widths(tiny_llama, capsys):
     assert main(["bench", "passes", "--model", str(tiny_llama), "--widths", "0,2"]) == 2
     assert "--widths" in capsys.readouterr().err

@@ -82,10 +82,14 @@ def floor_reader(num_bytes: int, device: torch.device) -> FloorReader:
 
 def alternated(calls: Mapping[K, Callable[[], object]], rounds: int) -> dict[K, float]:
     """Median seconds of each call over ``rounds`` rounds, the calls alternated within every round (the machine's
-    drift meets them alike), after one untimed round (the first calls compile and fault pages in)."""
+    drift meets them alike) in an order rotated round by round (no call always follows the same one: what a call
+    leaves in the caches or the memory's state then meets every other alike), after one untimed round (the first
+    calls compile and fault pages in)."""
     times: dict[K, list[float]] = {name: [] for name in calls}
+    names = list(calls)
     for r in range(rounds + 1):
-        for name, call in calls.items():
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            call = calls[name]
             t0 = time.perf_counter()
             call()
             if r:
@@ -124,12 +128,12 @@ def measure(
         if read_floor is not None:
             read_floor()
             times[0] = []
-        for _ in range(rounds):
+        for r in range(rounds):
             if read_floor is not None:
                 t0 = time.perf_counter()
                 read_floor()
                 times[0].append(time.perf_counter() - t0)
-            for w in widths:
+            for w in widths[r % len(widths):] + widths[: r % len(widths)]:  # rotated, as ``alternated``
                 sync()
                 t0 = time.perf_counter()
                 runner.run([SeqInput(slot, probe[:w])])
