@@ -44,7 +44,7 @@ static void peak(void) {  /* 12 independent chains: the pipe's throughput, not o
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s ROWS 4|5|6|40|41|50|80 [GROUPS] | peak\n", argv[0]);
+        fprintf(stderr, "usage: %s ROWS 4|5|6|40|41|50|80 [GROUPS [SPAN]] | peak\n", argv[0]);
         return 2;
     }
     if (argv[1][0] == 'p') {
