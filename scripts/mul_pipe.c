@@ -54,17 +54,17 @@ ASM_ROUNDS(both, INT4 FMA10)
                  STEP(5, 9, "%%ymm8") STEP(6, 10, "%%ymm8") STEP(7, 12, "%%ymm8") STEP(11, 13, "%%ymm8")
 #define ROWS_MEM STEP_MEM(1, 9, 14, 0) STEP_MEM(2, 10, 15, 4) STEP_MEM(3, 12, 14, 8) STEP_MEM(4, 13, 15, 12) \
                  STEP_MEM(5, 9, 14, 16) STEP_MEM(6, 10, 15, 20) STEP_MEM(7, 12, 14, 24) STEP_MEM(11, 13, 15, 28)
-#define ROW_ROUNDS(NAME, BODY)                                                                                \
+/* a function timing `reps` loops of BODY after INIT, with %1 pointing at mem; the rest: the registers it writes */
+#define MEM_ROUNDS(NAME, INIT, BODY, ...)                                                                     \
     static double NAME(long reps, const int32_t *mem) {                                                       \
         const double t0 = now();                                                                              \
-        __asm__ volatile("vpxor %%ymm0, %%ymm0, %%ymm0\n vpxor %%ymm8, %%ymm8, %%ymm8\n"                     \
-                         "1:\n" BODY "dec %0\n jnz 1b\n"                                                     \
-                         : "+r"(reps)                                                                         \
-                         : "r"(mem)                                                                           \
-                         : "memory", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",  \
-                           "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");                    \
+        __asm__ volatile(INIT "1:\n" BODY "dec %0\n jnz 1b\n" : "+r"(reps) : "r"(mem) : "memory", __VA_ARGS__); \
         return now() - t0;                                                                                    \
     }
+#define ROW_ROUNDS(NAME, BODY)                                                                                \
+    MEM_ROUNDS(NAME, "vpxor %%ymm0, %%ymm0, %%ymm0\n vpxor %%ymm8, %%ymm8, %%ymm8\n", BODY, "xmm0", "xmm1",     \
+               "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13",   \
+               "xmm14", "xmm15")
 ROW_ROUNDS(rows_reg, ROWS_REG)
 ROW_ROUNDS(rows_mem, ROWS_MEM)
 
@@ -84,16 +84,8 @@ ROW_ROUNDS(rows_mem, ROWS_MEM)
                 "vpdpbusd 24(%1)%{1to16%}, %%zmm17, %%zmm24\n vpdpbusd 28(%1)%{1to16%}, %%zmm17, %%zmm25\n"
 #define TWO(OP) OP " %%zmm16, %%zmm26, %%zmm26\n " OP " %%zmm16, %%zmm27, %%zmm27\n"
 #define ZMM_ROUNDS(NAME, BODY)                                                                                \
-    static double NAME(long reps, const int32_t *mem) {                                                       \
-        const double t0 = now();                                                                              \
-        __asm__ volatile("vpxord %%zmm16, %%zmm16, %%zmm16\n vpxord %%zmm17, %%zmm17, %%zmm17\n"             \
-                         "1:\n" BODY "dec %0\n jnz 1b\n"                                                     \
-                         : "+r"(reps)                                                                         \
-                         : "r"(mem)                                                                           \
-                         : "memory", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23",  \
-                           "xmm24", "xmm25", "xmm26", "xmm27");                                              \
-        return now() - t0;                                                                                    \
-    }
+    MEM_ROUNDS(NAME, "vpxord %%zmm16, %%zmm16, %%zmm16\n vpxord %%zmm17, %%zmm17, %%zmm17\n", BODY, "xmm16",     \
+               "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27")
 ZMM_ROUNDS(dp_alone, DP8)
 ZMM_ROUNDS(dp_mulld, DP8 TWO("vpmulld"))
 ZMM_ROUNDS(dp_sllvd, DP8 TWO("vpsllvd"))
