@@ -297,6 +297,8 @@ def test_mixed_layouts_in_one_matrix():
     assert np.array_equal(wide.dense(), fused.dense())
     dense = np.concatenate([quants.dequantize(b, t).reshape(-1, 256) for b, t in blocks])
     assert np.array_equal(fused.dense(), dense)
+    # each part at its own bytes a row, none padded to the widest (quant.segmented)
+    assert fused.arrays().q.size == fused.nbytes < fused.q.size
     x = rng.standard_normal((3, 256)).astype(np.float32)
     out = np.empty((3, 32), dtype=np.float32)
     kernels.qmatmul(*fused.arrays(), x, out)
@@ -486,10 +488,12 @@ def test_k_quant_model_verify_rows_bit_identical(tmp_path, arch):
     runner = NativeRunner(stacked, cfg, torch.float32, torch.device("cpu"), 256, num_slots=2)
     # the super-blocks' own bytes (Q6_K 210 per 256 values; Q4_K and Q5_K interleaved 148 and 180: their
     # packed scales unpacked), not widened scales; stacked layers keep their own widths (ffn_down: Q4_K in
-    # layer 0, Q5_K in layer 1)
-    assert list(runner.fused.weights.wqkv[5]) == [210, 210]
-    assert list(runner.fused.weights.w_down[5]) == [2 * 148, 2 * 180]
-    assert runner.fused.weights.w_down[0].nbytes == 256 * (2 * 148 + 2 * 180)
+    # layer 0, Q5_K in layer 1), and a fused q/k/v's rows theirs (quant.segmented: no padding between its parts)
+    wqkv, down = runner.fused.weights.wqkv, runner.fused.weights.w_down
+    assert [len(set(widths) - {0}) for widths in wqkv.segments[:, :, 2]] == [3, 3]  # Q4_K, Q5_K and Q6_K rows
+    assert list(np.diff(wqkv.at)) == [int(quant.row_bytes(fmt, cfg.hidden_size).sum()) for fmt in wqkv.fmt]
+    assert list(down.segments[:, 0, 2]) == [2 * 148, 2 * 180]
+    assert down.q.nbytes == 256 * (2 * 148 + 2 * 180)
     # interleaved at load: 16 rows a group for the AVX-512 kernels
     wide = clib.wide_groups()
     assert set(runner.fused.weights.w_down[3][0]) == {quant.Q4KX16 if wide else quant.Q4KX8}

@@ -167,8 +167,8 @@ def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no
 # compiles or loads a caller: the library is loaded at import (above).
 _i = types.intp
 _sd_prepare = types.ExternalFunction("sd_prepare", types.void(*([_i] * 12)))
-_sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 20)))
-_sd_dequantize_rows = types.ExternalFunction("sd_dequantize_rows", types.void(*([_i] * 10)))
+_sd_qmatmul = types.ExternalFunction("sd_qmatmul", types.void(*([_i] * 21)))
+_sd_dequantize_rows = types.ExternalFunction("sd_dequantize_rows", types.void(*([_i] * 11)))
 _sd_span = types.ExternalFunction("sd_span", types.int64(_i, _i, _i, _i))
 _sd_read = types.ExternalFunction("sd_read", types.uint64(_i, _i, _i))
 _sd_threads = types.ExternalFunction("sd_threads", types.int64())  # numba's thread count, set at import (qkernels.c)
@@ -215,9 +215,9 @@ def _activation_forms(fmt):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, **_FLAGS)
-def qmatmul(q, s, m, fmt, x, out, gated=None):  # pragma: no cover - compiled
-    """out[M, N] = x[M, K] @ W.T for W in quantized layout (q [N, *] uint8, s/m [N, *] float32,
-    fmt [N] int8; see qkernels.c); x and out float32, C order.
+def qmatmul(q, s, m, fmt, segments, x, out, gated=None):  # pragma: no cover - compiled
+    """out[M, N] = x[M, K] @ W.T for W in quantized layout (``quant.QuantArrays``: q uint8 bytes, s/m [N, *] float32,
+    fmt [N] int8, segments; see qkernels.c); x and out float32, C order.
 
     A pass of up to _QSWEEP rows reads the weights once: a batch of 16 sequences that drafts a
     token is 17 rows, and sweeping the weights twice for it cost 38% more than 16 rows (SmolLM2,
@@ -229,7 +229,7 @@ def qmatmul(q, s, m, fmt, x, out, gated=None):  # pragma: no cover - compiled
     block pairs then writes act(gate) * up of its columns too, while its output is in L1.
     """
     rows, k = x.shape
-    n_out = q.shape[0]
+    n_out = fmt.shape[0]
     block = rows if rows <= _QSWEEP else _QROWS
     act = _activations(block, k)
     threads = _sd_threads()
@@ -248,21 +248,21 @@ def qmatmul(q, s, m, fmt, x, out, gated=None):  # pragma: no cover - compiled
             ready = np.zeros(16, dtype=np.int64)  # the activation rows: [0] the next to claim, [8] those done
             for t in prange(threads):
                 _prepare_share(x, r0, n_rows, act, need, ready)
-                _take_spans(t, threads, runs, most, unit, q, s, m, fmt, act, n_rows, dst, gated, r0)
+                _take_spans(t, threads, runs, most, unit, q, s, m, fmt, segments, act, n_rows, dst, gated, r0)
         else:
             _prepare(x, r0, n_rows, act, 0, need)
             for t in prange(threads):
-                _take_spans(t, threads, runs, most, unit, q, s, m, fmt, act, n_rows, dst, gated, r0)
+                _take_spans(t, threads, runs, most, unit, q, s, m, fmt, segments, act, n_rows, dst, gated, r0)
 
 
 @njit(**_FLAGS)
-def _take_spans(t, threads, runs, most, unit, q, s, m, fmt, act, n_rows, dst, gated, r0):  # pragma: no cover
+def _take_spans(t, threads, runs, most, unit, q, s, m, fmt, segments, act, n_rows, dst, gated, r0):  # pragma: no cover
     """Thread t's spans of a product: its own run, then the others' tails (sd_span); with ``gated`` (qmatmul's),
     each span's activations of rows r0 .. r0 + n_rows."""
     span = _sd_span(runs.ctypes.data, t, threads, most)
     while span >= 0:
-        n0, n1 = _span_rows(span, unit, q.shape[0])
-        _qchunk(q, s, m, fmt, act, n_rows, dst.ctypes.data, dst.shape[1], n0, n1)
+        n0, n1 = _span_rows(span, unit, fmt.shape[0])
+        _qchunk(q, s, m, fmt, segments, act, n_rows, dst.ctypes.data, dst.shape[1], n0, n1)
         if gated is not None:
             for r in range(n_rows):
                 gated_columns(dst[r], gated[1], gated[0][r0 + r], n0 // 2, n1 // 2)
@@ -347,10 +347,11 @@ def _span_rows(span, unit, n_out):  # pragma: no cover - compiled
 
 
 @njit(**_FLAGS)
-def _qchunk(q, s, m, fmt, act, n_rows, out_ptr, out_stride, n0, n1):  # pragma: no cover - compiled
+def _qchunk(q, s, m, fmt, segments, act, n_rows, out_ptr, out_stride, n0, n1):  # pragma: no cover - compiled
     """Weight rows n0:n1 of the product: out_ptr's element (r, n) at r * out_stride + n."""
     xq, dx8, bs32, nxl, xk, dk, bk, bw = act
-    _sd_qmatmul(q.ctypes.data, s.ctypes.data, m.ctypes.data, fmt.ctypes.data, q.shape[1], s.shape[1], xq.shape[1],
+    _sd_qmatmul(q.ctypes.data, segments.ctypes.data, segments.shape[0], s.ctypes.data, m.ctypes.data,
+                fmt.ctypes.data, s.shape[1], xq.shape[1],
                 xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data, nxl.ctypes.data, xk.ctypes.data, dk.ctypes.data,
                 bk.ctypes.data, bw.ctypes.data, n_rows, out_ptr, out_stride, n0, n1)
 
@@ -361,13 +362,13 @@ _HEAD_CHUNKS = 128
 
 
 @njit(parallel=True, **_FLAGS)
-def qmatmul_argmax(q, s, m, fmt, x, best):  # pragma: no cover - compiled
+def qmatmul_argmax(q, s, m, fmt, segments, x, best):  # pragma: no cover - compiled
     """best[M] = each row's argmax of x[M, K] @ W.T (``qmatmul``'s product, the same bits) without writing
     the [M, N] product: each span's part ([M, <= 1200] where capped) passes through a buffer of its own and leaves
     its row maxima, combined in column order. Ties go to the lower column, as torch.argmax (for
     finite logits)."""
     rows, k = x.shape
-    n_out = q.shape[0]
+    n_out = fmt.shape[0]
     act = _activations(rows, k)
     units = (n_out + _UNIT - 1) // _UNIT
     most = _span_cap(rows, units, _HEAD_CHUNKS)
@@ -382,7 +383,7 @@ def qmatmul_argmax(q, s, m, fmt, x, best):  # pragma: no cover - compiled
         while span >= 0:
             n0, n1 = _span_rows(span, _UNIT, n_out)
             part = np.empty((rows, n1 - n0), dtype=np.float32)
-            _qchunk(q, s, m, fmt, act, rows, part.ctypes.data - 4 * n0, n1 - n0, n0, n1)  # part[r, n - n0]
+            _qchunk(q, s, m, fmt, segments, act, rows, part.ctypes.data - 4 * n0, n1 - n0, n0, n1)  # part[r, n - n0]
             u = span >> 32
             for r in range(rows):
                 j = _first_max(part[r])
@@ -411,9 +412,10 @@ def argmax_rows(logits, best):  # pragma: no cover - compiled
 
 
 @njit(**_FLAGS)
-def dequantize_rows(q, s, m, fmt, k, ids, out):  # pragma: no cover - compiled
+def dequantize_rows(q, s, m, fmt, segments, k, ids, out):  # pragma: no cover - compiled
     """out[i] = row ids[i] of the quantized matrix, as float32 (the embedding lookup)."""
-    _sd_dequantize_rows(q.ctypes.data, s.ctypes.data, m.ctypes.data, fmt.ctypes.data, q.shape[1], s.shape[1], k,
+    _sd_dequantize_rows(q.ctypes.data, segments.ctypes.data, segments.shape[0], s.ctypes.data, m.ctypes.data,
+                        fmt.ctypes.data, s.shape[1], k,
                         ids.ctypes.data, ids.shape[0], out.ctypes.data)
 
 
@@ -424,7 +426,7 @@ def product(w, x, out):  # pragma: no cover - replaced by the overload below
 @overload(product, inline="always")
 def _product_impl(w, x, out):
     if isinstance(w, types.BaseTuple):
-        return lambda w, x, out: qmatmul(w[0], w[1], w[2], w[3], x, out)
+        return lambda w, x, out: qmatmul(w[0], w[1], w[2], w[3], w[4], x, out)
     return lambda w, x, out: matmul(w, x, out)
 
 
@@ -479,9 +481,9 @@ def _gated_product_impl(w, x, gelu, out, act):
 
         def quantized(w, x, gelu, out, act):
             if _gate_up_block(act.shape[1]) == GATE_UP_BLOCK:
-                qmatmul(w[0], w[1], w[2], w[3], x, out, (act, gelu))
+                qmatmul(w[0], w[1], w[2], w[3], w[4], x, out, (act, gelu))
             else:
-                qmatmul(w[0], w[1], w[2], w[3], x, out)
+                qmatmul(w[0], w[1], w[2], w[3], w[4], x, out)
                 gated_activation(out, gelu, act)
 
         return quantized
@@ -494,8 +496,8 @@ def _gated_product_impl(w, x, gelu, out, act):
 
 
 def layer_weight(w, layer):  # pragma: no cover - replaced by the overload below
-    """Layer ``layer``'s matrix of a stack: w[layer], or the (q, s, m, fmt) of a quantized stack
-    (``quant.stack``: q is every layer's bytes back to back, at w[4][layer], w[5][layer] wide;
+    """Layer ``layer``'s matrix of a stack: w[layer], or the (q, s, m, fmt, segments) of a quantized stack
+    (``quant.stack``: q is every layer's bytes back to back, layer l's from w[4][l], placed by w[5][l];
     ``quant.stack_layer`` is the same outside compiled code)."""
 
 
@@ -504,9 +506,7 @@ def _layer_weight_impl(w, layer):
     if isinstance(w, types.BaseTuple):
 
         def quantized(w, layer):
-            rows = w[3].shape[1]
-            q = w[0][w[4][layer]:w[4][layer + 1]].reshape((rows, w[5][layer]))
-            return (q, w[1][layer], w[2][layer], w[3][layer])
+            return (w[0][w[4][layer]:w[4][layer + 1]], w[1][layer], w[2][layer], w[3][layer], w[5][layer])
 
         return quantized
     return lambda w, layer: w[layer]

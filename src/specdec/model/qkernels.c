@@ -765,15 +765,31 @@ TILES(tiles_u4m, FMT_U4M)
 TILES(tiles_u8m, FMT_U8M)
 TILES(tiles_i8, FMT_I8)
 
+/* A matrix's rows in q: segments [n_segments][3] = (first row, byte offset, bytes a row), by first row, each a run
+   of rows of one layout (quant.segmented: a fused q/k/v matrix of Q4_K and Q6_K rows keeps each at its own width,
+   no padding between them); padding entries start at the row count. The segment holding row n: */
+static int64_t segment_of(const int64_t *segments, int64_t n_segments, int64_t n) {
+    int64_t lo = 0, hi = n_segments - 1;
+    while (lo < hi) {  /* the last segment starting at or before n */
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (segments[3 * mid] <= n) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
 /* out[r, n] = sum_k W[n, k] x[r, k] for weight rows n0 <= n < n1 and every activation row r.
- * q [N, q_stride] bytes, s and m [N, s_stride] floats, fmt [N] (a layout per row: a fused
- * q/k/v matrix may mix them; an interleaved group of 8 or 16 rows starts at a multiple of 8 or 16, and so must n0); xq/dx8/bs32/nxl and xk/dk/bk/bw from sd_prepare; out [rows, out_stride]. */
-void sd_qmatmul(const uint8_t *q, const float *s, const float *m, const int8_t *fmt, int64_t q_stride,
-                int64_t s_stride, int64_t k, const int8_t *xq, const float *dx8, const float *bs32,
+ * q the rows' bytes as `segments` place them (segment_of), s and m [N, s_stride] floats, fmt [N] (a layout per row:
+ * a fused q/k/v matrix may mix them; an interleaved group of 8 or 16 rows starts at a multiple of 8 or 16, and so
+ * must n0); xq/dx8/bs32/nxl and xk/dk/bk/bw from sd_prepare; out [rows, out_stride]. */
+void sd_qmatmul(const uint8_t *q, const int64_t *segments, int64_t n_segments, const float *s, const float *m,
+                const int8_t *fmt, int64_t s_stride, int64_t k, const int8_t *xq, const float *dx8, const float *bs32,
                 const int32_t *nxl, const int8_t *xk, const float *dk, const int16_t *bk, const int32_t *bw, int64_t rows,
                 float *out, int64_t out_stride, int64_t n0, int64_t n1) {
+    int64_t seg = segment_of(segments, n_segments, n0);
     for (int64_t n = n0; n < n1; n++) {
-        const uint8_t *qn = q + n * q_stride;
+        while (seg + 1 < n_segments && segments[3 * (seg + 1)] <= n) seg++;
+        const int64_t q_stride = segments[3 * seg + 2];
+        const uint8_t *qn = q + segments[3 * seg + 1] + (n - segments[3 * seg]) * q_stride;
 #if defined(SD_AMX)
         if ((fmt[n] == FMT_Q4KX8 || fmt[n] == FMT_Q6KX8) && n + 2 * X8 <= n1 && fmt[n + X8] == fmt[n] &&
             rows >= AMX_MIN_ROWS && amx_enabled()) {  /* (no AMX tile for Q5_K) */
@@ -914,25 +930,28 @@ uint64_t sd_read(const uint8_t *p, int64_t n, int64_t streams) {
 }
 
 /* rows of the dequantized matrix (the token embedding lookup): out [len(ids), k] */
-void sd_dequantize_rows(const uint8_t *q, const float *s, const float *m, const int8_t *fmt, int64_t q_stride,
-                        int64_t s_stride, int64_t k, const int64_t *ids, int64_t n_ids, float *out) {
+void sd_dequantize_rows(const uint8_t *q, const int64_t *segments, int64_t n_segments, const float *s,
+                        const float *m, const int8_t *fmt, int64_t s_stride, int64_t k, const int64_t *ids,
+                        int64_t n_ids, float *out) {
     for (int64_t i = 0; i < n_ids; i++) {
         const int64_t n = ids[i];
-        const uint8_t *qn = q + n * q_stride;
+        const int64_t *seg = segments + 3 * segment_of(segments, n_segments, n);
+        const int64_t q_stride = seg[2];
+        const uint8_t *qn = q + seg[1] + (n - seg[0]) * q_stride;
         const float *sn = s + n * s_stride, *mn = m + n * s_stride;
         float *o = out + i * k;
         if (kx16_layout(fmt[n]) || kx8_layout(fmt[n])) {
             const int G = kx16_layout(fmt[n]) ? X16 : X8;
-            kgroup_dequantize(G, fmt[n], q + (n & ~(int64_t)(G - 1)) * q_stride,
+            kgroup_dequantize(G, fmt[n], qn - (n & (G - 1)) * q_stride,
                               (int)(n & (G - 1)), k, o);
             continue;
         }
         if (bx16_layout(fmt[n])) {
-            bgroup_dequantize(X16, bx16_narrow(fmt[n]), q + (n & ~(int64_t)(X16 - 1)) * q_stride, (int)(n & (X16 - 1)), k, o);
+            bgroup_dequantize(X16, bx16_narrow(fmt[n]), qn - (n & (X16 - 1)) * q_stride, (int)(n & (X16 - 1)), k, o);
             continue;
         }
         if (x8_layout(fmt[n])) {
-            bgroup_dequantize(X8, fmt[n], q + (n & ~(int64_t)(X8 - 1)) * q_stride, (int)(n & (X8 - 1)), k, o);
+            bgroup_dequantize(X8, fmt[n], qn - (n & (X8 - 1)) * q_stride, (int)(n & (X8 - 1)), k, o);
             continue;
         }
         if (fmt[n] >= FMT_Q4K) {

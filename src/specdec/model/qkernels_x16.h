@@ -447,7 +447,7 @@ static void tiles_x16(int fmt, int R, const uint8_t *grp, int64_t k, const int8_
 }
 #endif
 
-/* one group (weight rows n .. n + 15, at q + n * q_stride) against every activation row */
+/* one group (weight rows n .. n + 15, at qn: sd_qmatmul's segments place it) against every activation row */
 static void x16_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xq, const float *dx8, const float *bs32,
                       const int8_t *xk, const float *dk, const int16_t *bk, const int32_t *bw, int64_t rows, float *out,
                       int64_t out_stride) {

@@ -754,7 +754,7 @@ B32TILES(tiles_q51x8, FMT_Q51X8, X8SWITCH, CALL_BX8)
 #define B_XROWS XROWS
 #endif
 
-/* one interleaved group (weight rows n .. n + 7, at q + n * q_stride) against every activation row */
+/* one interleaved group (weight rows n .. n + 7, at qn: sd_qmatmul's segments place it) against every activation row */
 static void x8_group(int fmt, const uint8_t *grp, int64_t k, const int8_t *xq, const float *dx8, const float *bs32,
                      const int8_t *xk, const float *dk, const int16_t *bk, int64_t rows, float *out, int64_t out_stride) {
     const int step = fmt == FMT_Q6KX8 ? Q6_XROWS : fmt == FMT_Q4KX8 || fmt == FMT_Q5KX8 ? Q4_XROWS : B_XROWS;
