@@ -199,6 +199,9 @@ def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype, wide):
         assert list(np.unique(qm.fmt[:40], return_counts=True)[1]) == [8, 32]
     dense = quants.dequantize(data, qtype).reshape(45, 512)
     assert np.array_equal(qm.dense(), dense)
+    whole = QuantMatrix.from_blocks(data[:40], qtype, 512).interleaved(wide=wide)  # every row in a group: their
+    assert whole.s.shape == whole.m.shape == (40, 1)  # scales in q, no float per 32 values kept beside them
+    assert np.array_equal(whole.dense(), dense[:40])
     x = rng.standard_normal((13, 512)).astype(np.float32)
     out = np.empty((13, 45), dtype=np.float32)
     kernels.qmatmul(*qm.arrays(), x, out)

@@ -176,6 +176,9 @@ class QuantMatrix:
                 at = chunk[:, None] * (n * q.shape[1]) + np.arange(n * per_row)
                 q.reshape(-1)[at] = blobs.reshape(len(chunk), -1)
                 fmt[rows] = layout
+        if packed.all():  # the groups carry their scales in q: s and m, a float per 32 values, are no longer read
+            s = m = np.zeros((len(fmt), 1), dtype=np.float32)
+            return QuantMatrix(q, s, m, fmt, self.k, self.types)
         return QuantMatrix(q, self.s, self.m, fmt, self.k, self.types)
 
     @staticmethod
