@@ -95,7 +95,8 @@ class QuantStack(NamedTuple):
 @dataclass
 class QuantMatrix:
     """A [rows, k] matrix in kernel layout: q [rows, *] uint8, s and m [rows, *] float32
-    (per 32 values; unused by the K-quant layouts), fmt [rows] int8 (rows may mix layouts)."""
+    (per 32 values; unused by the K-quant layouts), fmt [rows] int8 (rows may mix layouts: q is then as wide as the
+    widest, and ``arrays`` packs each run of one layout at its own width for the kernels)."""
 
     q: np.ndarray
     s: np.ndarray
@@ -195,7 +196,8 @@ class QuantMatrix:
 
     @staticmethod
     def concat(parts: list[QuantMatrix]) -> QuantMatrix:
-        """Rows of several matrices of the same k (a fused q/k/v or gate/up)."""
+        """Rows of several matrices of the same k (a fused q/k/v or gate/up), padded to the widest (``segmented``
+        drops the padding)."""
         k = parts[0].k
         q_w, s_w = max(p.q.shape[1] for p in parts), max(p.s.shape[1] for p in parts)
         pad = lambda a, w: np.pad(a, ((0, 0), (0, w - a.shape[1])))  # noqa: E731
