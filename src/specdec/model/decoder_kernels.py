@@ -258,6 +258,28 @@ class RowLayout(NamedTuple):
     mask: np.ndarray
 
 
+@njit(cache=True)
+def chain_rows(slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, kv_len: int) -> RowLayout:  # pragma: no cover
+    """The ``RowLayout`` of sequences that each add a chain of counts[i] tokens at starts[i] of slot slots[i]: a
+    row sees its sequence's cache and the chain's tokens up to itself. One compiled call: a pass's Python runs
+    with the caches cold (the weights streamed through them), where the dozen NumPy calls this took cost ~165 us
+    a pass (Qwen2.5-Coder-0.5B, Zen 4). A tree's rows are set over it (the runner's ``_make_rows``)."""
+    seq_rows = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    for i in range(counts.shape[0]):
+        seq_rows[i + 1] = seq_rows[i] + counts[i]
+    n_rows = seq_rows[-1]
+    row_slot = np.empty(n_rows, dtype=np.int64)
+    positions = np.empty(n_rows, dtype=np.int64)
+    write_at = np.empty(n_rows, dtype=np.int64)
+    mask = np.zeros((n_rows, kv_len), dtype=np.bool_)
+    for i in range(counts.shape[0]):
+        for j in range(counts[i]):
+            r = seq_rows[i] + j
+            row_slot[r], positions[r], write_at[r] = slots[i], starts[i] + j, starts[i] + j
+            mask[r, : starts[i] + j + 1] = True
+    return RowLayout(row_slot, positions, write_at, seq_rows, mask)
+
+
 class LayerWeights(NamedTuple):
     """Every layer's weights, stacked [num_layers, ...]: the matrices float (float32, or bfloat16
     bits) or ``quant.stack``'s arrays (read through ``layer_weight``); the rest float32.

@@ -16,7 +16,7 @@ import torch
 
 from specdec.cache import KVCache
 from specdec.config import ModelConfig
-from specdec.model.decoder_kernels import RowLayout
+from specdec.model.decoder_kernels import chain_rows
 from specdec.model.fused import FusedDecoder, Rows
 from specdec.model.quant import QuantMatrix, int8_rows
 from specdec.model.transformer import Batch, Transformer
@@ -189,26 +189,18 @@ class NativeRunner(ModelRunner):
         return out_logits, out_hidden
 
     def _make_rows(self, seqs: list[SeqInput]) -> Rows:
-        counts = [len(s.token_ids) for s in seqs]
-        starts = [self.lengths[s.slot] for s in seqs]
-        kv_len = self._kv_len(max(st + n for st, n in zip(starts, counts, strict=True)))
-        seq_rows = np.zeros(len(seqs) + 1, dtype=np.int64)
-        seq_rows[1:] = np.cumsum(counts)
-        n_rows = int(seq_rows[-1])
-        positions = np.empty(n_rows, dtype=np.int64)
-        write_at = np.empty(n_rows, dtype=np.int64)
-        slots = np.empty(n_rows, dtype=np.int64)
-        mask = np.zeros((n_rows, kv_len), dtype=np.bool_)
-        for i, (s, start, n) in enumerate(zip(seqs, starts, counts, strict=True)):
-            r0 = int(seq_rows[i])
-            depths, visible = _layout(s)
-            positions[r0 : r0 + n] = start + depths
-            write_at[r0 : r0 + n] = start + np.arange(n)
-            slots[r0 : r0 + n] = s.slot
-            mask[r0 : r0 + n, :start] = True
-            mask[r0 : r0 + n, start : start + n] = visible
+        counts = np.array([len(s.token_ids) for s in seqs], dtype=np.int64)
+        starts = np.array([self.lengths[s.slot] for s in seqs], dtype=np.int64)
+        kv_len = self._kv_len(int((starts + counts).max()))
+        layout = chain_rows(np.array([s.slot for s in seqs], dtype=np.int64), starts, counts, kv_len)
+        for i, s in enumerate(seqs):
+            if s.parents is not None:  # a tree: its nodes' depths and ancestors over the chain's
+                r0, start, n = int(layout.seq_rows[i]), int(starts[i]), int(counts[i])
+                depths, visible = _layout(s)
+                layout.positions[r0 : r0 + n] = start + depths
+                layout.mask[r0 : r0 + n, start : start + n] = visible
         ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.long)
-        return Rows(ids, RowLayout(slots=slots, positions=positions, write_at=write_at, seq_rows=seq_rows, mask=mask))
+        return Rows(ids, layout)
 
     def _make_batch(self, seqs: list[SeqInput]) -> tuple[Batch, torch.Tensor | None]:
         B = len(seqs)
