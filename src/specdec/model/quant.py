@@ -163,13 +163,13 @@ class QuantMatrix:
             packed[(idx[:, None] * n + np.arange(n)).reshape(-1)] = True
         # rows as wide as the widest layout left: a Q5_0 group is 616 bytes a row where U8M took 896, and
         # rows padded to the old width streamed at 14 GB/s against 20 without the holes
-        width = max(x8_row_bytes(f, self.k) for f in todo)
+        width = max(q_row_bytes(f, self.k) for f in todo)
         q = np.zeros((self.q.shape[0], width if packed.all() else max(width, self.q.shape[1])), dtype=np.uint8)
         if not packed.all():
             q[~packed, : self.q.shape[1]] = self.q[~packed]
         fmt = self.fmt.copy()
         for layout, idx in todo.items():
-            per_row, n = x8_row_bytes(layout, self.k), GROUP_ROWS[layout]
+            per_row, n = q_row_bytes(layout, self.k), GROUP_ROWS[layout]
             for chunk in np.array_split(idx, max(1, len(idx) * n // 8192)):  # bounded scratch on a 152K-row head
                 rows = (chunk[:, None] * n + np.arange(n)).reshape(-1)
                 blobs = _PACK[layout](self, rows, len(chunk))
@@ -223,18 +223,18 @@ def quantize_weights(state: dict[str, torch.Tensor], qtype: T) -> dict[str, torc
     return out
 
 
+_VALUES_32 = {U4M: 16, U8M: 32, I8: 32} | BLOCK  # the 32-value layouts' bytes in q per 32 values
+_SCALES_32 = {U4M: 8, U8M: 8, I8: 4}  # and their float32 scales (and mins) in s and m, where not in q
+
+
+def q_row_bytes(layout: int, k: int) -> int:
+    """Bytes a row of ``layout`` over k values takes in q."""
+    return SUPER_BLOCK[layout] * (k // 256) if layout in SUPER_BLOCK else _VALUES_32[layout] * (k // 32)
+
+
 def row_bytes(fmt: np.ndarray, k: int) -> np.ndarray:
-    """Bytes each row of layout ``fmt`` (per row) reads in a product over k values."""
-    per_32 = {U4M: 16 + 8, U8M: 32 + 8, I8: 32 + 4}  # values, then float32 scales (and mins)
-    per_32 |= {f: size / 8 for f, size in SUPER_BLOCK.items()} | BLOCK
-    return np.vectorize(per_32.__getitem__)(fmt) * (k // 32)
-
-
-def _q_row_bytes(layout: int, k: int) -> int:
-    """Bytes a row of ``layout`` takes in q (its scales in s and m not counted)."""
-    if layout in SUPER_BLOCK:
-        return SUPER_BLOCK[layout] * (k // 256)
-    return ({U4M: 16, U8M: 32, I8: 32} | BLOCK)[layout] * (k // 32)
+    """Bytes each row of layout ``fmt`` (per row) reads in a product over k values: q's, and s's and m's."""
+    return np.vectorize(lambda f: q_row_bytes(f, k) + _SCALES_32.get(f, 0) * (k // 32))(fmt)
 
 
 def _segments(fmt: np.ndarray, k: int) -> np.ndarray:
@@ -242,7 +242,7 @@ def _segments(fmt: np.ndarray, k: int) -> np.ndarray:
     starts = np.flatnonzero(np.r_[True, fmt[1:] != fmt[:-1]])
     segments = np.zeros((len(starts), 3), dtype=np.int64)
     segments[:, 0] = starts
-    segments[:, 2] = [_q_row_bytes(int(fmt[a]), k) for a in starts]
+    segments[:, 2] = [q_row_bytes(int(fmt[a]), k) for a in starts]
     sizes = np.diff(np.r_[starts, len(fmt)]) * segments[:, 2]
     segments[1:, 1] = np.cumsum(sizes)[:-1]
     return segments
@@ -255,17 +255,22 @@ def segmented(q: np.ndarray, fmt: np.ndarray, k: int, s: np.ndarray, m: np.ndarr
     mixed layers took 73.6-77.4 us a layer at 1 row against 44.3-49.8 for the same rows packed (Zen 4, two threads,
     out of cache; 110 against 94 us at 8 rows). A group of n interleaved rows fills the first n x (its bytes a row)
     of its n rows' run, so the packed group is that run's head."""
-    rows, width = q.shape
     segments = _segments(fmt, k)
+    return QuantArrays(_packed(q, fmt, segments), s, m, fmt, segments)
+
+
+def _packed(q: np.ndarray, fmt: np.ndarray, segments: np.ndarray) -> np.ndarray:
+    """q's bytes as ``segments`` place them: q itself, flat, where no row is padded."""
+    rows, width = q.shape
     if (segments[:, 2] > width).any():
         raise ValueError(f"rows of {width} bytes are too narrow for their layouts")
     if (segments[:, 2] == width).all():
-        return QuantArrays(q.reshape(-1), s, m, fmt, segments)
+        return q.reshape(-1)
     pieces = []
     for a, b, per_row in zip(segments[:, 0], np.r_[segments[1:, 0], rows], segments[:, 2], strict=True):
         group = GROUP_ROWS.get(int(fmt[a]), 1)
         pieces.append(q[a:b].reshape((b - a) // group, group * width)[:, : group * per_row].reshape(-1))
-    return QuantArrays(np.concatenate(pieces), s, m, fmt, segments)
+    return np.concatenate(pieces)
 
 
 def stack(mats: list[QuantMatrix]) -> QuantStack:
@@ -289,7 +294,7 @@ def stack(mats: list[QuantMatrix]) -> QuantStack:
         x, mats[i] = mats[i], None  # let each layer's copy go once moved: peak memory ~ one stack, not two
         s[i, :, : x.s.shape[1]] = x.s
         m[i, :, : x.m.shape[1]] = x.m
-        q[at[i] : at[i + 1]] = segmented(x.q, x.fmt, x.k, x.s, x.m).q
+        q[at[i] : at[i + 1]] = _packed(x.q, x.fmt, layers[i])
         segments[i, : len(layers[i])] = layers[i]
     return QuantStack(q, s, m, fmt, at, segments)
 
@@ -455,11 +460,6 @@ def _k_quant(layout: int):
         return data.reshape(rows, -1), none, none, layout
 
     return keep
-
-
-def x8_row_bytes(layout: int, k: int) -> int:
-    """Bytes per row of an interleaved layout over k values."""
-    return SUPER_BLOCK[layout] * (k // 256) if layout in SUPER_BLOCK else BLOCK[layout] * (k // 32)
 
 
 def _f16_exact(a: np.ndarray) -> np.ndarray:
