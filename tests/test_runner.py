@@ -193,17 +193,18 @@ def test_a_pass_reuses_the_last_logits_array_only_once_nothing_holds_it(tiny_lla
 
 def test_a_pass_compiles_into_what_numba_can_cache(tiny_llama):
     """Nothing in a fused pass's compiled code is an address only this process knows (numba then refuses to cache
-    it): numba.get_num_threads() inside the products had every process compile decode_layers and the products
+    it): numba.get_num_threads() inside the products had every process compile the pass and the products
     again, 10 s before SmolLM2-135M's first token where the cache gives 0.2 s."""
     runner, _ = load_runner(str(tiny_llama), max_seq_len=64, backend="cpu-kernels", quantization="q8_0")
     slot = runner.allocate()
     runner.run([SeqInput(slot, [5, 6, 7])])
     runner.run([SeqInput(slot, [8])])
-    compiled = {f.py_func.__name__: f for f in (decoder_kernels.decode_layers, kernels.qmatmul, kernels.qmatmul_argmax,
+    compiled = {f.py_func.__name__: f for f in (decoder_kernels.fused_pass, kernels.qmatmul, kernels.qmatmul_argmax,
                                                 kernels.read_bytes)}
     kernels.read_bytes(np.zeros(4096, dtype=np.uint8), 2)
     x = np.ones((1, runner.config.hidden_size), dtype=np.float32)
     kernels.qmatmul_argmax(*runner.fused.head, x, np.zeros(1, dtype=np.int64))
+    kernels.qmatmul(*runner.fused.head, x, np.zeros((1, runner.config.vocab_size), dtype=np.float32))
     assert all(f.overloads for f in compiled.values())
     dynamic = [name for name, f in compiled.items() if any(c.library.has_dynamic_globals for c in f.overloads.values())]
     assert not dynamic
@@ -321,6 +322,51 @@ def test_tree_pass_then_compaction_equals_fresh_forward(tiny_llama):
     runner.commit(slot, len(prompt) - 1, [0, 3, 4])
     after = runner.run([SeqInput(slot, [35])]).logits[0][0]
     assert torch.allclose(after, fresh[-1], atol=1e-4)  # compacted KV == a fresh forward
+
+
+def test_a_pass_layout_places_chains_and_trees_as_the_torch_path_does(tiny_llama):
+    """``decoder_kernels.row_layout`` (the fused pass's, from each token's parent) against the torch path's layout of
+    the same pass (``native._layout``: a chain's causal triangle, a tree's ancestor mask and depths)."""
+    from specdec.runners.native import _layout
+
+    runner, _ = load_runner(str(tiny_llama), max_seq_len=64, num_slots=3)
+    slots = [runner.allocate() for _ in range(3)]
+    for slot, n in zip(slots, (5, 9, 2), strict=True):
+        runner.run([SeqInput(slot, list(range(10, 10 + n)), all_logits=False)])
+    seqs = [SeqInput(slots[0], [1, 2, 3]), SeqInput(slots[1], [4, 5, 6, 7, 8, 9], [-1, 0, 1, 0, 3, 3]),
+            SeqInput(slots[2], [7])]
+    for group in (seqs, [seqs[0], seqs[2]]):  # with a tree (every row's parent given), and chains alone
+        rows = runner._make_rows(group)
+        layout = decoder_kernels.row_layout(rows)
+        r0 = 0
+        for s in group:
+            n, start = len(s.token_ids), runner.lengths[s.slot]
+            depths, visible = _layout(s)
+            want = np.zeros((n, rows.kv_len), dtype=np.bool_)
+            want[:, :start] = True
+            want[:, start:start + n] = visible
+            assert np.array_equal(layout.mask[r0:r0 + n], want)
+            assert np.array_equal(layout.positions[r0:r0 + n], start + depths)
+            assert np.array_equal(layout.write_at[r0:r0 + n], start + np.arange(n))
+            assert (layout.slots[r0:r0 + n] == s.slot).all()
+            r0 += n
+        assert layout.seq_rows.tolist() == [0, *np.cumsum([len(s.token_ids) for s in group])]
+
+
+@pytest.mark.parametrize("quantization", [None, "q8_0"])
+def test_a_token_outside_the_vocabulary_fails_the_pass_and_writes_nothing(tiny_llama, quantization):
+    """The fused pass looks its tokens up itself: an id past the embedding (or below 0) is a ValueError before any
+    layer runs, the sequence's length and cache as they were."""
+    runner, _ = load_runner(str(tiny_llama), max_seq_len=64, backend="cpu-kernels", quantization=quantization)
+    slot = runner.allocate()
+    runner.run([SeqInput(slot, [5, 6, 7], all_logits=False)])
+    want = runner.run([SeqInput(slot, [8, 9])]).logits[0]
+    runner.truncate(slot, 3)
+    for bad in (runner.vocab_size, -1):
+        with pytest.raises(ValueError, match="outside the model's vocabulary"):
+            runner.run([SeqInput(slot, [8, bad])], argmax=True)
+        assert runner.lengths[slot] == 3
+    assert torch.equal(runner.run([SeqInput(slot, [8, 9])]).logits[0], want)
 
 
 def test_generic_runner_for_other_architectures(tiny_model_factory, tmp_path, default_model_folder):

@@ -31,7 +31,18 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from specdec.model.kernels import _FLAGS, gated_product, layer_weight, product, stack_rows
+from specdec.model.kernels import (
+    _FLAGS,
+    _widen,
+    argmax_rows,
+    dequantize_rows,
+    gated_product,
+    layer_weight,
+    matmul,
+    product,
+    qmatmul_argmax,
+    stack_rows,
+)
 
 # qkernels.c's attention jobs, resolved by name when numba compiles a caller (importing kernels loaded the library)
 _sd_attend = types.ExternalFunction("sd_attend", types.void(*([types.intp] * 9), types.float64, *([types.intp] * 4)))
@@ -258,25 +269,51 @@ class RowLayout(NamedTuple):
     mask: np.ndarray
 
 
+class Rows(NamedTuple):
+    """Inputs of one fused pass: N new tokens of S sequences, sequence by sequence, unpadded. Where each row sits
+    (``RowLayout``) is built from them inside the pass's compiled call (``row_layout``).
+
+    ids [N] int64 token ids; seqs [S, 3] int64: each sequence's cache row, its cache entries before the pass and
+    its new tokens; parents [N] int64: each new token's parent among its sequence's new tokens (-1: the cached
+    context), or [0] when every sequence adds a chain; kv_len: the cache entries the pass reads.
+    """
+
+    ids: np.ndarray
+    seqs: np.ndarray
+    parents: np.ndarray
+    kv_len: int
+
+
 @njit(cache=True)
-def chain_rows(slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, kv_len: int) -> RowLayout:  # pragma: no cover
-    """The ``RowLayout`` of sequences that each add a chain of counts[i] tokens at starts[i] of slot slots[i]: a
-    row sees its sequence's cache and the chain's tokens up to itself. One compiled call: a pass's Python runs
+def row_layout(rows: Rows) -> RowLayout:  # pragma: no cover - compiled
+    """Where each row of ``rows`` sits: a row sees its sequence's cache and, of the pass's new tokens, itself and
+    its ancestors (a chain's: every earlier token), and takes its depth's position. Compiled: a pass's Python runs
     with the caches cold (the weights streamed through them), where the dozen NumPy calls this took cost ~165 us
-    a pass (Qwen2.5-Coder-0.5B, Zen 4). A tree's rows are set over it (the runner's ``_make_rows``)."""
-    seq_rows = np.zeros(counts.shape[0] + 1, dtype=np.int64)
-    for i in range(counts.shape[0]):
-        seq_rows[i + 1] = seq_rows[i] + counts[i]
+    a pass (Qwen2.5-Coder-0.5B, Zen 4)."""
+    seqs, parents = rows.seqs, rows.parents
+    seq_rows = np.zeros(seqs.shape[0] + 1, dtype=np.int64)
+    for i in range(seqs.shape[0]):
+        seq_rows[i + 1] = seq_rows[i] + seqs[i, 2]
     n_rows = seq_rows[-1]
     row_slot = np.empty(n_rows, dtype=np.int64)
     positions = np.empty(n_rows, dtype=np.int64)
     write_at = np.empty(n_rows, dtype=np.int64)
-    mask = np.zeros((n_rows, kv_len), dtype=np.bool_)
-    for i in range(counts.shape[0]):
-        for j in range(counts[i]):
+    mask = np.zeros((n_rows, rows.kv_len), dtype=np.bool_)
+    for i in range(seqs.shape[0]):
+        slot, start = seqs[i, 0], seqs[i, 1]
+        for j in range(seqs[i, 2]):
             r = seq_rows[i] + j
-            row_slot[r], positions[r], write_at[r] = slots[i], starts[i] + j, starts[i] + j
-            mask[r, : starts[i] + j + 1] = True
+            row_slot[r], write_at[r] = slot, start + j
+            mask[r, :start] = True
+            if parents.shape[0] == 0:  # a chain
+                positions[r] = start + j
+                mask[r, start:start + j + 1] = True
+            else:  # itself and its ancestors (parents[a] < a: the runner checked the tree)
+                depth, a = -1, j
+                while a >= 0:
+                    mask[r, start + a] = True
+                    a, depth = parents[seq_rows[i] + a], depth + 1
+                positions[r] = start + depth
     return RowLayout(row_slot, positions, write_at, seq_rows, mask)
 
 
@@ -383,3 +420,77 @@ def decode_layers(x, rows, weights, k_cache, v_cache, rope, arch, run_layer, hid
         _add_rows(x, proj)
         if hidden_at[layer] >= 0:
             hidden[hidden_at[layer]] = x
+
+
+# -- a whole pass -------------------------------------------------------------------------------
+def _embed(table, ids, scale, out):  # pragma: no cover - replaced by the overload below
+    """out[i] = the embedding's row ids[i] as float32, times ``scale`` where it is not 0 (Gemma's sqrt(H));
+    table: a quantized matrix's arrays (``quant.QuantArrays``), or float32 or bfloat16 bits [V, H]."""
+
+
+@overload(_embed, inline="always")
+def _embed_impl(table, ids, scale, out):
+    if isinstance(table, types.BaseTuple):
+        def embed(table, ids, scale, out):
+            if ids.shape[0] and (ids.min() < 0 or ids.max() >= table[3].shape[0]):
+                raise ValueError("a token id outside the model's vocabulary")
+            dequantize_rows(table[0], table[1], table[2], table[3], table[4], out.shape[1], ids, out)
+            _scale_rows(out, scale)
+    else:
+        def embed(table, ids, scale, out):
+            if ids.shape[0] and (ids.min() < 0 or ids.max() >= table.shape[0]):
+                raise ValueError("a token id outside the model's vocabulary")
+            for r in range(ids.shape[0]):
+                _widen(table[ids[r]], out[r])
+            _scale_rows(out, scale)
+    return embed
+
+
+@njit(inline="always", **_FLAGS)
+def _scale_rows(x, scale):  # pragma: no cover - compiled
+    """x *= scale, unless scale is 0 (no scale)."""
+    if scale != 0:
+        for r in range(x.shape[0]):
+            for i in range(x.shape[1]):
+                x[r, i] *= scale
+
+
+def _head(head, x, best, logits):  # pragma: no cover - replaced by the overload below
+    """The LM head over the rows x [R, H]: each row's argmax into best [R] where best has rows (a quantized head
+    keeps its spans' maxima only: ``kernels.qmatmul_argmax``), else the logits into logits [R, V]."""
+
+
+@overload(_head, inline="always")
+def _head_impl(head, x, best, logits):
+    if isinstance(head, types.BaseTuple):
+        def quantized(head, x, best, logits):
+            if best.shape[0]:
+                qmatmul_argmax(head[0], head[1], head[2], head[3], head[4], x, best)
+            else:
+                product(head, x, logits)
+        return quantized
+
+    def dense(head, x, best, logits):
+        if best.shape[0]:
+            full = np.empty((x.shape[0], head.shape[0]), dtype=np.float32)
+            matmul(head, x, full)
+            argmax_rows(full, best)
+        else:
+            matmul(head, x, logits)
+    return dense
+
+
+@njit(**_FLAGS)
+def fused_pass(rows, embed, embed_scale, weights, rope, arch, final_norm, head, k_cache, v_cache, run_layer,
+               hidden_at, hidden, normed, head_rows, best, logits):  # pragma: no cover - compiled
+    """A whole pass in one compiled call: the rows' layout (``row_layout``), the embedding look-up, every layer
+    (``decode_layers``), the final norm into normed [N, H] and the LM head over its rows ``head_rows`` (``_head``:
+    argmaxes into best, or logits). One call where six took turns with Python: each ran with the caches cold
+    after the weights had streamed through them (SmolLM2-135M's 1-token pass 4.39 -> 3.97 ms, Qwen2.5-Coder-0.5B's
+    9.7 -> 9.2, the 1.5B's 22.8 -> 22.4; Zen 4, alternated in one process)."""
+    layout = row_layout(rows)
+    x = np.empty(normed.shape, dtype=np.float32)
+    _embed(embed, rows.ids, embed_scale, x)
+    decode_layers(x, layout, weights, k_cache, v_cache, rope, arch, run_layer, hidden_at, hidden)
+    rms_norm_rows(x, final_norm, arch.eps, normed)
+    _head(head, normed[head_rows], best, logits)

@@ -19,8 +19,8 @@ import torch
 from specdec.cache import KVCache
 from specdec.config import ModelConfig
 from specdec.model import decoder_kernels, kernels
-from specdec.model.decoder_kernels import Arch, LayerWeights, RopeTables, RowLayout
-from specdec.model.quant import QuantArrays, QuantStack
+from specdec.model.decoder_kernels import Arch, LayerWeights, RopeTables, Rows
+from specdec.model.quant import QuantStack
 from specdec.model.transformer import Transformer
 
 # Logits arrays up to this size are kept for the next pass (``_Spare``): 8 rows of a 152K vocabulary are 4.9 MB
@@ -49,29 +49,46 @@ class _Spare:
         return a[:rows]
 
 
-@dataclass(frozen=True)
-class Rows:
-    """Inputs of one fused pass: N new tokens of S sequences, sequence by sequence, unpadded.
+class _CacheArrays:
+    """A KV cache's NumPy views (``kernels.as_numpy``), made for the first pass over it: three tensor calls a cache
+    each pass took ~80 us with the caches cold (Zen 4)."""
 
-    input_ids: [N] token ids; layout: where each row sits (cache row, position, cache entry,
-    sequence, visible keys).
-    """
+    def __init__(self) -> None:
+        self.cache: KVCache | None = None
+        self.arrays: tuple[np.ndarray, np.ndarray] = ()
 
-    input_ids: torch.Tensor
-    layout: RowLayout
+    def of(self, cache: KVCache) -> tuple[np.ndarray, np.ndarray]:
+        if cache is not self.cache:  # a cache's tensors live as long as it does
+            self.cache, self.arrays = cache, (kernels.as_numpy(cache.k_all), kernels.as_numpy(cache.v_all))
+        return self.arrays
 
 
 @dataclass(frozen=True, eq=False)  # arrays: identity, not value, equality
 class FusedDecoder:
     """A ``Transformer``'s fused path, built once: its layer stack as ``decode_layers``' groups."""
 
-    model: Transformer  # the embedding look-up and which layers a pass runs
+    model: Transformer  # which layers a pass runs
+    embed: np.ndarray | tuple[np.ndarray, ...]  # [V, H] float, or a QuantMatrix's arrays
+    embed_scale: np.float32  # the embedding's scale (sqrt(H) as the embedding's type rounds it), or 0
     weights: LayerWeights
     rope: RopeTables
     arch: Arch
     final_norm: np.ndarray  # [H] float32
     head: np.ndarray | tuple[np.ndarray, ...]  # [V, H] float, or a QuantMatrix's arrays
     spare: _Spare = field(default_factory=_Spare, repr=False)  # the last pass's logits array
+    # made once, where each pass made them anew with the caches cold: run_mask(None); the hidden_at, hidden of a pass
+    # keeping none; the logits of an argmax pass (none); the cache's arrays (``_CacheArrays``)
+    every_layer: np.ndarray = field(init=False, repr=False)
+    no_hidden: tuple[np.ndarray, np.ndarray] = field(init=False, repr=False)
+    no_logits: np.ndarray = field(init=False, repr=False)
+    cache_arrays: _CacheArrays = field(default_factory=lambda: _CacheArrays(), repr=False)
+
+    def __post_init__(self) -> None:
+        c = self.model.config
+        object.__setattr__(self, "every_layer", self.model.run_mask(None))
+        object.__setattr__(self, "no_hidden", (np.full(c.num_layers, -1, dtype=np.int64),
+                                               np.empty((1, 1, c.hidden_size), dtype=np.float32)))
+        object.__setattr__(self, "no_logits", np.empty((0, c.vocab_size), dtype=np.float32))
 
     @classmethod
     def from_model(cls, model: Transformer) -> FusedDecoder:
@@ -90,9 +107,12 @@ class FusedDecoder:
         bias = torch.stack([layer.bqkv if layer.bqkv is not None else torch.zeros(q_out) for layer in layers])
         stacked = {name: w if isinstance(w, QuantStack) else kernels.as_numpy(w) for name, w in model.stacked.items()}
         rope_local = model.rope_local if model.rope_local is not None else model.rope
-        head = model.quantized.get("lm_head")
+        head, embed = model.quantized.get("lm_head"), model.quantized.get("embed")
+        dtype = model.embed.dtype if model.embed is not None else torch.float32
         return cls(
             model=model,
+            embed=embed.arrays() if embed is not None else kernels.as_numpy(model.embed.contiguous()),
+            embed_scale=np.float32(torch.tensor(c.hidden_size**0.5, dtype=dtype).item() if c.embed_scale else 0),
             weights=LayerWeights(
                 wqkv=stacked["wqkv"], bqkv=f32(bias), wo=stacked["wo"], w_gate_up=stacked["w_gate_up"],
                 w_down=stacked["w_down"], norms=f32(norms), qk_norms=f32(qk),
@@ -116,14 +136,10 @@ class FusedDecoder:
 
         Hidden states and ``layers`` as in ``Transformer.forward``, per row: [N, H] float32 each.
         """
-        normed, out_hidden = self._final(rows, cache, hidden_layers, layers)
-        if logits_rows is not None:
-            normed = np.ascontiguousarray(normed[logits_rows])
-        logits = self.spare.take(normed.shape[0], self.config.vocab_size)
-        if isinstance(self.head, QuantArrays):
-            kernels.qmatmul(*self.head, normed, logits)
-        else:
-            kernels.matmul(self.head, normed, logits)
+        n = rows.ids.shape[0]
+        head_rows = np.arange(n, dtype=np.int64) if logits_rows is None else logits_rows.astype(np.int64)
+        logits = self.spare.take(head_rows.shape[0], self.config.vocab_size)
+        out_hidden = self._pass(rows, cache, hidden_layers, layers, head_rows, _NO_BEST, logits)
         out = torch.from_numpy(logits)
         if self.config.final_logit_softcapping:
             cap = self.config.final_logit_softcapping
@@ -138,43 +154,42 @@ class FusedDecoder:
 
     def forward_argmax(
         self, rows: Rows, cache: KVCache, hidden_layers: tuple[int, ...] = (), layers: tuple[int, ...] | None = None,
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """``forward``, but each row's argmax [N] int64 in place of its logits: a quantized head keeps
+    ) -> tuple[np.ndarray, list[torch.Tensor]]:
+        """``forward``, but each row's argmax [N] int64 (NumPy) in place of its logits: a quantized head keeps
         only its chunks' row maxima (``kernels.qmatmul_argmax``), never the [N, V] floats."""
-        normed, out_hidden = self._final(rows, cache, hidden_layers, layers)
-        best = np.empty(normed.shape[0], dtype=np.int64)
-        if isinstance(self.head, QuantArrays):
-            kernels.qmatmul_argmax(*self.head, normed, best)
-        else:
-            logits = np.empty((normed.shape[0], self.config.vocab_size), dtype=np.float32)
-            kernels.matmul(self.head, normed, logits)
-            kernels.argmax_rows(logits, best)
-        return torch.from_numpy(best), out_hidden
+        n = rows.ids.shape[0]
+        best = np.empty(n, dtype=np.int64)
+        out_hidden = self._pass(rows, cache, hidden_layers, layers, np.arange(n, dtype=np.int64), best, self.no_logits)
+        return best, out_hidden
 
-    def _final(self, rows: Rows, cache: KVCache, hidden_layers: tuple[int, ...], layers: tuple[int, ...] | None,
-               ) -> tuple[np.ndarray, list[torch.Tensor]]:
-        """The layer stack and the final norm: [N, H] normed rows, and the hidden states asked for."""
-        c = self.config
-        x = self.model.embed_rows(rows.input_ids)  # [N, H]
-        if c.embed_scale:
-            embed = self.model.embed
-            dtype = embed.dtype if embed is not None else torch.float32
-            x = x * torch.tensor(c.hidden_size**0.5, dtype=dtype).float()
-        xn = x.contiguous().numpy()
-        hidden_at = np.full(c.num_layers, -1, dtype=np.int64)
-        for j, layer in enumerate(sorted(i for i in hidden_layers if i >= 0)):  # layer order, as forward
-            hidden_at[layer] = j
-        hidden = np.empty((max(1, int((hidden_at >= 0).sum())), *xn.shape), dtype=np.float32)
-        decoder_kernels.decode_layers(
-            xn, rows.layout, self.weights, kernels.as_numpy(cache.k_all), kernels.as_numpy(cache.v_all),
-            self.rope, self.arch, self.model.run_mask(layers), hidden_at, hidden,
+    def _pass(self, rows: Rows, cache: KVCache, hidden_layers: tuple[int, ...], layers: tuple[int, ...] | None,
+              head_rows: np.ndarray, best: np.ndarray, logits: np.ndarray) -> list[torch.Tensor]:
+        """The pass (``decoder_kernels.fused_pass``): the LM head's argmaxes into best, or where best is empty its
+        logits into logits, over rows head_rows; returns the hidden states asked for."""
+        n, c = rows.ids.shape[0], self.config
+        if hidden_layers:
+            hidden_at = np.full(c.num_layers, -1, dtype=np.int64)
+            for j, layer in enumerate(sorted(i for i in hidden_layers if i >= 0)):  # layer order, as forward
+                hidden_at[layer] = j
+            hidden = np.empty((max(1, int((hidden_at >= 0).sum())), n, c.hidden_size), dtype=np.float32)
+        else:
+            hidden_at, hidden = self.no_hidden
+        normed = np.empty((n, c.hidden_size), dtype=np.float32)
+        decoder_kernels.fused_pass(
+            rows, self.embed, self.embed_scale, self.weights, self.rope, self.arch, self.final_norm, self.head,
+            *self.cache_arrays.of(cache),
+            self.every_layer if layers is None else self.model.run_mask(layers), hidden_at, hidden, normed,
+            head_rows, best, logits,
         )
-        normed = np.empty_like(xn)
-        decoder_kernels.rms_norm_rows(xn, self.final_norm, self.arch.eps, normed)
+        if not hidden_layers:
+            return []
         out_hidden = [torch.from_numpy(hidden[j]) for j in range(int((hidden_at >= 0).sum()))]
         if -1 in hidden_layers:
             out_hidden.append(torch.from_numpy(normed))
-        return normed, out_hidden
+        return out_hidden
+
+
+_NO_BEST = np.empty(0, dtype=np.int64)  # fused_pass's best where logits are wanted
 
 
 def _arch(c: ModelConfig, model: Transformer) -> Arch:

@@ -16,8 +16,8 @@ import torch
 
 from specdec.cache import KVCache
 from specdec.config import ModelConfig
-from specdec.model.decoder_kernels import chain_rows
-from specdec.model.fused import FusedDecoder, Rows
+from specdec.model.decoder_kernels import Rows
+from specdec.model.fused import FusedDecoder
 from specdec.model.quant import QuantMatrix, int8_rows
 from specdec.model.transformer import Batch, Transformer
 from specdec.runners.base import ModelRunner, PassOutput, SeqInput
@@ -174,33 +174,22 @@ class NativeRunner(ModelRunner):
                   argmax: bool = False):
         """Per sequence its rows' logits (or their argmax [T_i]: ``argmax``, every row's) and hidden states."""
         rows = self._make_rows(seqs)
-        seq_rows = rows.layout.seq_rows
-        logits_rows = None if seqs[0].all_logits else seq_rows[1:] - 1
-        with torch.inference_mode():
-            if argmax:
-                logits, hidden = self.fused.forward_argmax(rows, self.cache, hidden_layers, layers)
-            else:
-                logits, hidden = self.fused.forward(rows, self.cache, logits_rows, hidden_layers, layers)
-        out_logits, out_hidden = [], []
-        for i, s in enumerate(seqs):
-            r0, r1 = int(seq_rows[i]), int(seq_rows[i + 1])
-            out_logits.append(logits[r0:r1] if s.all_logits else logits[i : i + 1])
-            out_hidden.append([h[r0:r1] for h in hidden])
-        return out_logits, out_hidden
+        # (no torch.inference_mode: the pass is NumPy's, and entering it cost ~50 us with the caches cold)
+        if argmax:
+            best, hidden = self.fused.forward_argmax(rows, self.cache, hidden_layers, layers)
+            logits = [torch.from_numpy(best[r0:r1]) for r0, r1 in _row_spans(seqs)]
+        else:
+            logits_rows = None if seqs[0].all_logits else np.cumsum(rows.seqs[:, 2]) - 1
+            every, hidden = self.fused.forward(rows, self.cache, logits_rows, hidden_layers, layers)
+            logits = [every[r0:r1] if s.all_logits else every[i : i + 1]
+                      for i, (s, (r0, r1)) in enumerate(zip(seqs, _row_spans(seqs), strict=True))]
+        return logits, [[h[r0:r1] for h in hidden] for r0, r1 in _row_spans(seqs)]
 
     def _make_rows(self, seqs: list[SeqInput]) -> Rows:
-        counts = np.array([len(s.token_ids) for s in seqs], dtype=np.int64)
-        starts = np.array([self.lengths[s.slot] for s in seqs], dtype=np.int64)
-        kv_len = self._kv_len(int((starts + counts).max()))
-        layout = chain_rows(np.array([s.slot for s in seqs], dtype=np.int64), starts, counts, kv_len)
-        for i, s in enumerate(seqs):
-            if s.parents is not None:  # a tree: its nodes' depths and ancestors over the chain's
-                r0, start, n = int(layout.seq_rows[i]), int(starts[i]), int(counts[i])
-                depths, visible = _layout(s)
-                layout.positions[r0 : r0 + n] = start + depths
-                layout.mask[r0 : r0 + n, start : start + n] = visible
-        ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.long)
-        return Rows(ids, layout)
+        at = np.array([(s.slot, self.lengths[s.slot], len(s.token_ids)) for s in seqs], dtype=np.int64)
+        kv_len = self._kv_len(int((at[:, 1] + at[:, 2]).max()))
+        parents = _CHAINS if all(s.parents is None for s in seqs) else np.concatenate([_parents(s) for s in seqs])
+        return Rows(np.array([t for s in seqs for t in s.token_ids], dtype=np.int64), at, parents, kv_len)
 
     def _make_batch(self, seqs: list[SeqInput]) -> tuple[Batch, torch.Tensor | None]:
         B = len(seqs)
@@ -251,6 +240,25 @@ class NativeRunner(ModelRunner):
     def _window_exceeded(self, kv_len: int) -> bool:
         w = self.config.sliding_window
         return w is not None and kv_len > w
+
+
+def _row_spans(seqs: list[SeqInput]) -> list[tuple[int, int]]:
+    """Each sequence's rows r0:r1 of a pass."""
+    spans, r0 = [], 0
+    for s in seqs:
+        spans.append((r0, r0 + len(s.token_ids)))
+        r0 += len(s.token_ids)
+    return spans
+
+
+_CHAINS = np.empty(0, dtype=np.int64)  # Rows.parents where every sequence adds a chain
+
+
+def _parents(s: SeqInput) -> np.ndarray:
+    """Rows.parents of one sequence's new tokens: a chain's each the one before, a tree's as given (checked)."""
+    if s.parents is None:
+        return np.arange(len(s.token_ids), dtype=np.int64) - 1
+    return np.array(DraftTree(s.token_ids, s.parents).parents, dtype=np.int64)
 
 
 def _layout(s: SeqInput) -> tuple[np.ndarray, np.ndarray]:
