@@ -485,9 +485,10 @@ def fused_pass(rows, embed, embed_scale, weights, rope, arch, final_norm, head, 
                hidden_at, hidden, normed, head_rows, best, logits):  # pragma: no cover - compiled
     """A whole pass in one compiled call: the rows' layout (``row_layout``), the embedding look-up, every layer
     (``decode_layers``), the final norm into normed [N, H] and the LM head over its rows ``head_rows`` (``_head``:
-    argmaxes into best, or logits). One call where six took turns with Python: each ran with the caches cold
-    after the weights had streamed through them (SmolLM2-135M's 1-token pass 4.39 -> 3.97 ms, Qwen2.5-Coder-0.5B's
-    9.7 -> 9.2, the 1.5B's 22.8 -> 22.4; Zen 4, alternated in one process)."""
+    argmaxes into best where it has rows, else logits). One dispatch and no torch call where the pass took six
+    dispatches and a dozen torch calls, each run with the caches cold after the weights streamed through them (a
+    torch call 20-130 us there). Zen 4, 1-token argmax passes alternated in one process against the parent commit's
+    steps replayed: SmolLM2-135M 0.96-0.975, Qwen2.5-Coder-0.5B 0.978, the 1.5B 1.003 (within the spread)."""
     layout = row_layout(rows)
     x = np.empty(normed.shape, dtype=np.float32)
     _embed(embed, rows.ids, embed_scale, x)
