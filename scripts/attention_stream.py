@@ -57,7 +57,8 @@ def main() -> None:
             "cache": (zeros(k.shape, k.dtype, k.device).copy_(k), zeros(v.shape, v.dtype, v.device).copy_(v)),
         }
         for width in [int(w) for w in args.widths.split(",")]:
-            rows = decoder_kernels.row_layout(runner._make_rows([SeqInput(slot, [1] * width)]))
+            passed = runner._make_rows([SeqInput(slot, [1] * width)])
+            rows = decoder_kernels.row_layout(passed.seqs, passed.parents, passed.kv_len)
             q = rng.standard_normal((width, c.num_heads, c.head_dim)).astype(np.float32)
             out = np.empty_like(q)
             calls = {name: partial(every_layer, q, kernels.as_numpy(kc), kernels.as_numpy(vc), rows, arch.scale, out)

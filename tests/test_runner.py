@@ -337,7 +337,7 @@ def test_a_pass_layout_places_chains_and_trees_as_the_torch_path_does(tiny_llama
             SeqInput(slots[2], [7])]
     for group in (seqs, [seqs[0], seqs[2]]):  # with a tree (every row's parent given), and chains alone
         rows = runner._make_rows(group)
-        layout = decoder_kernels.row_layout(rows)
+        layout = decoder_kernels.row_layout(rows.seqs, rows.parents, rows.kv_len)
         r0 = 0
         for s in group:
             n, start = len(s.token_ids), runner.lengths[s.slot]

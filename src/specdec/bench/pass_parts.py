@@ -43,7 +43,8 @@ def part_costs(runner: NativeRunner, slot: int, width: int, rounds: int) -> dict
     f, c = runner.fused, runner.config
     rng = np.random.default_rng(0)
     parts: dict[str, list[float]] = {name: [] for name in (*KINDS, "attention", "lm_head")}
-    rows = decoder_kernels.row_layout(runner._make_rows([SeqInput(slot, [1] * width)]))
+    passed = runner._make_rows([SeqInput(slot, [1] * width)])
+    rows = decoder_kernels.row_layout(passed.seqs, passed.parents, passed.kv_len)
     k_cache, v_cache = kernels.as_numpy(runner.cache.k_all), kernels.as_numpy(runner.cache.v_all)
     q = rng.standard_normal((width, c.num_heads, c.head_dim)).astype(np.float32)
     attn = np.empty_like(q)

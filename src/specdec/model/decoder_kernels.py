@@ -271,7 +271,8 @@ class RowLayout(NamedTuple):
 
 class Rows(NamedTuple):
     """Inputs of one fused pass: N new tokens of S sequences, sequence by sequence, unpadded. Where each row sits
-    (``RowLayout``) is built from them inside the pass's compiled call (``row_layout``).
+    (``RowLayout``) is built from them inside the pass's compiled call (``row_layout``); the call takes them one by
+    one, as it takes every NamedTuple here as a plain tuple (``plain``).
 
     ids [N] int64 token ids; seqs [S, 3] int64: each sequence's cache row, its cache entries before the pass and
     its new tokens; parents [N] int64: each new token's parent among its sequence's new tokens (-1: the cached
@@ -285,12 +286,11 @@ class Rows(NamedTuple):
 
 
 @njit(cache=True)
-def row_layout(rows: Rows) -> RowLayout:  # pragma: no cover - compiled
-    """Where each row of ``rows`` sits: a row sees its sequence's cache and, of the pass's new tokens, itself and
-    its ancestors (a chain's: every earlier token), and takes its depth's position. Compiled: a pass's Python runs
-    with the caches cold (the weights streamed through them), where the dozen NumPy calls this took cost ~165 us
-    a pass (Qwen2.5-Coder-0.5B, Zen 4)."""
-    seqs, parents = rows.seqs, rows.parents
+def row_layout(seqs: np.ndarray, parents: np.ndarray, kv_len: int) -> RowLayout:  # pragma: no cover - compiled
+    """Where each row of a pass (``Rows``' seqs, parents and kv_len) sits: a row sees its sequence's cache and, of the
+    pass's new tokens, itself and its ancestors (a chain's: every earlier token), and takes its depth's position.
+    Compiled: a pass's Python runs with the caches cold (the weights streamed through them), where the dozen NumPy
+    calls this took cost ~165 us a pass (Qwen2.5-Coder-0.5B, Zen 4)."""
     seq_rows = np.zeros(seqs.shape[0] + 1, dtype=np.int64)
     for i in range(seqs.shape[0]):
         seq_rows[i + 1] = seq_rows[i] + seqs[i, 2]
@@ -298,7 +298,7 @@ def row_layout(rows: Rows) -> RowLayout:  # pragma: no cover - compiled
     row_slot = np.empty(n_rows, dtype=np.int64)
     positions = np.empty(n_rows, dtype=np.int64)
     write_at = np.empty(n_rows, dtype=np.int64)
-    mask = np.zeros((n_rows, rows.kv_len), dtype=np.bool_)
+    mask = np.zeros((n_rows, kv_len), dtype=np.bool_)
     for i in range(seqs.shape[0]):
         slot, start = seqs[i, 0], seqs[i, 1]
         for j in range(seqs[i, 2]):
@@ -481,17 +481,26 @@ def _head_impl(head, x, best, logits):
 
 
 @njit(**_FLAGS)
-def fused_pass(rows, embed, embed_scale, weights, rope, arch, final_norm, head, k_cache, v_cache, run_layer,
-               hidden_at, hidden, normed, head_rows, best, logits):  # pragma: no cover - compiled
-    """A whole pass in one compiled call: the rows' layout (``row_layout``), the embedding look-up, every layer
-    (``decode_layers``), the final norm into normed [N, H] and the LM head over its rows ``head_rows`` (``_head``:
-    argmaxes into best where it has rows, else logits). One dispatch and no torch call where the pass took six
-    dispatches and a dozen torch calls, each run with the caches cold after the weights streamed through them (a
-    torch call 20-130 us there). Zen 4, 1-token argmax passes alternated in one process against the parent commit's
-    steps replayed: SmolLM2-135M 0.96-0.975, Qwen2.5-Coder-0.5B 0.978, the 1.5B 1.003 (within the spread)."""
-    layout = row_layout(rows)
+def fused_pass(ids, seqs, parents, kv_len, model, k_cache, v_cache, run_layer, hidden_at, hidden, normed, head_rows,
+               best, logits):  # pragma: no cover - compiled
+    """A whole pass in one compiled call: the layout of the rows (``Rows``' fields; ``row_layout``), the embedding
+    look-up, every layer (``decode_layers``), the final norm into normed [N, H] and the LM head over its rows
+    ``head_rows`` (``_head``: argmaxes into best where it has rows, else logits). ``model``: the static arrays,
+    ``fused.FusedDecoder.arrays``. One dispatch and no torch call where the pass took six dispatches and a dozen torch
+    calls, each run with the caches cold after the weights streamed through them (a torch call 20-130 us there).
+    Zen 4, 1-token argmax passes alternated in one process against the parent commit's steps replayed: SmolLM2-135M
+    0.96-0.975, Qwen2.5-Coder-0.5B 0.978, the 1.5B 1.003 (within the spread)."""
+    embed, embed_scale, eps, weights, rope, arch, final_norm, head = model
+    layout = row_layout(seqs, parents, kv_len)
     x = np.empty(normed.shape, dtype=np.float32)
-    _embed(embed, rows.ids, embed_scale, x)
+    _embed(embed, ids, embed_scale, x)
     decode_layers(x, layout, weights, k_cache, v_cache, rope, arch, run_layer, hidden_at, hidden)
-    rms_norm_rows(x, final_norm, arch.eps, normed)
+    rms_norm_rows(x, final_norm, eps, normed)
     _head(head, normed[head_rows], best, logits)
+
+
+def plain(value):
+    """``value`` with every NamedTuple in it a plain tuple: numba types a NamedTuple argument ~2.5x slower on every
+    call (the arguments of ``fused_pass`` 107 against 43 us with the caches cold, 17.8 against 6.8 warm; SmolLM2-135M's
+    1-token passes alternated in one process 0.992-0.993 of the time with NamedTuples; Zen 4)."""
+    return tuple(plain(v) for v in value) if isinstance(value, tuple) else value

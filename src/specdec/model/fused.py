@@ -76,8 +76,10 @@ class FusedDecoder:
     final_norm: np.ndarray  # [H] float32
     head: np.ndarray | tuple[np.ndarray, ...]  # [V, H] float, or a QuantMatrix's arrays
     spare: _Spare = field(default_factory=_Spare, repr=False)  # the last pass's logits array
-    # made once, where each pass made them anew with the caches cold: run_mask(None); the hidden_at, hidden of a pass
-    # keeping none; the logits of an argmax pass (none); the cache's arrays (``_CacheArrays``)
+    # made once, where each pass made them anew with the caches cold: fused_pass's static arrays (``arrays``),
+    # run_mask(None); the hidden_at, hidden of a pass keeping none; the logits of an argmax pass (none); the cache's
+    # arrays (``_CacheArrays``)
+    arrays: tuple = field(init=False, repr=False)
     every_layer: np.ndarray = field(init=False, repr=False)
     no_hidden: tuple[np.ndarray, np.ndarray] = field(init=False, repr=False)
     no_logits: np.ndarray = field(init=False, repr=False)
@@ -85,6 +87,9 @@ class FusedDecoder:
 
     def __post_init__(self) -> None:
         c = self.model.config
+        arrays = (self.embed, self.embed_scale, self.arch.eps, self.weights, self.rope, self.arch, self.final_norm,
+                  self.head)
+        object.__setattr__(self, "arrays", decoder_kernels.plain(arrays))
         object.__setattr__(self, "every_layer", self.model.run_mask(None))
         object.__setattr__(self, "no_hidden", (np.full(c.num_layers, -1, dtype=np.int64),
                                                np.empty((1, 1, c.hidden_size), dtype=np.float32)))
@@ -176,8 +181,7 @@ class FusedDecoder:
             hidden_at, hidden = self.no_hidden
         normed = np.empty((n, c.hidden_size), dtype=np.float32)
         decoder_kernels.fused_pass(
-            rows, self.embed, self.embed_scale, self.weights, self.rope, self.arch, self.final_norm, self.head,
-            *self.cache_arrays.of(cache),
+            rows.ids, rows.seqs, rows.parents, rows.kv_len, self.arrays, *self.cache_arrays.of(cache),
             self.every_layer if layers is None else self.model.run_mask(layers), hidden_at, hidden, normed,
             head_rows, best, logits,
         )
