@@ -46,6 +46,13 @@ from specdec.model.kernels import (
 
 # qkernels.c's attention jobs, resolved by name when numba compiles a caller (importing kernels loaded the library)
 _sd_attend = types.ExternalFunction("sd_attend", types.void(*([types.intp] * 9), types.float64, *([types.intp] * 4)))
+_sd_rms_norm = types.ExternalFunction("sd_rms_norm", types.void(types.intp, types.intp, types.intp, types.float64,
+                                                                 types.intp))
+# The glue between the products (norms, rope, residuals) compiled without fastmath: with it LLVM contracted and
+# reordered that float arithmetic as each caller's compilation chose, so the bits of a pass moved when the code
+# around it changed (a whole pass in one call moved Qwen2.5-Coder-0.5B's, typing its arguments anew the 1.5B's on
+# the AVX-512 build only). Each row's steps are then fixed by the source, whatever compiles them.
+_GLUE = dict(_FLAGS, fastmath=False)
 _ATTENTION_ROWS = 8  # query rows per attention job: more jobs for two cores, few re-reads of the cache
 _KEY_CHUNK = 512  # keys per attention job (split-K); fixed boundaries keep every row's bits
 
@@ -219,26 +226,20 @@ def _cache_kind_impl(cache):
 
 
 # -- the fused decoder stack ------------------------------------------------------------------
-@njit(inline="always", **_FLAGS)
+@njit(inline="always", **_GLUE)
 def _rms_norm(v: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:  # pragma: no cover
-    """out = v / sqrt(mean(v^2) + eps) * w for one vector (out may be v)."""
-    n = v.shape[0]
-    ss = np.float32(0.0)
-    for i in range(n):
-        ss += v[i] * v[i]
-    inv = np.float32(1.0) / np.sqrt(ss / np.float32(n) + np.float32(eps))
-    for i in range(n):
-        out[i] = v[i] * inv * w[i]
+    """out = v / sqrt(mean(v^2) + eps) * w for one contiguous vector (out may be v): qkernels.c's sd_rms_norm."""
+    _sd_rms_norm(v.ctypes.data, w.ctypes.data, v.shape[0], eps, out.ctypes.data)
 
 
-@njit(**_FLAGS)
+@njit(**_GLUE)
 def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:  # pragma: no cover
     """RMSNorm row by row (any row count: same bits)."""
     for r in range(x.shape[0]):
         _rms_norm(x[r], w, eps, out[r])
 
 
-@njit(inline="always", **_FLAGS)
+@njit(inline="always", **_GLUE)
 def _rope(v: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:  # pragma: no cover
     """Rotate the pairs (2i, 2i + 1) of one head by the position's angles."""
     for i in range(cos.shape[0]):
@@ -247,7 +248,7 @@ def _rope(v: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:  # pragma: n
         v[2 * i + 1] = a * sin[i] + b * cos[i]
 
 
-@njit(inline="always", **_FLAGS)
+@njit(inline="always", **_GLUE)
 def _add_rows(x: np.ndarray, y: np.ndarray) -> None:  # pragma: no cover
     for r in range(x.shape[0]):
         for i in range(x.shape[1]):
@@ -358,7 +359,7 @@ class Arch(NamedTuple):
     gelu: bool  # gelu (tanh) gate, else silu
 
 
-@njit(**_FLAGS)  # serial glue: only the products and attention inside launch threads
+@njit(**_GLUE)  # serial glue: only the products and attention inside launch threads
 def decode_layers(x, rows, weights, k_cache, v_cache, rope, arch, run_layer, hidden_at, hidden):  # pragma: no cover
     """Run the rows x [N, H] (``rows``: a ``RowLayout``) through every layer l with run_layer[l]
     in place, writing their K/V to the cache; a layer not run passes x through and writes no K/V
@@ -446,7 +447,7 @@ def _embed_impl(table, ids, scale, out):
     return embed
 
 
-@njit(inline="always", **_FLAGS)
+@njit(inline="always", **_GLUE)
 def _scale_rows(x, scale):  # pragma: no cover - compiled
     """x *= scale, unless scale is 0 (no scale)."""
     if scale != 0:
@@ -480,7 +481,7 @@ def _head_impl(head, x, best, logits):
     return dense
 
 
-@njit(**_FLAGS)
+@njit(**_GLUE)
 def fused_pass(ids, seqs, parents, kv_len, model, k_cache, v_cache, run_layer, hidden_at, hidden, normed, head_rows,
                best, logits):  # pragma: no cover - compiled
     """A whole pass in one compiled call: the layout of the rows (``Rows``' fields; ``row_layout``), the embedding

@@ -693,6 +693,23 @@ int64_t sd_first_max(const float *v, int64_t n) {
     return best;
 }
 
+/* RMSNorm of one row (decoder_kernels._rms_norm): out = v / sqrt(mean(v^2) + eps) * w, out may be v. The squares
+ * summed in 16 fixed lanes, combined in a fixed order, nothing contracted (-ffp-contract=off): the same bits in any
+ * caller and on every ISA. Compiled by numba with fastmath, LLVM ordered the sum as each caller's compilation chose
+ * (a fused pass moved the bits of Qwen2.5-Coder-0.5B's layer 0 against a separately compiled decode_layers). */
+#define NORM_LANES 16
+void sd_rms_norm(const float *v, const float *w, int64_t n, double eps, float *out) {
+    float lane[NORM_LANES] = {0};
+    int64_t i = 0;
+    for (; i + NORM_LANES <= n; i += NORM_LANES)
+        for (int j = 0; j < NORM_LANES; j++) lane[j] += v[i + j] * v[i + j];
+    for (int j = 0; i + j < n; j++) lane[j] += v[i + j] * v[i + j];
+    for (int h = NORM_LANES / 2; h > 0; h /= 2)
+        for (int j = 0; j < h; j++) lane[j] += lane[j + h];
+    const float inv = 1.0f / sqrtf(lane[0] / (float)n + (float)eps);
+    for (i = 0; i < n; i++) out[i] = v[i] * inv * w[i];
+}
+
 /* An MLP's act(gate) * up (kernels.gated_columns): out[c0 .. c1] from one row of a w_gate_up product, whose gate and
  * up halves alternate in blocks of `block` values (weight_names.gate_up_block; c0 and c1 on block boundaries). Both
  * activations are gate x sigmoid(c z): silu z = g, c = 1; gelu (tanh approximation, as Gemma's gelu_pytorch_tanh,
