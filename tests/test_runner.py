@@ -353,7 +353,7 @@ def test_a_pass_layout_places_chains_and_trees_as_the_torch_path_does(tiny_llama
         assert layout.seq_rows.tolist() == [0, *np.cumsum([len(s.token_ids) for s in group])]
 
 
-@pytest.mark.parametrize(("arch", "quantization"), [("llama", None), ("qwen2", "q4_1"), ("gemma3", "q8_0")])
+@pytest.mark.parametrize(("arch", "quantization"), [("gemma3", None), ("qwen2", "q4_1")])  # compiles the layers twice
 def test_the_glue_has_the_same_bits_in_any_compiled_caller(tiny_model_factory, arch, quantization):
     """The layers' glue (norms, rope, residuals) is fixed by its source, not by how its caller was compiled: the
     hidden states of a whole ``fused_pass`` equal ``decode_layers`` compiled alone over the same embedding."""
