@@ -172,11 +172,11 @@ class FusedDecoder:
         """The pass (``decoder_kernels.fused_pass``): the LM head's argmaxes into best, or where best is empty its
         logits into logits, over rows head_rows; returns the hidden states asked for."""
         n, c = rows.ids.shape[0], self.config
+        kept = sorted(i for i in hidden_layers if i >= 0)  # layer order, as forward
         if hidden_layers:
             hidden_at = np.full(c.num_layers, -1, dtype=np.int64)
-            for j, layer in enumerate(sorted(i for i in hidden_layers if i >= 0)):  # layer order, as forward
-                hidden_at[layer] = j
-            hidden = np.empty((max(1, int((hidden_at >= 0).sum())), n, c.hidden_size), dtype=np.float32)
+            hidden_at[kept] = np.arange(len(kept))
+            hidden = np.empty((max(1, len(kept)), n, c.hidden_size), dtype=np.float32)
         else:
             hidden_at, hidden = self.no_hidden
         normed = np.empty((n, c.hidden_size), dtype=np.float32)
@@ -187,7 +187,7 @@ class FusedDecoder:
         )
         if not hidden_layers:
             return []
-        out_hidden = [torch.from_numpy(hidden[j]) for j in range(int((hidden_at >= 0).sum()))]
+        out_hidden = [torch.from_numpy(hidden[j]) for j in range(len(kept))]
         if -1 in hidden_layers:
             out_hidden.append(torch.from_numpy(normed))
         return out_hidden

@@ -173,17 +173,17 @@ class NativeRunner(ModelRunner):
     def _run_rows(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...], layers: tuple[int, ...] | None,
                   argmax: bool = False):
         """Per sequence its rows' logits (or their argmax [T_i]: ``argmax``, every row's) and hidden states."""
-        rows = self._make_rows(seqs)
+        rows, spans = self._make_rows(seqs), _row_spans(seqs)
         # (no torch.inference_mode: the pass is NumPy's, and entering it cost ~50 us with the caches cold)
         if argmax:
             best, hidden = self.fused.forward_argmax(rows, self.cache, hidden_layers, layers)
-            logits = [torch.from_numpy(best[r0:r1]) for r0, r1 in _row_spans(seqs)]
+            logits = [torch.from_numpy(best[r0:r1]) for r0, r1 in spans]
         else:
-            logits_rows = None if seqs[0].all_logits else np.cumsum(rows.seqs[:, 2]) - 1
+            logits_rows = None if seqs[0].all_logits else np.array([r1 - 1 for _, r1 in spans], dtype=np.int64)
             every, hidden = self.fused.forward(rows, self.cache, logits_rows, hidden_layers, layers)
             logits = [every[r0:r1] if s.all_logits else every[i : i + 1]
-                      for i, (s, (r0, r1)) in enumerate(zip(seqs, _row_spans(seqs), strict=True))]
-        return logits, [[h[r0:r1] for h in hidden] for r0, r1 in _row_spans(seqs)]
+                      for i, (s, (r0, r1)) in enumerate(zip(seqs, spans, strict=True))]
+        return logits, [[h[r0:r1] for h in hidden] for r0, r1 in spans]
 
     def _make_rows(self, seqs: list[SeqInput]) -> Rows:
         at = np.array([(s.slot, self.lengths[s.slot], len(s.token_ids)) for s in seqs], dtype=np.int64)
