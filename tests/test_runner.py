@@ -324,33 +324,37 @@ def test_tree_pass_then_compaction_equals_fresh_forward(tiny_llama):
     assert torch.allclose(after, fresh[-1], atol=1e-4)  # compacted KV == a fresh forward
 
 
-def test_a_pass_layout_places_chains_and_trees_as_the_torch_path_does(tiny_llama):
-    """``decoder_kernels.row_layout`` (the fused pass's, from each token's parent) against the torch path's layout of
-    the same pass (``native._layout``: a chain's causal triangle, a tree's ancestor mask and depths)."""
-    from specdec.runners.native import _layout
-
+def test_a_pass_layout_places_chains_and_trees(tiny_llama):
+    """``decoder_kernels.row_layout``, the one home of a pass's layout (the fused pass's, and the torch path's padded
+    batch): a row sees its sequence's cache and, of the new tokens, itself and its ancestors (a chain's: every earlier
+    one), at its depth's position, written after the cache."""
     runner, _ = load_runner(str(tiny_llama), max_seq_len=64, num_slots=3)
     slots = [runner.allocate() for _ in range(3)]
     for slot, n in zip(slots, (5, 9, 2), strict=True):
         runner.run([SeqInput(slot, list(range(10, 10 + n)), all_logits=False)])
-    seqs = [SeqInput(slots[0], [1, 2, 3]), SeqInput(slots[1], [4, 5, 6, 7, 8, 9], [-1, 0, 1, 0, 3, 3]),
-            SeqInput(slots[2], [7])]
-    for group in (seqs, [seqs[0], seqs[2]]):  # with a tree (every row's parent given), and chains alone
+    tree = [-1, 0, 1, 0, 3, 3]  # root -> {a -> b, c -> {d, e}}
+    seqs = [SeqInput(slots[0], [1, 2, 3]), SeqInput(slots[1], [4, 5, 6, 7, 8, 9], tree), SeqInput(slots[2], [7])]
+    for group in (seqs, [seqs[0], seqs[2]]):  # with a tree, and chains alone
         rows = runner._make_rows(group)
         layout = decoder_kernels.row_layout(rows.seqs, rows.parents, rows.kv_len)
         r0 = 0
         for s in group:
             n, start = len(s.token_ids), runner.lengths[s.slot]
-            depths, visible = _layout(s)
-            want = np.zeros((n, rows.kv_len), dtype=np.bool_)
-            want[:, :start] = True
-            want[:, start:start + n] = visible
-            assert np.array_equal(layout.mask[r0:r0 + n], want)
-            assert np.array_equal(layout.positions[r0:r0 + n], start + depths)
+            parents = s.parents or list(range(-1, n - 1))
+            for j in range(n):
+                seen, a = [], j
+                while a >= 0:
+                    seen, a = [*seen, a], parents[a]
+                want = np.zeros(rows.kv_len, dtype=np.bool_)
+                want[:start] = True
+                want[[start + a for a in seen]] = True
+                assert np.array_equal(layout.mask[r0 + j], want)
+                assert layout.positions[r0 + j] == start + len(seen) - 1
             assert np.array_equal(layout.write_at[r0:r0 + n], start + np.arange(n))
             assert (layout.slots[r0:r0 + n] == s.slot).all()
             r0 += n
         assert layout.seq_rows.tolist() == [0, *np.cumsum([len(s.token_ids) for s in group])]
+    assert layout.positions.tolist() == [5, 6, 7, 2] and layout.mask[1].tolist()[:8] == [True] * 7 + [False]
 
 
 @pytest.mark.parametrize(("arch", "quantization"), [("gemma3", None), ("qwen2", "q4_1")])  # compiles the layers twice

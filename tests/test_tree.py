@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from specdec.tree import DraftTree, is_chain
 
@@ -19,12 +18,6 @@ def test_docstring_example():
     assert tree.depths == [0, 1, 2, 1]
     assert tree.children == [[1, 3], [2], [], []]
     assert [tree.path_to(n) for n in (2, 3)] == [[0, 1, 2], [0, 3]]
-    assert tree.ancestor_mask().tolist() == [
-        [True, False, False, False],
-        [True, True, False, False],
-        [True, True, True, False],
-        [True, False, False, True],
-    ]
 
 
 def test_is_chain():
@@ -51,8 +44,3 @@ def test_invalid_trees_are_refused():
     for tokens, parents in [([], []), ([R, A], [0, 0]), ([R, A, B], [-1, 2, 0]), ([R], [-1, -1])]:
         with pytest.raises(ValueError):
             DraftTree(tokens, parents)
-
-
-def test_chain_mask_is_causal():
-    mask = DraftTree.chain(R, [A, B, C]).ancestor_mask()
-    assert torch.equal(mask, torch.tril(torch.ones(4, 4, dtype=torch.bool)))

@@ -19,8 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import torch
-
 
 def is_chain(parents: Sequence[int]) -> bool:
     """Whether ``parents`` (root first, ``parents[0] == -1``) make one chain: node i's parent is i - 1.
@@ -62,17 +60,6 @@ class DraftTree:
     @property
     def is_chain(self) -> bool:
         return is_chain(self.parents)
-
-    def ancestor_mask(self) -> torch.Tensor:
-        """[N, N] bool: mask[i, j] is True when node j is node i or one of its ancestors."""
-        n = self.num_nodes
-        mask = torch.zeros(n, n, dtype=torch.bool)
-        for i in range(n):
-            mask[i, i] = True
-            p = self.parents[i]
-            if p >= 0:
-                mask[i] |= mask[p]
-        return mask
 
     def child_with(self, node: int, token: int) -> int | None:
         """The first child of ``node`` holding ``token``, or None."""

@@ -16,6 +16,7 @@ import torch
 
 from specdec.cache import KVCache
 from specdec.config import ModelConfig
+from specdec.model import decoder_kernels
 from specdec.model.decoder_kernels import Rows
 from specdec.model.fused import FusedDecoder
 from specdec.model.quant import QuantMatrix, int8_rows
@@ -192,35 +193,32 @@ class NativeRunner(ModelRunner):
         return Rows(np.array([t for s in seqs for t in s.token_ids], dtype=np.int64), at, parents, kv_len)
 
     def _make_batch(self, seqs: list[SeqInput]) -> tuple[Batch, torch.Tensor | None]:
-        B = len(seqs)
-        T = max(len(s.token_ids) for s in seqs)
-        starts = [self.lengths[s.slot] for s in seqs]
-        kv_len = self._kv_len(max(st + T for st in starts))
-        ids = torch.zeros(B, T, dtype=torch.long)
-        depth = torch.zeros(B, T, dtype=torch.long)
-        tree_mask = torch.zeros(B, T, T, dtype=torch.bool)
-        need_mask = T > 1 or B > 1 or self._window_exceeded(kv_len)
-        for i, s in enumerate(seqs):
-            n = len(s.token_ids)
-            ids[i, :n] = torch.tensor(s.token_ids)
-            depths, visible = _layout(s)
-            depth[i, :n] = torch.from_numpy(depths)
-            tree_mask[i, :n, :n] = torch.from_numpy(visible)
-            tree_mask[i, n:, n:] = torch.eye(T - n, dtype=torch.bool)  # pads see themselves
-        start_t = torch.tensor(starts).unsqueeze(1)  # [B, 1]
+        """The torch path's [B, T] batch: the fused pass's rows (``row_layout``, the one home of a pass's layout)
+        padded to the longest sequence; a pad row follows its sequence's tokens and sees its cache and itself."""
+        rows = self._make_rows(seqs)
+        starts, counts = rows.seqs[:, 1], rows.seqs[:, 2]
+        B, T = len(seqs), int(counts.max())
+        kv_len = self._kv_len(int(starts.max()) + T)  # the pads write too
+        layout = decoder_kernels.row_layout(rows.seqs, rows.parents, kv_len)
+        b = np.repeat(np.arange(B), counts)  # each row's sequence, and its place there
+        t = np.arange(len(b)) - layout.seq_rows[b]
+        write_at = starts[:, None] + np.arange(T)
+        ids = np.zeros((B, T), dtype=np.int64)
+        ids[b, t] = rows.ids
+        positions = np.repeat(starts[:, None], T, axis=1)
+        positions[b, t] = layout.positions
         mask = None
-        if need_mask:
-            rel = torch.arange(kv_len).unsqueeze(0) - start_t  # [B, L] index among new tokens
-            in_new = (rel >= 0) & (rel < T)
-            new_part = tree_mask.gather(2, rel.clamp(0, T - 1).unsqueeze(1).expand(B, T, kv_len))
-            mask = ((rel < 0).unsqueeze(1) | (in_new.unsqueeze(1) & new_part)).unsqueeze(1)
-            mask = mask.to(self.device)  # [B, 1, T, L]
+        if T > 1 or B > 1 or self._window_exceeded(kv_len):
+            entries = np.arange(kv_len)
+            padded = (entries < starts[:, None, None]) | (entries == write_at[:, :, None])
+            padded[b, t] = layout.mask
+            mask = torch.from_numpy(padded).unsqueeze(1).to(self.device)  # [B, 1, T, L]
         slots = [s.slot for s in seqs]
         batch = Batch(
-            input_ids=ids.to(self.device),
-            positions=(start_t + depth).to(self.device),
+            input_ids=torch.from_numpy(ids).to(self.device),
+            positions=torch.from_numpy(positions).to(self.device),
             slots=torch.tensor(slots, device=self.device),
-            write_at=(start_t + torch.arange(T)).to(self.device),
+            write_at=torch.from_numpy(write_at).to(self.device),
             attn_mask=mask,
             kv_len=kv_len,
             contiguous=slots == list(range(B)),
@@ -259,13 +257,3 @@ def _parents(s: SeqInput) -> np.ndarray:
     if s.parents is None:
         return np.arange(len(s.token_ids), dtype=np.int64) - 1
     return np.array(DraftTree(s.token_ids, s.parents).parents, dtype=np.int64)
-
-
-def _layout(s: SeqInput) -> tuple[np.ndarray, np.ndarray]:
-    """Each new token's depth (its rope offset) and [T, T] which new tokens it sees: a chain
-    sees every earlier token, a tree node its ancestors."""
-    n = len(s.token_ids)
-    if s.parents is None:
-        return np.arange(n), np.tri(n, dtype=np.bool_)
-    tree = DraftTree(s.token_ids, s.parents)
-    return np.asarray(tree.depths), tree.ancestor_mask().numpy()
