@@ -200,8 +200,9 @@ def _attend_part(q, k_cache, v_cache, slot, kvh, first, n_rows, group, row_pos, 
         return
     k_start, n_keys = lo, hi - lo
     qg = np.empty((n_rows, dim), dtype=np.float32)
-    for i in range(n_rows):
-        qg[i] = q[first + i // group, kvh * group + i % group]
+    for i in range(n_rows):  # (element by element: see _copy_rows)
+        for d in range(dim):
+            qg[i, d] = q[first + i // group, kvh * group + i % group, d]
     seen = np.empty((n_rows // group, n_keys), dtype=np.uint8)  # which keys each query row sees
     for i in range(n_rows // group):
         r = first + i
@@ -246,6 +247,15 @@ def _rope(v: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:  # pragma: n
         a, b = v[2 * i], v[2 * i + 1]
         v[2 * i] = a * cos[i] - b * sin[i]
         v[2 * i + 1] = a * sin[i] + b * cos[i]
+
+
+@njit(inline="always", **_GLUE)
+def _copy_rows(dst: np.ndarray, src: np.ndarray) -> None:  # pragma: no cover
+    """dst[...] = src, two-dimensional: an array assigned to a slice compiles numba's shape-mismatch message (string
+    formatting, ~6 s of a cold first pass) that these loops never need."""
+    for r in range(dst.shape[0]):
+        for i in range(dst.shape[1]):
+            dst[r, i] = src[r, i]
 
 
 @njit(inline="always", **_GLUE)
@@ -385,7 +395,7 @@ def decode_layers(x, rows, weights, k_cache, v_cache, rope, arch, run_layer, hid
     for layer in range(norms.shape[0]):
         if not run_layer[layer]:
             if hidden_at[layer] >= 0:
-                hidden[hidden_at[layer]] = x
+                _copy_rows(hidden[hidden_at[layer]], x)
             continue
         rms_norm_rows(x, norms[layer, 0], eps, h)
         product(layer_weight(wqkv, layer), h, qkv)
@@ -420,7 +430,7 @@ def decode_layers(x, rows, weights, k_cache, v_cache, rope, arch, run_layer, hid
             rms_norm_rows(proj, norms[layer, 3], eps, proj)
         _add_rows(x, proj)
         if hidden_at[layer] >= 0:
-            hidden[hidden_at[layer]] = x
+            _copy_rows(hidden[hidden_at[layer]], x)
 
 
 # -- a whole pass -------------------------------------------------------------------------------
