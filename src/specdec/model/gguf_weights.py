@@ -10,18 +10,18 @@ dequantised here, with one notice line, and requantized nowhere: they stay float
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
-from gguf import GGUFReader, quants
+from gguf import quants
 
 from specdec.config import ModelConfig
 from specdec.errors import ModelLoadError
 from specdec.log import get_logger
+from specdec.model.gguf_header import TensorInfo, read_header, tensor_data
 from specdec.model.quant import SUPPORTED, QuantMatrix
 from specdec.model.weight_names import gate_up_order, layer_weights, rope_heads
 
@@ -33,17 +33,8 @@ _PERMUTED_ARCHS = ("llama",)  # llama.cpp's converter interleaves q/k rows itsel
 
 def load_gguf_weights(path: Path, config: ModelConfig) -> dict[str, Weight]:
     """Every weight of ``config``'s model from the GGUF at ``path``; matrices as QuantMatrix."""
-    try:
-        reader = GGUFReader(str(path))
-    except Exception as exc:  # noqa: BLE001 - any parse failure is a bad file
-        raise ModelLoadError(f"cannot read GGUF {path}: {type(exc).__name__}: {exc}") from None
-    field = reader.fields.get("general.architecture")
-    arch = bytes(field.parts[field.data[0]]).decode() if field else ""
-    tensors = {t.name: t for t in reader.tensors}
-    # the reader's parsed metadata (the tokenizer's 150K-entry arrays as small NumPy objects: ~0.5 GB
-    # for a Qwen2.5 file) goes before the weights come in, so the two never add up in peak memory
-    del reader, field
-    gc.collect()
+    header = read_header(path)
+    arch, tensors = str(header.metadata.get("general.architecture", "")), header.tensors
     dequantized: set[str] = set()
 
     def matrix(name: str) -> QuantMatrix | torch.Tensor:
@@ -57,13 +48,13 @@ def load_gguf_weights(path: Path, config: ModelConfig) -> dict[str, Weight]:
             data = np.fromfile(path, dtype=np.uint8, count=int(t.n_bytes), offset=int(t.data_offset)).reshape(rows, -1)
             return QuantMatrix.from_blocks(data, t.tensor_type, k)
         dequantized.add(t.tensor_type.name)
-        return torch.from_numpy(np.ascontiguousarray(_dequantize(t).reshape(rows, k)))
+        return torch.from_numpy(np.ascontiguousarray(_dequantize(path, t).reshape(rows, k)))
 
     def vector(name: str) -> torch.Tensor:
         t = tensors.get(name)
         if t is None:
             raise ModelLoadError(f"tensor {name} missing from {path.name}")
-        return torch.from_numpy(np.array(_dequantize(t), dtype=np.float32).reshape(-1))
+        return torch.from_numpy(np.array(_dequantize(path, t), dtype=np.float32).reshape(-1))
 
     c = config
     permute = arch not in _PERMUTED_ARCHS
@@ -89,8 +80,8 @@ def load_gguf_weights(path: Path, config: ModelConfig) -> dict[str, Weight]:
     return out
 
 
-def _dequantize(t) -> np.ndarray:
-    data = np.asarray(t.data)
+def _dequantize(path: Path, t: TensorInfo) -> np.ndarray:
+    data = tensor_data(path, t)
     if t.tensor_type in (T.F32, T.F16, T.BF16):
         return data.astype(np.float32) if t.tensor_type != T.BF16 else quants.dequantize(data, t.tensor_type)
     return quants.dequantize(data, t.tensor_type)
@@ -122,14 +113,11 @@ def read_float_tensors(path: Path, prefix: Callable[[dict[str, object]], str]) -
     """Every tensor whose name starts with ``prefix(metadata)`` (the file's metadata values, the
     tokenizer's left out; it may raise ModelLoadError), dequantised to float32 in row-major [rows, k]
     shape: for the small modules read beside a model. Only those tensors are read."""
-    try:
-        reader = GGUFReader(str(path))
-    except Exception as exc:  # noqa: BLE001 - any parse failure is a bad file
-        raise ModelLoadError(f"cannot read GGUF {path}: {type(exc).__name__}: {exc}") from None
-    start = prefix({name: f.contents() for name, f in reader.fields.items() if not name.startswith("tokenizer.")})
+    header = read_header(path)
+    start = prefix({key: v for key, v in header.metadata.items() if not key.startswith("tokenizer.")})
     out = {}
-    for t in reader.tensors:
+    for t in header.tensors.values():
         if t.name.startswith(start):
             shape = tuple(int(n) for n in reversed(t.shape))  # ggml lists the fastest dimension first
-            out[t.name] = torch.from_numpy(np.array(_dequantize(t), dtype=np.float32).reshape(shape))
+            out[t.name] = torch.from_numpy(np.array(_dequantize(path, t), dtype=np.float32).reshape(shape))
     return out
