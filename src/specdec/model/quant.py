@@ -170,12 +170,10 @@ class QuantMatrix:
         fmt = self.fmt.copy()
         for layout, idx in todo.items():
             per_row, n = q_row_bytes(layout, self.k), GROUP_ROWS[layout]
+            runs = q[: len(q) // n * n].reshape(-1, n * q.shape[1])  # a group's n rows: one run of n x width bytes
             for chunk in np.array_split(idx, max(1, len(idx) * n // 8192)):  # bounded scratch on a 152K-row head
                 rows = (chunk[:, None] * n + np.arange(n)).reshape(-1)
-                blobs = _PACK[layout](self, rows, len(chunk))
-                # a group's n rows are one contiguous run of n x width bytes: its blob fills the first ones
-                at = chunk[:, None] * (n * q.shape[1]) + np.arange(n * per_row)
-                q.reshape(-1)[at] = blobs.reshape(len(chunk), -1)
+                runs[chunk, : n * per_row] = _PACK[layout](self, rows, len(chunk)).reshape(len(chunk), -1)
                 fmt[rows] = layout
         if packed.all():  # the groups carry their scales in q: s and m, a float per 32 values, are no longer read
             s = m = np.zeros((len(fmt), 1), dtype=np.float32)
