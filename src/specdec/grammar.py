@@ -33,8 +33,8 @@ import json
 from collections.abc import Sequence
 
 import llguidance
-import llguidance.hf
-import llguidance.torch as llg_torch
+import llguidance.numpy as llg_numpy  # (llguidance.torch imports torch._dynamo: 1.7 s of every start)
+import numpy as np
 import torch
 
 from specdec.config import StructuredKind, StructuredOutput
@@ -86,6 +86,8 @@ class GrammarCompiler:
     @property
     def lltokenizer(self) -> llguidance.LLTokenizer:
         if self._lltokenizer is None:
+            import llguidance.hf  # imports transformers: on first use
+
             eos = [t for t in self.eos_token_ids if 0 <= t < self.vocab_size] or None
             self._lltokenizer = llguidance.hf.from_tokenizer(self.tokenizer, self.vocab_size, eos_token=eos)
         return self._lltokenizer
@@ -153,11 +155,11 @@ class GrammarMatcher:
         A row whose node the grammar rejects (a draft model's kept invalid token) is
         never read by the verifier; it is left all-allowed.
         """
-        bitmask = llg_torch.allocate_token_bitmask(tree.num_nodes, self.vocab_size)
+        bitmask = llg_numpy.allocate_token_bitmask(tree.num_nodes, self.vocab_size)
         self._walk(tree, fill=bitmask)
-        return bitmask
+        return torch.from_numpy(bitmask)
 
-    def _walk(self, tree: DraftTree, fill: torch.Tensor | None) -> list[bool]:
+    def _walk(self, tree: DraftTree, fill: np.ndarray | None) -> list[bool]:
         """Visit every node's matcher state; ok[i]: the grammar accepts the path to node i.
         Leaves the matcher where it started."""
         ok = [True] * tree.num_nodes
@@ -176,7 +178,7 @@ class GrammarMatcher:
             ok[i] = stack[-1] == i
             if fill is not None:
                 if ok[i]:
-                    llg_torch.fill_next_token_bitmask(self.matcher, fill, i)
+                    llg_numpy.fill_next_token_bitmask(self.matcher, fill, i)
                 else:
                     fill[i] = -1
         self._rollback(len(stack) - 1)
