@@ -10,7 +10,9 @@ dequantised here, with one notice line, and requantized nowhere: they stay float
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -61,19 +63,25 @@ def load_gguf_weights(path: Path, config: ModelConfig) -> dict[str, Weight]:
     out: dict[str, Weight] = {"embed": matrix("token_embd.weight"), "norm": vector("output_norm.weight")}
     if not c.tie_word_embeddings:
         out["lm_head"] = matrix("output.weight") if "output.weight" in tensors else out["embed"]
-    for i in range(c.num_layers):
-        p, o = f"blk.{i}.", f"layers.{i}."
+
+    def layer(i: int) -> dict[str, Weight]:
+        p, o, got = f"blk.{i}.", f"layers.{i}.", {}
         for w in layer_weights(c):
             parts = [vector(p + name) if w.vector else matrix(p + name) for name in w.gguf]
             # q/k rows: llama.cpp already interleaved them for PERMUTED_ARCHS; a per-head norm never
             parts = [_interleave(t, *rope_heads(c, w.rope_of(j))) if w.rope_of(j) == "head"
                      or (w.rope_of(j) and permute) else t for j, t in enumerate(parts)]
             if len(parts) == 1:
-                out[o + w.name] = parts[0]
+                got[o + w.name] = parts[0]
             else:
-                out[o + w.name] = torch.cat(parts) if w.vector else _concat(parts)
+                got[o + w.name] = torch.cat(parts) if w.vector else _concat(parts)
             if w.alternate:
-                out[o + w.name] = _reorder(out[o + w.name], gate_up_order(parts[0].shape[0]))
+                got[o + w.name] = _reorder(got[o + w.name], gate_up_order(parts[0].shape[0]))
+        return got
+
+    with ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:  # the reads and NumPy's copies release the GIL
+        for got in pool.map(layer, range(c.num_layers)):
+            out.update(got)
     if dequantized:
         logger.warning("specdec: notice: %s: %s matrices have no integer kernel; dequantised to float32",
                        path.name, ", ".join(sorted(dequantized)))
