@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench import llama_cpp, peers, report
+from specdec.bench import llama_bench, llama_cpp, peers, report
 from specdec.bench.config import BenchConfig, parse_methods
 from specdec.bench.llama_cpp import (
     Family,
@@ -25,6 +25,7 @@ from specdec.bench.llama_cpp import (
     supported_modes,
 )
 from specdec.config import SamplingParams, SpecConfig
+from specdec.errors import UsageError
 from specdec.stats import SpecStats
 
 REPLY = {
@@ -379,7 +380,55 @@ def test_a_server_that_dies_at_start_shows_its_log(fake_server, monkeypatch):
         row.run([[1]], [SamplingParams(max_new_tokens=1)], lambda n: None)
 
 
+# -- llama-bench beside `specdec bench passes --llama-bench` ---------------------------------------------
+
+
+def test_llama_bench_command_and_report():
+    cmd = llama_bench.command(Path("/b/llama-bench"), Path("/m/x.gguf"), 2, [1, 8], 300, 9)
+    assert cmd == ["/b/llama-bench", "-m", "/m/x.gguf", "-t", "2", "-p", "1,8", "-n", "0", "-d", "300", "-r", "9",
+                   "-o", "json"]
+    report = [{"n_prompt": 1, "n_gen": 0, "n_depth": 300, "avg_ns": 9965256, "build_number": 11434},
+              {"n_prompt": 512, "n_gen": 0, "n_depth": 0, "avg_ns": 4_750_000_000},
+              {"n_prompt": 0, "n_gen": 16, "n_depth": 0, "avg_ns": 485_000_000}]  # a tgN test: not a pass
+    assert llama_bench.batch_ms(report) == {(1, 300): pytest.approx(9.965256), (512, 0): pytest.approx(4750.0)}
+
+
+def test_a_failing_llama_bench_is_one_line(tmp_path):
+    fake = tmp_path / "llama-bench"
+    fake.write_text("#!/bin/sh\necho 'loading model' >&2\necho 'error: failed to load model' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(UsageError, match="exit code 1 .*error: failed to load model"):
+        llama_bench.run(fake, tmp_path / "x.gguf", 2, [1], 300, None, 1)
+    fake.write_text("#!/bin/sh\necho '[]'\n")  # ran, reported nothing
+    with pytest.raises(UsageError, match="llama-bench failed"):
+        llama_bench.run(fake, tmp_path / "x.gguf", 2, [1], 300, None, 1)
+
+
+def test_bench_passes_llama_bench_needs_a_gguf_and_the_binary(tiny_llama, tmp_path, monkeypatch, capsys):
+    from specdec.cli.main import main
+
+    assert main(["bench", "passes", "--model", str(tiny_llama), "--llama-bench"]) == 2
+    assert "needs a GGUF model" in capsys.readouterr().err
+    monkeypatch.setenv("SPECDEC_LLAMA_BENCH", str(tmp_path / "missing"))
+    assert llama_bench.find_llama_bench() is None
+    assert main(["bench", "passes", "--llama-bench"]) == 2  # the default model is a GGUF
+    err = capsys.readouterr().err
+    assert "no llama-bench binary" in err and "build_llama_cpp.sh" in err and len(err.strip().splitlines()) == 1
+
+
 # -- the real binary (slow) ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_real_llama_bench_on_the_default_model():
+    from specdec.model.weights import default_model_path
+
+    binary = llama_bench.find_llama_bench()
+    if binary is None:
+        pytest.skip("no llama-bench binary: run `bash scripts/build_llama_cpp.sh` (about 5-15 min on 2 cores)")
+    peer = llama_bench.run(binary, default_model_path(), 2, [1, 4], 32, 64, 1)
+    assert peer["build"] > 0 and set(peer["pass_ms"]) == {1, 4}
+    assert 0 < peer["pass_ms"][1] < peer["pass_ms"][4] and peer["prefill_ms"] > 0
 
 
 @pytest.mark.slow

@@ -72,6 +72,10 @@ def add_passes_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill", type=positive_int, default=None, metavar="N",
                    help="also time a prompt of N tokens into an empty cache, logits for its last token only "
                         "(what llama-bench's ppN measures)")
+    p.add_argument("--llama-bench", action="store_true",
+                   help="then run llama.cpp's llama-bench on the same GGUF file and threads (each width as ppN after "
+                        "the same context, the prefill as ppN) and print the two side by side "
+                        "(bash scripts/build_llama_cpp.sh builds it)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
 

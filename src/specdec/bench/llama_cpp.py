@@ -61,14 +61,20 @@ def cache_root() -> Path:
 
 def find_llama_server() -> Path | None:
     """$SPECDEC_LLAMA_SERVER, else the newest cached build, else PATH; None when there is none."""
-    override = os.environ.get("SPECDEC_LLAMA_SERVER")
+    return find_binary("llama-server", "SPECDEC_LLAMA_SERVER")
+
+
+def find_binary(name: str, env: str) -> Path | None:
+    """A llama.cpp program: ``$env``, else the newest build under ``cache_root()`` (scripts/build_llama_cpp.sh),
+    else ``name`` on PATH; None when there is none."""
+    override = os.environ.get(env)
     if override:
         path = Path(override)
         return path if path.is_file() and os.access(path, os.X_OK) else None
-    builds = [p for p in cache_root().glob("*/bin/llama-server") if os.access(p, os.X_OK)]
+    builds = [p for p in cache_root().glob(f"*/bin/{name}") if os.access(p, os.X_OK)]
     if builds:
         return max(builds, key=lambda p: _build_number(p.parent.parent.name))
-    found = shutil.which("llama-server")
+    found = shutil.which(name)
     return Path(found) if found else None
 
 

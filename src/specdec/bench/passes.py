@@ -24,8 +24,9 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import get_num_threads, njit, prange
 
+from specdec.bench import llama_bench
 from specdec.bench.records import peak_rss_bytes
 from specdec.bench.report import machine_info
 from specdec.cli.args import model_options
@@ -206,6 +207,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
     if not widths or widths[0] < 1:
         raise UsageError(f"--widths must be positive integers, got {args.widths!r}")
     longest = max(args.context + max(widths), args.prefill or 0)
+    peer = _llama_bench(args)  # (before loading: a missing binary or a non-GGUF model is a usage error at once)
     llm = LLM(args.model, spec="none", **{**model_options(args), "max_model_len": longest + 8})
     runner = llm.runner
     nbytes = runner.weight_bytes()
@@ -216,6 +218,9 @@ def cmd_passes(args: argparse.Namespace) -> int:
     floor_read = floor_reader(nbytes, runner.device)
     times = measure(runner, context, widths, args.rounds, floor_read)
     prefill = measure_prefill(runner, args.prefill, args.rounds) if args.prefill else None
+    if peer is not None:  # after ours, never beside it: two programs on 2 cores would time each other
+        binary, gguf = peer
+        peer = llama_bench.run(binary, gguf, get_num_threads(), widths, args.context, args.prefill, args.rounds)
     floor_times = times.pop(0)
     floor = statistics.median(floor_times)
     whole = pass_table(times, floor_times, list(range(args.rounds)))
@@ -237,6 +242,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
         "prefill": None if prefill is None else {"tokens": args.prefill, "ms": prefill * 1e3,
                                                  "tokens_per_s": args.prefill / prefill},
         "torch_threads": torch.get_num_threads(), "machine": machine_info(),
+        "llama_bench": peer,
     }
     if args.json:
         print(json.dumps(result))
@@ -268,6 +274,8 @@ def cmd_passes(args: argparse.Namespace) -> int:
     if prefill is not None:
         print(f"\nprefill of {args.prefill} tokens into an empty cache: {prefill * 1e3:.1f} ms "
               f"({args.prefill / prefill:.1f} tokens/s; llama-bench's pp{args.prefill})")
+    if peer is not None:
+        _print_peer(result, peer, widths, get_num_threads())
     for w, p in parts.items():
         print(f"\n{w}-token pass by part (each timed alone; rest = the pass minus the parts):")
         print("| part | ms | share of the pass |")
@@ -276,6 +284,35 @@ def cmd_passes(args: argparse.Namespace) -> int:
             print(f"| {name} | {sec * 1e3:.1f} | {sec / costs[w]:.0%} |")
     sys.stdout.flush()
     return 0
+
+
+def _llama_bench(args: argparse.Namespace) -> tuple[Path, Path] | None:
+    """llama-bench's binary and the model's GGUF file for --llama-bench; UsageError where either is missing."""
+    if not args.llama_bench:
+        return None
+    gguf = gguf_file(args.model)
+    if gguf is None:
+        raise UsageError("--llama-bench needs a GGUF model (the file llama-bench reads)")
+    binary = llama_bench.find_llama_bench()
+    if binary is None:
+        raise UsageError("--llama-bench: no llama-bench binary (bash scripts/build_llama_cpp.sh, or set "
+                         "SPECDEC_LLAMA_BENCH)")
+    return binary, gguf
+
+
+def _print_peer(result: dict, peer: dict, widths: list[int], threads: int) -> None:
+    print(f"\nllama.cpp b{peer['build']}'s llama-bench on the same GGUF file, {threads} threads, after this run "
+          f"(ppN after the same {result['context']}-token context, mean of {result['rounds']}):")
+    print("| tokens in the pass | specdec ms | llama.cpp ms | llama.cpp / specdec |")
+    print("|---:|---:|---:|---:|")
+    for w in widths:
+        ours, theirs = result["pass_ms"][w], peer["pass_ms"][w]
+        print(f"| {w} | {ours:.1f} | {theirs:.1f} | {theirs / ours:.2f}x |")
+    if peer["prefill_ms"] is not None:
+        n = result["prefill"]["tokens"]
+        ours, theirs = result["prefill"]["tokens_per_s"], n / peer["prefill_ms"] * 1e3
+        print(f"prefill of {n} tokens: specdec {ours:.1f} tokens/s, llama.cpp {theirs:.1f} (pp{n}): "
+              f"{ours / theirs:.2f}x llama.cpp's")
 
 
 def _peak_and_parts(runner: ModelRunner, context: list[int], width: int, part_widths: list[int],
