@@ -14,7 +14,7 @@ import argparse
 import collections
 import time
 
-from specdec.bench.report import cpu_info
+from specdec.bench.machine import cpu_info
 from specdec.bench.workloads import load_workload
 from specdec.config import SamplingParams
 from specdec.drafters.adaptive import AdaptiveDrafter

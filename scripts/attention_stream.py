@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from numba import njit
 
+from specdec.bench.machine import cpu_info
 from specdec.bench.passes import alternated, synthetic_context
-from specdec.bench.report import cpu_info
 from specdec.cache import zeros
 from specdec.model import clib, decoder_kernels, kernels
 from specdec.model.kernels import _FLAGS

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdec.bench.report import cpu_info
+from specdec.bench.machine import cpu_info
 from specdec.bench.workloads import SPEC_BENCH_GROUPS, load_workload
 from specdec.config import SamplingParams, SpecConfig, SpecType
 from specdec.llm import LLM

@@ -14,8 +14,8 @@ from functools import partial
 
 import torch
 
+from specdec.bench.machine import cpu_info
 from specdec.bench.passes import alternated, probe_tokens, synthetic_context
-from specdec.bench.report import cpu_info
 from specdec.cache import KVCache
 from specdec.llm import LLM
 from specdec.model import clib

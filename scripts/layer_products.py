@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from numba import njit
 
+from specdec.bench.machine import cpu_info
 from specdec.bench.passes import alternated, floor_reader, probe_tokens, synthetic_context
-from specdec.bench.report import cpu_info
 from specdec.model import clib, quant
 from specdec.model.kernels import _FLAGS, layer_weight, product
 from specdec.runners.base import SeqInput

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
+from specdec.bench.machine import cpu_info
 from specdec.bench.passes import alternated, probe_tokens, synthetic_context
-from specdec.bench.report import cpu_info
 from specdec.llm import LLM
 from specdec.model import clib, fused
 from specdec.runners.base import SeqInput

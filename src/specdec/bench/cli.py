@@ -210,12 +210,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def run_meta(cfg: BenchConfig, result, wall: float, code: str) -> dict:
     import torch
 
-    from specdec.bench import report
+    from specdec.bench.machine import machine_info
 
     return {
         "command": cfg.command, "model": cfg.model or "SmolLM2-135M-Instruct (default)", "folder": result.folder,
         "dtype": cfg.dtype, "device": cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"),
-        "machine": report.machine_info(), "max_new_tokens": cfg.max_new_tokens, "limit": cfg.limit,
+        "machine": machine_info(), "max_new_tokens": cfg.max_new_tokens, "limit": cfg.limit,
         "max_turns": cfg.max_turns, "ignore_eos": cfg.ignore_eos,
         "quick": cfg.quick, "draft_n_max": cfg.draft_n_max, "usd_per_hour": cfg.usd_per_hour,
         "requests": {w: len(r) for w, r in result.requests.items()},

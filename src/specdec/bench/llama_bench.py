@@ -12,7 +12,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from specdec.bench.llama_cpp import find_binary
+from specdec.bench.llama_cpp import find_binary, repack_safe
+from specdec.bench.machine import cpu_info
 from specdec.errors import UsageError
 
 TIMEOUT_S = 1800.0
@@ -22,10 +23,12 @@ def find_llama_bench() -> Path | None:
     return find_binary("llama-bench", "SPECDEC_LLAMA_BENCH")
 
 
-def command(binary: Path, gguf: Path, threads: int, widths: list[int], depth: int, repetitions: int) -> list[str]:
-    """e.g. [llama-bench, -m, x.gguf, -t, 2, -p, 1,8, -n, 0, -d, 300, -r, 9, -o, json]: prompt batches only."""
+def command(binary: Path, gguf: Path, threads: int, widths: list[int], depth: int, repetitions: int,
+            repack: bool = True) -> list[str]:
+    """e.g. [llama-bench, -m, x.gguf, -t, 2, -p, 1,8, -n, 0, -d, 300, -r, 9, -o, json]: prompt batches only
+    (``repack`` False: its weights not repacked, ``llama_cpp.repack_safe``)."""
     return [str(binary), "-m", str(gguf), "-t", str(threads), "-p", ",".join(map(str, widths)), "-n", "0",
-            "-d", str(depth), "-r", str(repetitions), "-o", "json"]
+            "-d", str(depth), "-r", str(repetitions), "-o", "json", *(() if repack else ("--repack", "0"))]
 
 
 def batch_ms(report: list[dict]) -> dict[tuple[int, int], float]:
@@ -37,12 +40,14 @@ def batch_ms(report: list[dict]) -> dict[tuple[int, int], float]:
 def run(binary: Path, gguf: Path, threads: int, widths: list[int], depth: int, prefill: int | None,
         repetitions: int) -> dict:
     """llama-bench's ms for each width after ``depth`` tokens and for ``prefill`` tokens into an empty cache:
-    {"build": int, "pass_ms": {width: ms}, "prefill_ms": ms or None}. UsageError (one line) when it fails."""
+    {"build": int, "pass_ms": {width: ms}, "prefill_ms": ms or None, "repack": bool}. UsageError (one line) when
+    it fails."""
+    repack = repack_safe(cpu_info())
     runs = [(widths, depth)] + ([([prefill], 0)] if prefill else [])
     timed: dict[tuple[int, int], float] = {}
     build = None
     for ns, d in runs:
-        cmd = command(binary, gguf, threads, ns, d, repetitions)
+        cmd = command(binary, gguf, threads, ns, d, repetitions, repack)
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
             report = json.loads(done.stdout) if done.returncode == 0 else None
@@ -57,4 +62,4 @@ def run(binary: Path, gguf: Path, threads: int, widths: list[int], depth: int, p
     if missing:
         raise UsageError(f"llama-bench reported no pp{missing[0]} test ({binary})")
     return {"build": build, "pass_ms": {w: timed[(w, depth)] for w in widths},
-            "prefill_ms": timed[(prefill, 0)] if prefill else None}
+            "prefill_ms": timed[(prefill, 0)] if prefill else None, "repack": repack}

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.bench.config import BenchConfig
+from specdec.bench.machine import cpu_info
 from specdec.config import SamplingParams, SpecType
 from specdec.model.weights import gguf_file
 from specdec.stats import SpecStats
@@ -78,6 +79,17 @@ def find_binary(name: str, env: str) -> Path | None:
     return Path(found) if found else None
 
 
+def repack_safe(cpu: dict) -> bool:
+    """Whether llama.cpp's repacked weights run on this CPU (``machine.cpu_info()``): on an Intel Xeon with AMX (a
+    Sapphire Rapids VM) b11434's repacked weights crashed with a general protection fault for every pass wider than
+    one token, so there the peers run without them (llama-server --no-repack, llama-bench --repack 0) and say so."""
+    return not (cpu.get("vendor") == "GenuineIntel" and cpu.get("amx"))
+
+
+REPACK_NOTICE = ("llama.cpp runs without its repacked weights here (--no-repack): on Intel CPUs with AMX they "
+                 "crashed for passes wider than one token")
+
+
 def _build_number(folder: str) -> int:
     digits = folder.lstrip("b").split(".")[0]
     return int(digits) if digits.isdigit() else -1
@@ -98,6 +110,7 @@ class ServerSettings:
     draft_n_max: int | None = None  # cap on drafted tokens per step (the bench's budget); None: llama.cpp's
     draft_gguf: Path | None = None  # the draft model of DRAFT_MODE
     cache_type: str | None = None  # its KV cache's (-ctk/-ctv: f32, f16, bf16); None: llama.cpp's default, f16
+    repack: bool = True  # llama.cpp's repacked weights (off: --no-repack; see repack_safe)
 
     def __post_init__(self) -> None:
         if self.mode not in (*MODES, DRAFT_MODE):
@@ -115,6 +128,8 @@ class ServerSettings:
                "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.n_ctx), "-np", "1"]
         if self.cache_type is not None:
             cmd += ["-ctk", self.cache_type, "-ctv", self.cache_type]
+        if not self.repack:
+            cmd += ["--no-repack"]
         if self.mode == "plain":
             return cmd
         cmd += ["--spec-type", self.mode]
@@ -434,8 +449,11 @@ def server_peers(cfg: BenchConfig, gguf: Path | None, notes: list[str]) -> list[
     family = Family(notes)
     threads = cfg.peer_threads or os.cpu_count() or 1
     cache_type = CACHE_TYPES.get(cfg.kv_cache_dtype)  # specdec's own, where --kv-cache-dtype named one
+    repack = repack_safe(cpu_info())
+    if not repack:
+        _notice(notes, REPACK_NOTICE + ".")
     rows = [LlamaServerPeer(ServerSettings(binary, gguf, m, threads, cfg.max_model_len, cfg.draft_n_max,
-                                           cache_type=cache_type), family)
+                                           cache_type=cache_type, repack=repack), family)
             for m in modes]
     draft = draft_gguf(cfg, notes)
     if draft is not None and not supports_draft_model(help_text):
@@ -443,7 +461,7 @@ def server_peers(cfg: BenchConfig, gguf: Path | None, notes: list[str]) -> list[
                        "--spec-draft-model.")
     elif draft is not None:
         settings = ServerSettings(binary, gguf, DRAFT_MODE, threads, cfg.max_model_len, cfg.draft_n_max, draft,
-                                  cache_type=cache_type)
+                                  cache_type=cache_type, repack=repack)
         rows.append(LlamaServerPeer(settings, family))
     return rows
 

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from numba import get_num_threads, njit, prange
 
-from specdec.bench import llama_bench
+from specdec.bench import llama_bench, llama_cpp
+from specdec.bench.machine import machine_info
 from specdec.bench.records import peak_rss_bytes
-from specdec.bench.report import machine_info
 from specdec.cli.args import model_options
 from specdec.errors import ModelLoadError, UsageError
 from specdec.llm import LLM
@@ -302,7 +302,8 @@ def _llama_bench(args: argparse.Namespace) -> tuple[Path, Path] | None:
 
 def _print_peer(result: dict, peer: dict, widths: list[int], threads: int) -> None:
     print(f"\nllama.cpp b{peer['build']}'s llama-bench on the same GGUF file, {threads} threads, after this run "
-          f"(ppN after the same {result['context']}-token context, mean of {result['rounds']}):")
+          f"(ppN after the same {result['context']}-token context, mean of {result['rounds']}"
+          + ("" if peer["repack"] else f"; {llama_cpp.REPACK_NOTICE}") + "):")
     print("| tokens in the pass | specdec ms | llama.cpp ms | llama.cpp / specdec |")
     print("|---:|---:|---:|---:|")
     for w in widths:
