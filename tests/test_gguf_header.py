@@ -60,6 +60,10 @@ def test_a_bad_file_is_a_model_load_error(tmp_path):
         (tmp_path / name).write_bytes(content)
         with pytest.raises(ModelLoadError, match=f"cannot read GGUF .*{name}"):
             read_header(tmp_path / name)
+    huge = raw[:24] + (2**62).to_bytes(8, "little") + raw[32:]  # the first key's length, corrupt
+    (tmp_path / "huge.gguf").write_bytes(huge)
+    with pytest.raises(ModelLoadError, match="ends inside its header"):
+        read_header(tmp_path / "huge.gguf")
     (tmp_path / "v9.gguf").write_bytes(raw[:4] + (9).to_bytes(4, "little") + raw[8:])
     with pytest.raises(ModelLoadError, match="version 9"):
         read_header(tmp_path / "v9.gguf")

@@ -9,6 +9,7 @@ The format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md (little-en
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 from typing import NamedTuple
@@ -80,6 +81,7 @@ class _Parser:
 
     def __init__(self, f) -> None:
         self.f = f
+        self.size = os.fstat(f.fileno()).st_size
 
     def take(self, fmt: str):
         size = struct.calcsize(fmt)
@@ -90,6 +92,8 @@ class _Parser:
 
     def string(self) -> str:
         n = self.take("<Q")
+        if n > self.size - self.f.tell():  # (a corrupt length: never ask to read more than the file holds)
+            raise ValueError("the file ends inside its header")
         raw = self.f.read(n)
         if len(raw) != n:
             raise ValueError("the file ends inside its header")
