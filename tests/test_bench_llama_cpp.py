@@ -429,6 +429,32 @@ def test_bench_passes_llama_bench_needs_a_gguf_and_the_binary(tiny_llama, tmp_pa
     assert "no llama-bench binary" in err and "build_llama_cpp.sh" in err and len(err.strip().splitlines()) == 1
 
 
+def test_bench_passes_prints_llama_bench_beside_its_own(tmp_path, monkeypatch, capsys):
+    """`bench passes --llama-bench` on the default model's GGUF with a stand-in llama-bench: its ppN after the same
+    context beside each width, its prefill beside ours, in the table and in --json."""
+    import json
+
+    from specdec.cli.main import main
+
+    tests = [(1, 40, 9e6), (2, 40, 12e6), (64, 0, 160e6)]
+    report = json.dumps([{"n_prompt": n, "n_gen": 0, "n_depth": d, "avg_ns": ns, "build_number": 11434}
+                         for n, d, ns in tests])
+    fake = tmp_path / "llama-bench"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'args'}\ncat <<'EOF'\n{report}\nEOF\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("SPECDEC_LLAMA_BENCH", str(fake))
+    argv = ["bench", "passes", "--context", "40", "--widths", "1,2", "--rounds", "2", "--prefill", "64",
+            "--llama-bench"]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["llama_bench"]["pass_ms"] == {"1": 9.0, "2": 12.0} and out["llama_bench"]["prefill_ms"] == 160.0
+    calls = (tmp_path / "args").read_text().splitlines()
+    assert [c.split(" -p ")[1].split()[0] for c in calls] == ["1,2", "64"] and " -d 40 " in calls[0]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "llama.cpp b11434's llama-bench" in table and "| 2 |" in table and "(pp64)" in table
+
+
 # -- the real binary (slow) ----------------------------------------------------------------------------
 
 

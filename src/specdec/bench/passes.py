@@ -207,7 +207,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
     if not widths or widths[0] < 1:
         raise UsageError(f"--widths must be positive integers, got {args.widths!r}")
     longest = max(args.context + max(widths), args.prefill or 0)
-    peer = _llama_bench(args)  # (before loading: a missing binary or a non-GGUF model is a usage error at once)
+    llama = _llama_bench(args)  # (before loading: a missing binary or a non-GGUF model is a usage error at once)
     llm = LLM(args.model, spec="none", **{**model_options(args), "max_model_len": longest + 8})
     runner = llm.runner
     nbytes = runner.weight_bytes()
@@ -218,9 +218,9 @@ def cmd_passes(args: argparse.Namespace) -> int:
     floor_read = floor_reader(nbytes, runner.device)
     times = measure(runner, context, widths, args.rounds, floor_read)
     prefill = measure_prefill(runner, args.prefill, args.rounds) if args.prefill else None
-    if peer is not None:  # after ours, never beside it: two programs on 2 cores would time each other
-        binary, gguf = peer
-        peer = llama_bench.run(binary, gguf, get_num_threads(), widths, args.context, args.prefill, args.rounds)
+    # llama-bench after ours, never beside it: two programs on 2 cores would time each other
+    peer = None if llama is None else llama_bench.run(*llama, get_num_threads(), widths, args.context, args.prefill,
+                                                      args.rounds)
     floor_times = times.pop(0)
     floor = statistics.median(floor_times)
     whole = pass_table(times, floor_times, list(range(args.rounds)))
