@@ -61,7 +61,7 @@ def read_header(path: Path) -> Header:
     try:
         with open(path, "rb") as f:
             return _Parser(f).header()
-    except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
+    except (OSError, ValueError, KeyError, struct.error, UnicodeDecodeError) as exc:
         raise ModelLoadError(f"cannot read GGUF {path}: {type(exc).__name__}: {exc}") from None
 
 
