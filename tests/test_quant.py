@@ -184,6 +184,64 @@ def test_a_pass_asked_for_argmax_gives_its_logits_argmax(tiny_model_factory, qua
         assert [g.tolist() for g in got.argmax] == [w.argmax(-1).tolist() for w in want]
 
 
+# The Q6KX8 / Q6KX16 layouts in NumPy, as quant.py packed them before qkernels.c's sd_pack_q6k: the reference the C
+# packer is held to, byte for byte.
+def _q6k_values(b: np.ndarray) -> np.ndarray:
+    """Q6_K super-blocks [..., 210] -> their 256 values 0..63 [..., 256] (before the -32)."""
+    ql, qh = b[..., 0:128], b[..., 128:192]
+    halves = []
+    for n in range(2):
+        lo, hi = ql[..., 64 * n : 64 * n + 64], qh[..., 32 * n : 32 * n + 32]
+        for quarter in range(4):
+            low = lo[..., 32 * (quarter & 1) : 32 * (quarter & 1) + 32]
+            low = low & 15 if quarter < 2 else low >> 4
+            halves.append(low | (((hi >> (2 * quarter)) & 3) << 4))
+    return np.concatenate(halves, axis=-1)
+
+
+def _q6k_x8(b: np.ndarray) -> np.ndarray:
+    """Q6_K super-blocks of groups of n = 8 or 16 rows [G, n, nsb, 210] -> Q6KX8 [G, nsb, 8 x 210] or
+    Q6KX16 [G, nsb, 16 x 210] (qkernels_x8.h, qkernels_x16.h). A step's three parts: Q6KX8's B0, B1, B2
+    (chunk cc < 3 whole in bits 0..5 of Bcc, chunk 3's 2-bit fields in bits 6..7 of B0, B1, B2: a step
+    unpacks in 11 operations, not 17); Q6KX16's L0, L1, H (4-bit halves and the high bits)."""
+    b = b.transpose(0, 2, 1, 3)  # [G, nsb, row, 210]
+    G, nsb, n = b.shape[:3]
+    v = _q6k_values(b).reshape(G, nsb, n, 2, 4, 8, 4)  # [.., row, quad, chunk in quad, step, 4]
+    if n == 8:
+        parts = [v[:, :, :, :, cc] | (((v[:, :, :, :, 3] >> (2 * cc)) & 3) << 6) for cc in range(3)]
+    else:
+        low, high = v & 15, v >> 4
+        parts = [low[:, :, :, :, 0] | (low[:, :, :, :, 1] << 4), low[:, :, :, :, 2] | (low[:, :, :, :, 3] << 4),
+                 high[:, :, :, :, 0] | (high[:, :, :, :, 1] << 2) | (high[:, :, :, :, 2] << 4)
+                 | (high[:, :, :, :, 3] << 6)]  # [G, nsb, row, quad, step, 4] each
+    body = np.stack(parts, axis=4)  # [G, nsb, row, quad, part, step, 4]
+    body = body.transpose(0, 1, 3, 5, 4, 2, 6)  # [G, nsb, quad, step, part, row, 4]
+    return np.concatenate([
+        b[..., 208:210].reshape(G, nsb, 2 * n), b[..., 192:208].transpose(0, 1, 3, 2).reshape(G, nsb, 16 * n),
+        body.reshape(G, nsb, 192 * n).astype(np.uint8),
+    ], axis=-1)
+
+
+@pytest.mark.parametrize("n", [8, 16])
+def test_q6k_groups_pack_in_c_as_the_numpy_reference(n):
+    """sd_pack_q6k (quant._pack_q6k) writes each listed group's run of the output rows as the NumPy layout above,
+    groups in any order, rows wider than the packed ones, and touches nothing else."""
+    rng = np.random.default_rng(n)
+    rows, k, width = 4 * n, 768, 3 * 210 + 40  # 3 super-blocks a row; the output rows 40 bytes wider
+    mat = QuantMatrix.from_blocks(_random_blocks(T.Q6_K, rows, k, rng), T.Q6_K, k)
+    out = np.full((rows, width), 0xAB, dtype=np.uint8)
+    groups = np.array([2, 0, 3])
+    quant._pack_q6k(mat, groups, n, out)
+    want = _q6k_x8(mat.q[:, : 3 * 210].reshape(4, n, 3, 210))  # [G, nsb, 210 n]
+    runs = out.reshape(4, n * width)
+    for g in range(4):
+        if g in groups:
+            assert np.array_equal(runs[g, : 3 * 210 * n], want[g].reshape(-1)), g
+            assert (runs[g, 3 * 210 * n:] == 0xAB).all()
+        else:
+            assert (runs[g] == 0xAB).all()
+
+
 @pytest.mark.parametrize("wide", [False, True], ids=["x8", "x16"])
 @pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
 def test_interleaved_rows_dequantize_and_multiply_as_ggufs_blocks(qtype, wide):

@@ -1002,3 +1002,50 @@ void sd_dequantize_rows(const uint8_t *q, const int64_t *segments, int64_t n_seg
         }
     }
 }
+
+/* Q6_K rows packed into their interleaved groups (qkernels_x8.h's Q6KX8, qkernels_x16.h's Q6KX16; quant.py's
+   interleaved() calls it): groups[i]'s n = 8 or 16 rows of GGUF super-blocks (row r at q + (g n + r) stride, nsb
+   super-blocks of 210 bytes) -> nsb units of 210 n bytes at out + g n out_stride: the rows' d (2 n bytes), their 16
+   scales a sub-block group at a time (16 n), then per half (a), step (t) and part the rows' 4 bytes. A step's parts:
+   8 rows, B0..B2 = chunk cc's 6-bit value with bits 2cc..2cc+1 of chunk 3's in bits 6..7; 16 rows, L0 = chunks 0-1's
+   low nibbles, L1 = chunks 2-3's, H = the four chunks' high 2 bits. One pass over the bytes, where NumPy's
+   transposes took 3.1 s of Qwen2.5-Coder-1.5B's load (its LM head and half its ffn_down). */
+void sd_pack_q6k(const uint8_t *q, int64_t stride, const int64_t *groups, int64_t n_groups, int64_t n,
+                 int64_t nsb, uint8_t *out, int64_t out_stride) {
+    for (int64_t gi = 0; gi < n_groups; gi++) {
+        const int64_t g = groups[gi];
+        for (int64_t s = 0; s < nsb; s++) {
+            uint8_t *o = out + g * n * out_stride + s * 210 * n;
+            for (int64_t r = 0; r < n; r++) {
+                const uint8_t *b = q + (g * n + r) * stride + s * 210;
+                o[2 * r] = b[208];
+                o[2 * r + 1] = b[209];
+                for (int k = 0; k < 16; k++) o[2 * n + k * n + r] = b[192 + k];
+                uint8_t v[256];  /* the values 0..63 (before the -32): value (a, c, i) at 128 a + 32 c + i */
+                for (int a = 0; a < 2; a++)
+                    for (int c = 0; c < 4; c++)
+                        for (int i = 0; i < 32; i++) {
+                            const uint8_t low = b[64 * a + 32 * (c & 1) + i], hi = b[128 + 32 * a + i];
+                            v[128 * a + 32 * c + i] = (uint8_t)(((c < 2) ? (low & 15) : (low >> 4)) | (((hi >> (2 * c)) & 3) << 4));
+                        }
+                for (int a = 0; a < 2; a++)
+                    for (int t = 0; t < 8; t++)
+                        for (int u = 0; u < 4; u++) {
+                            const uint8_t *x = v + 128 * a + 4 * t + u;  /* chunk c's value at x[32 c] */
+                            const uint8_t v0 = x[0], v1 = x[32], v2 = x[64], v3 = x[96];
+                            uint8_t part[3];
+                            if (n == 8) {
+                                part[0] = (uint8_t)(v0 | ((v3 & 3) << 6));
+                                part[1] = (uint8_t)(v1 | (((v3 >> 2) & 3) << 6));
+                                part[2] = (uint8_t)(v2 | (((v3 >> 4) & 3) << 6));
+                            } else {
+                                part[0] = (uint8_t)((v0 & 15) | ((v1 & 15) << 4));
+                                part[1] = (uint8_t)((v2 & 15) | ((v3 & 15) << 4));
+                                part[2] = (uint8_t)((v0 >> 4) | ((v1 >> 4) << 2) | ((v2 >> 4) << 4) | ((v3 >> 4) << 6));
+                            }
+                            for (int p = 0; p < 3; p++) o[18 * n + ((a * 8 + t) * 3 + p) * 4 * n + 4 * r + u] = part[p];
+                        }
+            }
+        }
+    }
+}

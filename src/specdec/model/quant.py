@@ -20,6 +20,7 @@ permutes).
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -170,6 +171,10 @@ class QuantMatrix:
         fmt = self.fmt.copy()
         for layout, idx in todo.items():
             per_row, n = q_row_bytes(layout, self.k), GROUP_ROWS[layout]
+            if layout in (Q6KX8, Q6KX16):  # in C, every group in one call (and without the GIL)
+                _pack_q6k(self, idx, n, q)
+                fmt[(idx[:, None] * n + np.arange(n)).reshape(-1)] = layout
+                continue
             runs = q[: len(q) // n * n].reshape(-1, n * q.shape[1])  # a group's n rows: one run of n x width bytes
             for chunk in np.array_split(idx, max(1, len(idx) * n // 8192)):  # bounded scratch on a 152K-row head
                 rows = (chunk[:, None] * n + np.arange(n)).reshape(-1)
@@ -412,40 +417,19 @@ def _q5k_x8(b: np.ndarray) -> np.ndarray:
     return np.concatenate([as_q4[..., : 20 * n], qh.reshape(G, nsb, 32 * n), as_q4[..., 20 * n :]], axis=-1)
 
 
-def _q6k_values(b: np.ndarray) -> np.ndarray:
-    """Q6_K super-blocks [..., 210] -> their 256 values 0..63 [..., 256] (before the -32)."""
-    ql, qh = b[..., 0:128], b[..., 128:192]
-    halves = []
-    for n in range(2):
-        lo, hi = ql[..., 64 * n : 64 * n + 64], qh[..., 32 * n : 32 * n + 32]
-        for quarter in range(4):
-            low = lo[..., 32 * (quarter & 1) : 32 * (quarter & 1) + 32]
-            low = low & 15 if quarter < 2 else low >> 4
-            halves.append(low | (((hi >> (2 * quarter)) & 3) << 4))
-    return np.concatenate(halves, axis=-1)
+def _pack_q6k(mat: QuantMatrix, groups: np.ndarray, n: int, out: np.ndarray) -> None:
+    """Q6_K groups ``groups`` of n = 8 or 16 rows into their runs of ``out``'s rows as Q6KX8 or Q6KX16 (qkernels_x8.h,
+    qkernels_x16.h): qkernels.c's sd_pack_q6k, one pass over the bytes (NumPy's transposes took 3.1 s of
+    Qwen2.5-Coder-1.5B's load; tests/test_quant.py keeps them as the layout's reference)."""
+    from specdec.model import clib  # builds the kernels: only where a matrix is packed
 
-
-def _q6k_x8(b: np.ndarray) -> np.ndarray:
-    """Q6_K super-blocks of groups of n = 8 or 16 rows [G, n, nsb, 210] -> Q6KX8 [G, nsb, 8 x 210] or
-    Q6KX16 [G, nsb, 16 x 210] (qkernels_x8.h, qkernels_x16.h). A step's three parts: Q6KX8's B0, B1, B2
-    (chunk cc < 3 whole in bits 0..5 of Bcc, chunk 3's 2-bit fields in bits 6..7 of B0, B1, B2: a step
-    unpacks in 11 operations, not 17); Q6KX16's L0, L1, H (4-bit halves and the high bits)."""
-    b = b.transpose(0, 2, 1, 3)  # [G, nsb, row, 210]
-    G, nsb, n = b.shape[:3]
-    v = _q6k_values(b).reshape(G, nsb, n, 2, 4, 8, 4)  # [.., row, quad, chunk in quad, step, 4]
-    if n == 8:
-        parts = [v[:, :, :, :, cc] | (((v[:, :, :, :, 3] >> (2 * cc)) & 3) << 6) for cc in range(3)]
-    else:
-        low, high = v & 15, v >> 4
-        parts = [low[:, :, :, :, 0] | (low[:, :, :, :, 1] << 4), low[:, :, :, :, 2] | (low[:, :, :, :, 3] << 4),
-                 high[:, :, :, :, 0] | (high[:, :, :, :, 1] << 2) | (high[:, :, :, :, 2] << 4)
-                 | (high[:, :, :, :, 3] << 6)]  # [G, nsb, row, quad, step, 4] each
-    body = np.stack(parts, axis=4)  # [G, nsb, row, quad, part, step, 4]
-    body = body.transpose(0, 1, 3, 5, 4, 2, 6)  # [G, nsb, quad, step, part, row, 4]
-    return np.concatenate([
-        b[..., 208:210].reshape(G, nsb, 2 * n), b[..., 192:208].transpose(0, 1, 3, 2).reshape(G, nsb, 16 * n),
-        body.reshape(G, nsb, 192 * n).astype(np.uint8),
-    ], axis=-1)
+    src, groups = np.ascontiguousarray(mat.q), np.ascontiguousarray(groups, dtype=np.int64)
+    if not out.flags.c_contiguous:
+        raise ValueError("the packed rows must be one C-contiguous array")
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    clib.load_qkernels().sd_pack_q6k(ptr(src.ctypes.data), i64(src.shape[1]), ptr(groups.ctypes.data),
+                                     i64(len(groups)), i64(n), i64(mat.k // 256), ptr(out.ctypes.data),
+                                     i64(out.shape[1]))
 
 
 def _k_quant(layout: int):
@@ -538,8 +522,7 @@ def _x8_blocks(layout: int):
     return packed
 
 
-_PACK = {Q4KX8: _x8_k_quant(Q4K, _q4k_x8), Q6KX8: _x8_k_quant(Q6K, _q6k_x8),
-         Q4KX16: _x8_k_quant(Q4K, _q4k_x8), Q6KX16: _x8_k_quant(Q6K, _q6k_x8),
+_PACK = {Q4KX8: _x8_k_quant(Q4K, _q4k_x8), Q4KX16: _x8_k_quant(Q4K, _q4k_x8),  # (Q6_K: _pack_q6k)
          Q5KX8: _x8_k_quant(Q5K, _q5k_x8), Q5KX16: _x8_k_quant(Q5K, _q5k_x8),
          **{layout: _x8_blocks(layout) for layout in BLOCK}}
 
