@@ -184,8 +184,40 @@ def test_a_pass_asked_for_argmax_gives_its_logits_argmax(tiny_model_factory, qua
         assert [g.tolist() for g in got.argmax] == [w.argmax(-1).tolist() for w in want]
 
 
-# The Q6KX8 / Q6KX16 layouts in NumPy, as quant.py packed them before qkernels.c's sd_pack_q6k: the reference the C
-# packer is held to, byte for byte.
+# The K-quants' interleaved layouts in NumPy, as quant.py packed them before qkernels.c's sd_pack_q45k and
+# sd_pack_q6k: the reference the C packers are held to, byte for byte.
+def _k4_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K's 12 bytes [..., 12] -> 8 six-bit scales and 8 mins [..., 8] (llama.cpp's get_scale_min_k4)."""
+    p = packed.astype(np.uint8)
+    sc = np.concatenate([p[..., 0:4] & 63, (p[..., 8:12] & 15) | ((p[..., 0:4] >> 6) << 4)], axis=-1)
+    mn = np.concatenate([p[..., 4:8] & 63, (p[..., 8:12] >> 4) | ((p[..., 4:8] >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
+def _q4k_x8(b: np.ndarray) -> np.ndarray:
+    """Q4_K super-blocks of groups of n = 8 or 16 rows [G, n, nsb, 144] -> Q4KX8 [G, nsb, 8 x 148] or
+    Q4KX16 [G, nsb, 16 x 148] (qkernels_x8.h, qkernels_x16.h)."""
+    b = b.transpose(0, 2, 1, 3)  # [G, nsb, row, 144]
+    G, nsb, n = b.shape[:3]
+    sc, mn = _k4_scales(b[..., 4:16])  # [G, nsb, row, 8]
+    qs = b[..., 16:].reshape(G, nsb, n, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)  # [.., pair, step, row, 4]
+    return np.concatenate([
+        b[..., 0:2].reshape(G, nsb, 2 * n), b[..., 2:4].reshape(G, nsb, 2 * n),
+        sc.transpose(0, 1, 3, 2).reshape(G, nsb, 8 * n), mn.transpose(0, 1, 3, 2).reshape(G, nsb, 8 * n),
+        qs.reshape(G, nsb, 128 * n),
+    ], axis=-1)
+
+
+def _q5k_x8(b: np.ndarray) -> np.ndarray:
+    """Q5_K super-blocks of groups of n = 8 or 16 rows [G, n, nsb, 176] -> Q5KX8 [G, nsb, 8 x 180] or Q5KX16
+    [G, nsb, 16 x 180]: Q4KX8's or Q4KX16's fields with the high bits (qh) a step at a time, as the nibbles,
+    between the mins and the nibbles (qkernels_x8.h, qkernels_x16.h)."""
+    G, n, nsb = b.shape[:3]
+    as_q4 = _q4k_x8(np.concatenate([b[..., :16], b[..., 48:]], axis=-1))  # d, dmin, scales, qs: Q4_K's fields
+    qh = b[..., 16:48].transpose(0, 2, 1, 3).reshape(G, nsb, n, 8, 4).transpose(0, 1, 3, 2, 4)  # [.., step, row, 4]
+    return np.concatenate([as_q4[..., : 20 * n], qh.reshape(G, nsb, 32 * n), as_q4[..., 20 * n :]], axis=-1)
+
+
 def _q6k_values(b: np.ndarray) -> np.ndarray:
     """Q6_K super-blocks [..., 210] -> their 256 values 0..63 [..., 256] (before the -32)."""
     ql, qh = b[..., 0:128], b[..., 128:192]
@@ -223,21 +255,27 @@ def _q6k_x8(b: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("n", [8, 16])
-def test_q6k_groups_pack_in_c_as_the_numpy_reference(n):
-    """sd_pack_q6k (quant._pack_q6k) writes each listed group's run of the output rows as the NumPy layout above,
-    groups in any order, rows wider than the packed ones, and touches nothing else."""
-    rng = np.random.default_rng(n)
-    rows, k, width = 4 * n, 768, 3 * 210 + 40  # 3 super-blocks a row; the output rows 40 bytes wider
-    mat = QuantMatrix.from_blocks(_random_blocks(T.Q6_K, rows, k, rng), T.Q6_K, k)
+@pytest.mark.parametrize(("qtype", "layout", "reference"),
+                         [(T.Q4_K, quant.Q4KX8, _q4k_x8), (T.Q5_K, quant.Q5KX8, _q5k_x8),
+                          (T.Q6_K, quant.Q6KX8, _q6k_x8)], ids=["Q4_K", "Q5_K", "Q6_K"])
+def test_k_quant_groups_pack_in_c_as_the_numpy_reference(qtype, layout, reference, n):
+    """sd_pack_q45k and sd_pack_q6k (quant._pack_k) write each listed group's run of the output rows as the NumPy
+    layouts above, groups in any order, rows wider than the packed ones, and touch nothing else."""
+    rng = np.random.default_rng(n + int(qtype))
+    size = quant.SUPER_BLOCK[{T.Q4_K: quant.Q4K, T.Q5_K: quant.Q5K, T.Q6_K: quant.Q6K}[qtype]]
+    unit = quant.SUPER_BLOCK[layout]
+    rows, k = 4 * n, 768  # 3 super-blocks a row
+    width = 3 * unit + 40  # the output rows 40 bytes wider than the packed ones
+    mat = QuantMatrix.from_blocks(_random_blocks(qtype, rows, k, rng), qtype, k)
     out = np.full((rows, width), 0xAB, dtype=np.uint8)
     groups = np.array([2, 0, 3])
-    quant._pack_q6k(mat, groups, n, out)
-    want = _q6k_x8(mat.q[:, : 3 * 210].reshape(4, n, 3, 210))  # [G, nsb, 210 n]
+    quant._pack_k(mat, layout if n == 8 else quant.WIDE[layout], groups, n, out)
+    want = reference(mat.q[:, : 3 * size].reshape(4, n, 3, size))  # [G, nsb, unit n]
     runs = out.reshape(4, n * width)
     for g in range(4):
         if g in groups:
-            assert np.array_equal(runs[g, : 3 * 210 * n], want[g].reshape(-1)), g
-            assert (runs[g, 3 * 210 * n:] == 0xAB).all()
+            assert np.array_equal(runs[g, : 3 * unit * n], want[g].reshape(-1)), g
+            assert (runs[g, 3 * unit * n:] == 0xAB).all()
         else:
             assert (runs[g] == 0xAB).all()
 

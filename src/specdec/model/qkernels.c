@@ -1049,3 +1049,33 @@ void sd_pack_q6k(const uint8_t *q, int64_t stride, const int64_t *groups, int64_
         }
     }
 }
+
+/* Q4_K (five = 0) or Q5_K (five = 1) rows packed into their interleaved groups (Q4KX8 / Q4KX16, Q5KX8 / Q5KX16),
+   as sd_pack_q6k: per super-block of n rows the rows' d (2 n bytes) and dmin (2 n), their 8 six-bit scales and 8
+   mins a sub-block at a time (8 n each, unpacked from GGUF's 12 bytes as llama.cpp's get_scale_min_k4), Q5_K's high
+   bits a step at a time (32 n: step t, row r's qh[4 t .. 4 t + 3]), then the nibbles per pair of sub-blocks and step
+   (128 n: row r's 4 bytes). */
+void sd_pack_q45k(const uint8_t *q, int64_t stride, const int64_t *groups, int64_t n_groups, int64_t n,
+                  int64_t nsb, int64_t five, uint8_t *out, int64_t out_stride) {
+    const int64_t in = five ? 176 : 144, unit = five ? 180 : 148, qs = five ? 48 : 16, nibbles = (five ? 52 : 20) * n;
+    for (int64_t gi = 0; gi < n_groups; gi++) {
+        const int64_t g = groups[gi];
+        for (int64_t s = 0; s < nsb; s++) {
+            uint8_t *o = out + g * n * out_stride + s * unit * n;
+            for (int64_t r = 0; r < n; r++) {
+                const uint8_t *b = q + (g * n + r) * stride + s * in, *p = b + 4;
+                memcpy(o + 2 * r, b, 2);
+                memcpy(o + 2 * n + 2 * r, b + 2, 2);
+                for (int j = 0; j < 8; j++) {
+                    o[4 * n + j * n + r] = (uint8_t)(j < 4 ? p[j] & 63 : (p[j + 4] & 15) | ((p[j - 4] >> 6) << 4));
+                    o[12 * n + j * n + r] = (uint8_t)(j < 4 ? p[j + 4] & 63 : (p[j + 4] >> 4) | ((p[j] >> 6) << 4));
+                }
+                if (five)
+                    for (int t = 0; t < 8; t++) memcpy(o + 20 * n + t * 4 * n + 4 * r, b + 16 + 4 * t, 4);
+                for (int pair = 0; pair < 4; pair++)
+                    for (int t = 0; t < 8; t++)
+                        memcpy(o + nibbles + (pair * 8 + t) * 4 * n + 4 * r, b + qs + 32 * pair + 4 * t, 4);
+            }
+        }
+    }
+}

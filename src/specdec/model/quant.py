@@ -171,8 +171,8 @@ class QuantMatrix:
         fmt = self.fmt.copy()
         for layout, idx in todo.items():
             per_row, n = q_row_bytes(layout, self.k), GROUP_ROWS[layout]
-            if layout in (Q6KX8, Q6KX16):  # in C, every group in one call (and without the GIL)
-                _pack_q6k(self, idx, n, q)
+            if layout in SUPER_BLOCK:  # the K-quants in C, every group in one call (and without the GIL)
+                _pack_k(self, layout, idx, n, q)
                 fmt[(idx[:, None] * n + np.arange(n)).reshape(-1)] = layout
                 continue
             runs = q[: len(q) // n * n].reshape(-1, n * q.shape[1])  # a group's n rows: one run of n x width bytes
@@ -385,51 +385,23 @@ def int8_rows(weight: np.ndarray) -> QuantMatrix:
                        ("Q8_0",)).interleaved()
 
 
-def _k4_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K/Q5_K's 12 bytes [..., 12] -> 8 six-bit scales and 8 mins [..., 8] (llama.cpp's get_scale_min_k4)."""
-    p = packed.astype(np.uint8)
-    sc = np.concatenate([p[..., 0:4] & 63, (p[..., 8:12] & 15) | ((p[..., 0:4] >> 6) << 4)], axis=-1)
-    mn = np.concatenate([p[..., 4:8] & 63, (p[..., 8:12] >> 4) | ((p[..., 4:8] >> 6) << 4)], axis=-1)
-    return sc, mn
-
-
-def _q4k_x8(b: np.ndarray) -> np.ndarray:
-    """Q4_K super-blocks of groups of n = 8 or 16 rows [G, n, nsb, 144] -> Q4KX8 [G, nsb, 8 x 148] or
-    Q4KX16 [G, nsb, 16 x 148] (qkernels_x8.h, qkernels_x16.h)."""
-    b = b.transpose(0, 2, 1, 3)  # [G, nsb, row, 144]
-    G, nsb, n = b.shape[:3]
-    sc, mn = _k4_scales(b[..., 4:16])  # [G, nsb, row, 8]
-    qs = b[..., 16:].reshape(G, nsb, n, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)  # [.., pair, step, row, 4]
-    return np.concatenate([
-        b[..., 0:2].reshape(G, nsb, 2 * n), b[..., 2:4].reshape(G, nsb, 2 * n),
-        sc.transpose(0, 1, 3, 2).reshape(G, nsb, 8 * n), mn.transpose(0, 1, 3, 2).reshape(G, nsb, 8 * n),
-        qs.reshape(G, nsb, 128 * n),
-    ], axis=-1)
-
-
-def _q5k_x8(b: np.ndarray) -> np.ndarray:
-    """Q5_K super-blocks of groups of n = 8 or 16 rows [G, n, nsb, 176] -> Q5KX8 [G, nsb, 8 x 180] or Q5KX16
-    [G, nsb, 16 x 180]: Q4KX8's or Q4KX16's fields with the high bits (qh) a step at a time, as the nibbles,
-    between the mins and the nibbles (qkernels_x8.h, qkernels_x16.h)."""
-    G, n, nsb = b.shape[:3]
-    as_q4 = _q4k_x8(np.concatenate([b[..., :16], b[..., 48:]], axis=-1))  # d, dmin, scales, qs: Q4_K's fields
-    qh = b[..., 16:48].transpose(0, 2, 1, 3).reshape(G, nsb, n, 8, 4).transpose(0, 1, 3, 2, 4)  # [.., step, row, 4]
-    return np.concatenate([as_q4[..., : 20 * n], qh.reshape(G, nsb, 32 * n), as_q4[..., 20 * n :]], axis=-1)
-
-
-def _pack_q6k(mat: QuantMatrix, groups: np.ndarray, n: int, out: np.ndarray) -> None:
-    """Q6_K groups ``groups`` of n = 8 or 16 rows into their runs of ``out``'s rows as Q6KX8 or Q6KX16 (qkernels_x8.h,
-    qkernels_x16.h): qkernels.c's sd_pack_q6k, one pass over the bytes (NumPy's transposes took 3.1 s of
-    Qwen2.5-Coder-1.5B's load; tests/test_quant.py keeps them as the layout's reference)."""
+def _pack_k(mat: QuantMatrix, layout: int, groups: np.ndarray, n: int, out: np.ndarray) -> None:
+    """K-quant groups ``groups`` of n = 8 or 16 rows into their runs of ``out``'s rows as ``layout`` (Q4KX8, Q5KX8,
+    Q6KX8 or their 16-row forms: qkernels_x8.h, qkernels_x16.h): qkernels.c's sd_pack_q45k and sd_pack_q6k, one pass
+    over the bytes (NumPy's transposes took ~4.5 s of Qwen2.5-Coder-1.5B's load; tests/test_quant.py keeps them as
+    the layouts' reference)."""
     from specdec.model import clib  # builds the kernels: only where a matrix is packed
 
     src, groups = np.ascontiguousarray(mat.q), np.ascontiguousarray(groups, dtype=np.int64)
     if not out.flags.c_contiguous:
         raise ValueError("the packed rows must be one C-contiguous array")
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    clib.load_qkernels().sd_pack_q6k(ptr(src.ctypes.data), i64(src.shape[1]), ptr(groups.ctypes.data),
-                                     i64(len(groups)), i64(n), i64(mat.k // 256), ptr(out.ctypes.data),
-                                     i64(out.shape[1]))
+    i64, ptr, lib = ctypes.c_int64, ctypes.c_void_p, clib.load_qkernels()
+    head = (ptr(src.ctypes.data), i64(src.shape[1]), ptr(groups.ctypes.data), i64(len(groups)), i64(n),
+            i64(mat.k // 256))
+    if layout in (Q6KX8, Q6KX16):
+        lib.sd_pack_q6k(*head, ptr(out.ctypes.data), i64(out.shape[1]))
+    else:
+        lib.sd_pack_q45k(*head, i64(layout in (Q5KX8, Q5KX16)), ptr(out.ctypes.data), i64(out.shape[1]))
 
 
 def _k_quant(layout: int):
@@ -470,14 +442,6 @@ def x8_layouts(mat: QuantMatrix) -> np.ndarray:
     out[(mat.fmt == U4M) & scales & _f16_exact(m)] = Q41X8
     out[(mat.fmt == U4M) & scales & (m == -8.0 * s).all(axis=1)] = Q40X8
     return out
-
-
-def _x8_k_quant(kind: int, pack):
-    def packed(mat: QuantMatrix, rows: np.ndarray, groups: int) -> np.ndarray:
-        nsb = mat.k // 256
-        return pack(mat.q[rows, : SUPER_BLOCK[kind] * nsb].reshape(groups, len(rows) // groups, nsb, SUPER_BLOCK[kind]))
-
-    return packed
 
 
 def _block_values(mat: QuantMatrix, rows: np.ndarray) -> np.ndarray:
@@ -522,9 +486,7 @@ def _x8_blocks(layout: int):
     return packed
 
 
-_PACK = {Q4KX8: _x8_k_quant(Q4K, _q4k_x8), Q4KX16: _x8_k_quant(Q4K, _q4k_x8),  # (Q6_K: _pack_q6k)
-         Q5KX8: _x8_k_quant(Q5K, _q5k_x8), Q5KX16: _x8_k_quant(Q5K, _q5k_x8),
-         **{layout: _x8_blocks(layout) for layout in BLOCK}}
+_PACK = {layout: _x8_blocks(layout) for layout in BLOCK}  # the 32-value layouts (the K-quants: _pack_k)
 
 _REPACK = {
     T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0,
