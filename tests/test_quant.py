@@ -21,6 +21,8 @@ from specdec.model.weights import load_state_dict, read_model_config
 from specdec.runners.base import SeqInput
 from specdec.runners.load import load_runner
 from specdec.runners.native import NativeRunner
+from specdec.tree import DraftTree
+from specdec.verify import verify_argmax
 from tests.test_runner import assert_verify_rows_bit_identical
 
 pytestmark = pytest.mark.skipif(
@@ -158,9 +160,35 @@ def test_argmax_epilogue_is_the_products_argmax_with_ties_to_the_lower_id(qtype)
     kernels.qmatmul(*arrays, x, out)
     for m in (1, 2, 9):
         best = np.empty(m, dtype=np.int64)
-        kernels.qmatmul_argmax(*arrays, x[:m], best)
+        kernels.qmatmul_argmax(*arrays, x[:m], best, np.full(m, -1), np.zeros(m, dtype=np.int64))
         assert list(best) == torch.from_numpy(out[:m]).argmax(-1).tolist()
     assert best[0] == 3 and out[0, 3] == out[0, 4090] == out[0].max()
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_argmax_epilogue_leaves_out_only_the_rows_greedy_verification_cannot_reach(qtype):
+    """Given each row's parent row and token, ``qmatmul_argmax`` gives the argmax of every row the greedy walk
+    reaches (each token on its way its parent row's argmax) and -1 for every other: a chain accepted to its fourth
+    draft, a tie lost to the lower id, a rejected sibling beside an accepted one, a subtree under a rejection."""
+    rng = np.random.default_rng(700 + int(qtype))
+    data = _random_blocks(qtype, 4096, 256, rng)
+    x = rng.standard_normal((12, 256)).astype(np.float32)
+    x[7] = x[0]
+    out = np.empty((12, 4096), dtype=np.float32)
+    kernels.qmatmul(*QuantMatrix.from_blocks(data, qtype, 256).interleaved(wide=clib.wide_groups()).arrays(), x, out)
+    data[[3, 4090]] = data[int(out[0].argmax())]  # rows 0's and 7's maximum at ids 3 and 4090 too: 3 wins the tie
+    arrays = QuantMatrix.from_blocks(data, qtype, 256).interleaved(wide=clib.wide_groups()).arrays()
+    kernels.qmatmul(*arrays, x, out)
+    top = out.argmax(axis=1)
+    assert top[0] == top[7] == 3 and out[7, 4090] == out[7, 3]
+    # rows 0-6 a chain whose drafts 1-4 are their parents' argmax and 5's is not, 6 under 5; 7 a second root with
+    # children 8 (the tie's higher id: rejected) and 9 (accepted), 10 under 8, 11 under 9
+    parent = np.array([-1, 0, 1, 2, 3, 4, 5, -1, 7, 7, 8, 9])
+    token = np.array([0, *top[:4], (top[4] + 1) % 4096, top[5], 0, 4090, 3, top[8], top[9]])
+    reached = [True] * 5 + [False, False, True, False, True, False, True]
+    best = np.empty(12, dtype=np.int64)
+    kernels.qmatmul_argmax(*arrays, x, best, parent, token)
+    assert list(best) == [int(t) if r else -1 for t, r in zip(top, reached, strict=True)]
 
 
 @pytest.mark.parametrize("quantization", ["none", "q8_0"])
@@ -182,6 +210,31 @@ def test_a_pass_asked_for_argmax_gives_its_logits_argmax(tiny_model_factory, qua
             runner.truncate(s.slot, 5)
         assert got.logits == [] and got.argmax is not None
         assert [g.tolist() for g in got.argmax] == [w.argmax(-1).tolist() for w in want]
+
+
+@pytest.mark.parametrize("quantization", ["none", "q8_0"])
+def test_a_verify_pass_gives_the_argmax_of_every_row_greedy_verification_reaches(tiny_model_factory, quantization):
+    """``run(argmax=True, path_only=True)`` (the engine's greedy verify pass) gives the argmax of each row the walk
+    reaches and, where the head is quantized, -1 for a rejected draft and its subtree: the same walk."""
+    runner, _ = load_runner(str(tiny_model_factory("qwen2")), max_seq_len=256, num_slots=1, quantization=quantization)
+    a = runner.allocate()
+    runner.run([SeqInput(a, [5, 17, 99, 4, 61], all_logits=False)])
+    first = int(runner.run([SeqInput(a, [7])]).logits[0][0].argmax())
+    runner.truncate(a, 5)
+    second = int(runner.run([SeqInput(a, [7, first])]).logits[0][1].argmax())
+    runner.truncate(a, 5)
+    # 0 -> first (accepted) -> second (accepted) -> row 2's argmax + 1 (rejected); 0 -> first + 1 (rejected) -> 41
+    third = (int(runner.run([SeqInput(a, [7, first, second])]).logits[0][2].argmax()) + 1) % runner.config.vocab_size
+    runner.truncate(a, 5)
+    tokens, parents = [7, first, second, third, (first + 1) % runner.config.vocab_size, 41], [-1, 0, 1, 2, 0, 4]
+    seq = SeqInput(a, tokens, parents)
+    want = runner.run([seq]).logits[0].argmax(-1).tolist()
+    runner.truncate(a, 5)
+    got = runner.run([seq], argmax=True, path_only=True).argmax[0].tolist()
+    assert got[:3] == want[:3]
+    assert got[3:] == ([-1, -1, -1] if quantization == "q8_0" else want[3:])
+    tree = DraftTree(tokens, parents)
+    assert verify_argmax(tree, got) == verify_argmax(tree, want)
 
 
 # The K-quants' interleaved layouts in NumPy, as quant.py packed them before qkernels.c's sd_pack_q45k and

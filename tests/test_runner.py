@@ -203,7 +203,8 @@ def test_a_pass_compiles_into_what_numba_can_cache(tiny_llama):
                                                 kernels.read_bytes)}
     kernels.read_bytes(np.zeros(4096, dtype=np.uint8), 2)
     x = np.ones((1, runner.config.hidden_size), dtype=np.float32)
-    kernels.qmatmul_argmax(*runner.fused.head, x, np.zeros(1, dtype=np.int64))
+    kernels.qmatmul_argmax(*runner.fused.head, x, np.zeros(1, dtype=np.int64), np.full(1, -1),
+                           np.zeros(1, dtype=np.int64))
     kernels.qmatmul(*runner.fused.head, x, np.zeros((1, runner.config.vocab_size), dtype=np.float32))
     assert all(f.overloads for f in compiled.values())
     dynamic = [name for name, f in compiled.items() if any(c.library.has_dynamic_globals for c in f.overloads.values())]
@@ -388,7 +389,8 @@ def assert_glue_bits_hold(runner) -> None:
     whole = np.empty((c.num_layers, 5, c.hidden_size), dtype=np.float32)
     normed = np.empty((5, c.hidden_size), dtype=np.float32)
     decoder_kernels.fused_pass(rows.ids, rows.seqs, rows.parents, rows.kv_len, f.arrays, k, v, f.every_layer,
-                               hidden_at, whole, normed, np.arange(5), np.empty(5, dtype=np.int64), f.no_logits)
+                               hidden_at, whole, normed, np.arange(5), np.empty(5, dtype=np.int64), f.no_logits,
+                               False)
     x = runner.model.embed_rows(torch.from_numpy(rows.ids)).numpy().copy()
     if c.embed_scale:
         x *= f.embed_scale

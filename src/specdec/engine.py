@@ -246,7 +246,8 @@ class Engine:
             for d in drafts
         ]
         layers = hidden_layers(seqs)
-        out = self.runner.run(inputs, layers, argmax=all(_argmax_suffices(s) for s in seqs))
+        argmax = all(_argmax_suffices(s) for s in seqs)
+        out = self.runner.run(inputs, layers, argmax=argmax, path_only=argmax)
         timing = self._measure([len(i.token_ids) for i in inputs], out.seconds)
         hidden = out.hidden if layers else [[] for _ in drafts]
         rows = out.argmax if out.argmax is not None else out.logits

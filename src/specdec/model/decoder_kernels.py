@@ -466,22 +466,23 @@ def _scale_rows(x, scale):  # pragma: no cover - compiled
                 x[r, i] *= scale
 
 
-def _head(head, x, best, logits):  # pragma: no cover - replaced by the overload below
+def _head(head, x, best, logits, parent, token):  # pragma: no cover - replaced by the overload below
     """The LM head over the rows x [R, H]: each row's argmax into best [R] where best has rows (a quantized head
-    keeps its spans' maxima only: ``kernels.qmatmul_argmax``), else the logits into logits [R, V]."""
+    keeps its spans' maxima only, and leaves out the rows greedy verification cannot reach: ``kernels.qmatmul_argmax``
+    with each row's parent row and token, -1 for none), else the logits into logits [R, V]."""
 
 
 @overload(_head, inline="always")
-def _head_impl(head, x, best, logits):
+def _head_impl(head, x, best, logits, parent, token):
     if isinstance(head, types.BaseTuple):
-        def quantized(head, x, best, logits):
+        def quantized(head, x, best, logits, parent, token):
             if best.shape[0]:
-                qmatmul_argmax(head[0], head[1], head[2], head[3], head[4], x, best)
+                qmatmul_argmax(head[0], head[1], head[2], head[3], head[4], x, best, parent, token)
             else:
                 product(head, x, logits)
         return quantized
 
-    def dense(head, x, best, logits):
+    def dense(head, x, best, logits, parent, token):
         if best.shape[0]:
             full = np.empty((x.shape[0], head.shape[0]), dtype=np.float32)
             matmul(head, x, full)
@@ -492,11 +493,27 @@ def _head_impl(head, x, best, logits):
 
 
 @njit(**_GLUE)
+def _parent_rows(layout, parents, path_only):  # pragma: no cover - compiled
+    """Each row's parent row in the pass (-1: its parent is cached, or every row where not ``path_only``)."""
+    seq_rows = layout.seq_rows
+    parent = np.full(seq_rows[-1], -1, dtype=np.int64)
+    if path_only:
+        for i in range(seq_rows.shape[0] - 1):
+            for r in range(seq_rows[i], seq_rows[i + 1]):
+                if parents.shape[0] == 0:  # a chain
+                    parent[r] = r - 1 if r > seq_rows[i] else -1
+                elif parents[r] >= 0:
+                    parent[r] = seq_rows[i] + parents[r]
+    return parent
+
+
+@njit(**_GLUE)
 def fused_pass(ids, seqs, parents, kv_len, model, k_cache, v_cache, run_layer, hidden_at, hidden, normed, head_rows,
-               best, logits):  # pragma: no cover - compiled
+               best, logits, path_only):  # pragma: no cover - compiled
     """A whole pass in one compiled call: the layout of the rows (``Rows``' fields; ``row_layout``), the embedding
     look-up, every layer (``decode_layers``), the final norm into normed [N, H] and the LM head over its rows
-    ``head_rows`` (``_head``: argmaxes into best where it has rows, else logits). ``model``: the static arrays,
+    ``head_rows`` (``_head``: argmaxes into best where it has rows, else logits; ``path_only``: head_rows every row,
+    and only those greedy verification can reach need be right, the others -1). ``model``: the static arrays,
     ``fused.FusedDecoder.arrays``. One dispatch and no torch call where the pass took six dispatches and a dozen torch
     calls, each run with the caches cold after the weights streamed through them (a torch call 20-130 us there).
     Zen 4, 1-token argmax passes alternated in one process against the parent commit's steps replayed: SmolLM2-135M
@@ -507,7 +524,7 @@ def fused_pass(ids, seqs, parents, kv_len, model, k_cache, v_cache, run_layer, h
     _embed(embed, ids, embed_scale, x)
     decode_layers(x, layout, weights, k_cache, v_cache, rope, arch, run_layer, hidden_at, hidden)
     rms_norm_rows(x, final_norm, eps, normed)
-    _head(head, normed[head_rows], best, logits)
+    _head(head, normed[head_rows], best, logits, _parent_rows(layout, parents, path_only), ids)
 
 
 def plain(value):

@@ -159,16 +159,20 @@ class FusedDecoder:
 
     def forward_argmax(
         self, rows: Rows, cache: KVCache, hidden_layers: tuple[int, ...] = (), layers: tuple[int, ...] | None = None,
+        path_only: bool = False,
     ) -> tuple[np.ndarray, list[torch.Tensor]]:
         """``forward``, but each row's argmax [N] int64 (NumPy) in place of its logits: a quantized head keeps
-        only its chunks' row maxima (``kernels.qmatmul_argmax``), never the [N, V] floats."""
+        only its chunks' row maxima (``kernels.qmatmul_argmax``), never the [N, V] floats. ``path_only``: only the
+        rows greedy verification can reach (``runners.base.Runner.run``), the others -1 where left out."""
         n = rows.ids.shape[0]
         best = np.empty(n, dtype=np.int64)
-        out_hidden = self._pass(rows, cache, hidden_layers, layers, np.arange(n, dtype=np.int64), best, self.no_logits)
+        out_hidden = self._pass(rows, cache, hidden_layers, layers, np.arange(n, dtype=np.int64), best, self.no_logits,
+                                path_only)
         return best, out_hidden
 
     def _pass(self, rows: Rows, cache: KVCache, hidden_layers: tuple[int, ...], layers: tuple[int, ...] | None,
-              head_rows: np.ndarray, best: np.ndarray, logits: np.ndarray) -> list[torch.Tensor]:
+              head_rows: np.ndarray, best: np.ndarray, logits: np.ndarray,
+              path_only: bool = False) -> list[torch.Tensor]:
         """The pass (``decoder_kernels.fused_pass``): the LM head's argmaxes into best, or where best is empty its
         logits into logits, over rows head_rows; returns the hidden states asked for."""
         n, c = rows.ids.shape[0], self.config
@@ -183,7 +187,7 @@ class FusedDecoder:
         decoder_kernels.fused_pass(
             rows.ids, rows.seqs, rows.parents, rows.kv_len, self.arrays, *self.cache_arrays.of(cache),
             self.every_layer if layers is None else self.model.run_mask(layers), hidden_at, hidden, normed,
-            head_rows, best, logits,
+            head_rows, best, logits, path_only,
         )
         if not hidden_layers:
             return []

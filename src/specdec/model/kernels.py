@@ -362,11 +362,18 @@ _HEAD_CHUNKS = 128
 
 
 @njit(parallel=True, **_FLAGS)
-def qmatmul_argmax(q, s, m, fmt, segments, x, best):  # pragma: no cover - compiled
+def qmatmul_argmax(q, s, m, fmt, segments, x, best, parent, token):  # pragma: no cover - compiled
     """best[M] = each row's argmax of x[M, K] @ W.T (``qmatmul``'s product, the same bits) without writing
     the [M, N] product: each span's part ([M, <= 1200] where capped) passes through a buffer of its own and leaves
     its row maxima, combined in column order. Ties go to the lower column, as torch.argmax (for
-    finite logits)."""
+    finite logits).
+
+    Greedy verification reads a row only where the walk reaches it: row r (parent[r] >= 0, a row of x) is reached
+    only if its parent row's argmax is token[r]. That fails as soon as a span's maximum in the parent row beats
+    the logit at token[r] (``_drafts_beaten``), found before the sweep; from then on r and its descendants leave
+    the product (in a verify pass past the first rejected draft, most of the rows) and their best is -1. Every row
+    the walk can reach keeps every column, and every logit is computed as in the whole product: the same bits.
+    parent all -1: every row's argmax."""
     rows, k = x.shape
     n_out = fmt.shape[0]
     act = _activations(rows, k)
@@ -376,26 +383,109 @@ def qmatmul_argmax(q, s, m, fmt, segments, x, best):  # pragma: no cover - compi
     at = np.empty((units, rows), dtype=np.int64)
     starts = np.zeros(units, dtype=np.bool_)
     _prepare(x, 0, rows, act, 0, _activation_forms(fmt, segments))
+    bar, watch = _draft_logits(q, s, m, fmt, segments, act, parent, token)
+    dead = np.zeros(rows, dtype=np.bool_)  # rows shown unreachable, by any thread
     threads = _sd_threads()
     runs = _runs(units, threads)
     for t in prange(threads):  # as qmatmul: each thread's run of spans, then the others' tails
+        live = np.empty(rows, dtype=np.int64)  # the rows this thread computes, ascending
+        n_live = _live_rows(parent, dead, live)
+        mine = act if n_live == rows else _activations(rows, k)  # the live rows' activations, packed
+        if n_live < rows:
+            _take_activations(act, live, n_live, mine)
         span = _sd_span(runs.ctypes.data, t, threads, most)
         while span >= 0:
+            now = _live_rows(parent, dead, live)
+            if now != n_live:
+                n_live = now
+                mine = _activations(rows, k)
+                _take_activations(act, live, n_live, mine)
             n0, n1 = _span_rows(span, _UNIT, n_out)
-            part = np.empty((rows, n1 - n0), dtype=np.float32)
-            _qchunk(q, s, m, fmt, segments, act, rows, part.ctypes.data - 4 * n0, n1 - n0, n0, n1)  # part[r, n - n0]
+            part = np.empty((n_live, n1 - n0), dtype=np.float32)
+            _qchunk(q, s, m, fmt, segments, mine, n_live, part.ctypes.data - 4 * n0, n1 - n0, n0, n1)
             u = span >> 32
-            for r in range(rows):
-                j = _first_max(part[r])
-                top[u, r], at[u, r] = part[r, j], n0 + j
+            for i in range(n_live):
+                j = _first_max(part[i])
+                top[u, live[i]], at[u, live[i]] = part[i, j], n0 + j
+            _drafts_beaten(parent, token, bar, watch, live, n_live, top[u], at[u], dead)
             starts[u] = True
             span = _sd_span(runs.ctypes.data, t, threads, most)
-    for r in range(rows):
+    live = np.empty(rows, dtype=np.int64)
+    n_live = _live_rows(parent, dead, live)
+    best[:] = -1
+    for i in range(n_live):
+        r = live[i]
         c = 0  # unit 0 always starts a span
         for u in range(1, units):
             if starts[u] and top[u, r] > top[c, r]:
                 c = u
         best[r] = at[c, r]
+
+
+@njit(**_FLAGS)
+def _draft_logits(q, s, m, fmt, segments, act, parent, token):  # pragma: no cover - compiled
+    """(bar, watch): bar[r] = the logit at token[r] in row parent[r], where watch[r] (parent[r] >= 0 and token[r] a
+    column; fastmath: no NaN to mark the others), the unit holding it computed as the sweep computes it."""
+    rows = parent.shape[0]
+    n_out = fmt.shape[0]
+    bar = np.zeros(rows, dtype=np.float32)
+    watch = np.zeros(rows, dtype=np.bool_)
+    for r in range(rows):
+        if parent[r] >= 0 and 0 <= token[r] < n_out:
+            watch[r] = True
+            n0 = token[r] // _UNIT * _UNIT
+            n1 = min(n_out, n0 + _UNIT)
+            part = np.empty((rows, n1 - n0), dtype=np.float32)
+            _qchunk(q, s, m, fmt, segments, act, rows, part.ctypes.data - 4 * n0, n1 - n0, n0, n1)
+            bar[r] = part[parent[r], token[r] - n0]
+    return bar, watch
+
+
+@njit(**_FLAGS)
+def _live_rows(parent, dead, live):  # pragma: no cover - compiled
+    """live[:n] := the rows neither shown unreachable nor below one (parents come before their children); n."""
+    rows = parent.shape[0]
+    gone = np.zeros(rows, dtype=np.bool_)
+    n = 0
+    for r in range(rows):
+        gone[r] = dead[r] or (parent[r] >= 0 and gone[parent[r]])
+        if not gone[r]:
+            live[n] = r
+            n += 1
+    return n
+
+
+@njit(**_FLAGS)
+def _drafts_beaten(parent, token, bar, watch, live, n_live, top, at, dead):  # pragma: no cover - compiled
+    """dead[c] := True for each watched child c of a live row whose span maximum (top, at: per row) beats the logit
+    at c's token (bar[c]): a larger value, or an equal one at a lower column (argmax takes the first), so the
+    parent's argmax is not token[c]. A span's first maximum beats it whenever any of the span's columns does."""
+    here = np.zeros(parent.shape[0], dtype=np.bool_)
+    for i in range(n_live):
+        here[live[i]] = True
+    for c in range(parent.shape[0]):
+        p = parent[c]
+        if watch[c] and here[p] and not dead[c] and (top[p] > bar[c] or (top[p] == bar[c] and at[p] < token[c])):
+            dead[c] = True
+
+
+@njit(**_FLAGS)
+def _take_activations(act, live, n, out):  # pragma: no cover - compiled
+    """out's rows :n := act's rows live[:n], in every quantized form (sd_prepare's rows are independent)."""
+    _take(act[0], live, n, out[0])
+    _take(act[1], live, n, out[1])
+    _take(act[2], live, n, out[2])
+    _take(act[3], live, n, out[3])
+    _take(act[4], live, n, out[4])
+    _take(act[5], live, n, out[5])
+    _take(act[6], live, n, out[6])
+    _take(act[7], live, n, out[7])
+
+
+@njit(**_FLAGS)
+def _take(src, live, n, dst):  # pragma: no cover - compiled
+    for i in range(n):
+        dst[i] = src[live[i]]
 
 
 @njit(**_FLAGS)

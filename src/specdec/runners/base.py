@@ -154,13 +154,17 @@ class ModelRunner(ABC):
 
     @abstractmethod
     def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = (),
-            layers: tuple[int, ...] | None = None, argmax: bool = False) -> PassOutput:
+            layers: tuple[int, ...] | None = None, argmax: bool = False, path_only: bool = False) -> PassOutput:
         """Run every sequence's new tokens in one pass; their K/V are appended to the cache.
 
         layers: the decoder layers to run (None = all; see the module docstring).
         argmax: each row's argmax is all the caller reads (greedy verification, nothing else on the
         logits): a runner that can returns ``PassOutput.argmax`` instead of logits, the same tokens
         torch.argmax of its logits would give (ties to the lower id); others return logits.
+        path_only (with argmax): the caller walks the drafts greedily (``verify.verify_argmax``), so only the rows it
+        can reach need their argmax, a row being reached where each token from its sequence's first row to it is its
+        parent row's argmax; a runner may leave the others out of the LM head once a parent's argmax is shown to be
+        another token, and give them -1.
         """
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:

@@ -80,7 +80,7 @@ class NativeRunner(ModelRunner):
         return self.cache.nbytes
 
     def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = (),
-            layers: tuple[int, ...] | None = None, argmax: bool = False) -> PassOutput:
+            layers: tuple[int, ...] | None = None, argmax: bool = False, path_only: bool = False) -> PassOutput:
         t0 = time.perf_counter()
         if any(s.all_logits for s in seqs) and not all(s.all_logits for s in seqs):
             raise ValueError("a pass returns either all logits or the last ones for every sequence")
@@ -95,7 +95,7 @@ class NativeRunner(ModelRunner):
             out_logits, out_hidden = self._run_prompt_chunks(seqs, hidden_layers, layers)
             return PassOutput(out_logits, out_hidden, time.perf_counter() - t0)
         elif argmax and not prompt and self.fused.has_argmax:  # the LM head keeps row maxima only
-            best, out_hidden = self._run_rows(seqs, hidden_layers, layers, argmax=True)
+            best, out_hidden = self._run_rows(seqs, hidden_layers, layers, argmax=True, path_only=path_only)
             for s in seqs:
                 self.lengths[s.slot] += len(s.token_ids)
             return PassOutput([], out_hidden, time.perf_counter() - t0, argmax=best)
@@ -172,12 +172,13 @@ class NativeRunner(ModelRunner):
         return out_logits, out_hidden
 
     def _run_rows(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...], layers: tuple[int, ...] | None,
-                  argmax: bool = False):
-        """Per sequence its rows' logits (or their argmax [T_i]: ``argmax``, every row's) and hidden states."""
+                  argmax: bool = False, path_only: bool = False):
+        """Per sequence its rows' logits (or their argmax [T_i]: ``argmax``, every row's or, ``path_only``, those
+        greedy verification reaches) and hidden states."""
         rows, spans = self._make_rows(seqs), _row_spans(seqs)
         # (no torch.inference_mode: the pass is NumPy's, and entering it cost ~50 us with the caches cold)
         if argmax:
-            best, hidden = self.fused.forward_argmax(rows, self.cache, hidden_layers, layers)
+            best, hidden = self.fused.forward_argmax(rows, self.cache, hidden_layers, layers, path_only)
             logits = [torch.from_numpy(best[r0:r1]) for r0, r1 in spans]
         else:
             logits_rows = None if seqs[0].all_logits else np.array([r1 - 1 for _, r1 in spans], dtype=np.int64)
