@@ -312,7 +312,7 @@ def _q6k_x8(b: np.ndarray) -> np.ndarray:
                          [(T.Q4_K, quant.Q4KX8, _q4k_x8), (T.Q5_K, quant.Q5KX8, _q5k_x8),
                           (T.Q6_K, quant.Q6KX8, _q6k_x8)], ids=["Q4_K", "Q5_K", "Q6_K"])
 def test_k_quant_groups_pack_in_c_as_the_numpy_reference(qtype, layout, reference, n):
-    """sd_pack_q45k and sd_pack_q6k (quant._pack_k) write each listed group's run of the output rows as the NumPy
+    """sd_pack_q45k and sd_pack_q6k (quant._pack) write each listed group's run of the output rows as the NumPy
     layouts above, groups in any order, rows wider than the packed ones, and touch nothing else."""
     rng = np.random.default_rng(n + int(qtype))
     size = quant.SUPER_BLOCK[{T.Q4_K: quant.Q4K, T.Q5_K: quant.Q5K, T.Q6_K: quant.Q6K}[qtype]]
@@ -322,13 +322,76 @@ def test_k_quant_groups_pack_in_c_as_the_numpy_reference(qtype, layout, referenc
     mat = QuantMatrix.from_blocks(_random_blocks(qtype, rows, k, rng), qtype, k)
     out = np.full((rows, width), 0xAB, dtype=np.uint8)
     groups = np.array([2, 0, 3])
-    quant._pack_k(mat, layout if n == 8 else quant.WIDE[layout], groups, n, out)
+    quant._pack(mat, layout if n == 8 else quant.WIDE[layout], groups, n, out)
     want = reference(mat.q[:, : 3 * size].reshape(4, n, 3, size))  # [G, nsb, unit n]
     runs = out.reshape(4, n * width)
     for g in range(4):
         if g in groups:
             assert np.array_equal(runs[g, : 3 * unit * n], want[g].reshape(-1)), g
             assert (runs[g, 3 * unit * n:] == 0xAB).all()
+        else:
+            assert (runs[g] == 0xAB).all()
+
+
+# The 32-value types' interleaved layouts in NumPy, as quant.py packed them before qkernels.c's sd_pack_blocks.
+def _block_values(mat: QuantMatrix, rows: np.ndarray) -> np.ndarray:
+    """Rows of a 32-value layout as the integers the interleaved kernels multiply: [rows, k / 32, 32]
+    (Q8_0 signed, U4M 0..15, U8M 0..31)."""
+    q = mat.q[rows]
+    nb = mat.k // 32
+    if mat.fmt[rows[0]] == quant.U4M:
+        b = q[:, : mat.k // 2].reshape(len(rows), nb // 2, 32)
+        v = np.stack([b & 15, b >> 4], axis=2)  # byte j: block 2p's value j low, block 2p + 1's high
+    elif mat.fmt[rows[0]] == quant.I8:
+        v = (q[:, : mat.k].astype(np.int16) - 128).astype(np.int8).view(np.uint8)
+    else:
+        v = q[:, : mat.k]
+    return v.reshape(len(rows), nb, 32)
+
+
+def _x8_blocks(mat: QuantMatrix, narrow: int, rows: np.ndarray, groups: int) -> np.ndarray:
+    """Rows of one 32-value type, n = 8 or 16 a group -> the group's blocks [G, nb, n x BLOCK[narrow]]
+    (qkernels_x8.h; qkernels_x16.h: every per-row run n rows wide)."""
+    nb, n = mat.k // 32, len(rows) // groups
+    v = _block_values(mat, rows).reshape(groups, n, nb, 8, 4)  # [G, row, block, step, 4]
+    d = mat.s[rows, :nb].astype(np.float16).reshape(groups, n, nb).transpose(0, 2, 1)  # [G, block, row]
+    parts = [np.ascontiguousarray(d).view(np.uint8).reshape(groups, nb, 2 * n)]
+    if narrow in (quant.Q41X8, quant.Q51X8):
+        mn = mat.m[rows, :nb].astype(np.float16).reshape(groups, n, nb).transpose(0, 2, 1)
+        parts.append(np.ascontiguousarray(mn).view(np.uint8).reshape(groups, nb, 2 * n))
+    steps = v.transpose(0, 2, 3, 1, 4)  # [G, block, step, row, 4]
+    if narrow == quant.Q80X8:
+        parts.append(steps.reshape(groups, nb, 32 * n))
+    else:
+        if narrow in (quant.Q50X8, quant.Q51X8):  # bit t of byte 4 i + u: the fifth bit of row i's value 4 t + u
+            high = ((v >> 4) & 1).transpose(0, 2, 1, 4, 3)  # [G, block, row, u, step]
+            parts.append(np.packbits(high, axis=-1, bitorder="little").reshape(groups, nb, 4 * n))
+        low = steps & 15
+        parts.append((low[:, :, :4] | (low[:, :, 4:] << 4)).reshape(groups, nb, 16 * n))
+    return np.concatenate(parts, axis=-1).astype(np.uint8)
+
+
+@pytest.mark.parametrize("n", [8, 16])
+@pytest.mark.parametrize(("qtype", "layout"), [(T.Q8_0, quant.Q80X8), (T.Q5_0, quant.Q50X8), (T.Q4_0, quant.Q40X8),
+                                               (T.Q4_1, quant.Q41X8), (T.Q5_1, quant.Q51X8)],
+                         ids=["Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q5_1"])
+def test_block_groups_pack_in_c_as_the_numpy_reference(qtype, layout, n):
+    """sd_pack_blocks (quant._pack) writes each listed group's run of the output rows as the NumPy layout above,
+    groups in any order, rows wider than the packed ones, and touches nothing else."""
+    rng = np.random.default_rng(n + int(qtype))
+    rows, k = 4 * n, 256
+    unit = quant.BLOCK[layout] * (k // 32)
+    width = unit + 40
+    mat = QuantMatrix.from_blocks(_random_blocks(qtype, rows, k, rng), qtype, k)
+    out = np.full((rows, width), 0xAB, dtype=np.uint8)
+    groups = np.array([2, 0, 3])
+    quant._pack(mat, layout if n == 8 else quant.WIDE[layout], groups, n, out)
+    want = _x8_blocks(mat, layout, np.arange(rows), 4)  # [G, nb, n x size]
+    runs = out.reshape(4, n * width)
+    for g in range(4):
+        if g in groups:
+            assert np.array_equal(runs[g, : unit * n], want[g].reshape(-1)), g
+            assert (runs[g, unit * n:] == 0xAB).all()
         else:
             assert (runs[g] == 0xAB).all()
 

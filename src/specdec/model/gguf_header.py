@@ -9,7 +9,7 @@ The format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md (little-en
 
 from __future__ import annotations
 
-import os
+import mmap
 import struct
 from pathlib import Path
 from typing import NamedTuple
@@ -59,8 +59,8 @@ class Header(NamedTuple):
 def read_header(path: Path) -> Header:
     """The header of the GGUF at ``path``; ModelLoadError (naming the file) when it is not a readable GGUF."""
     try:
-        with open(path, "rb") as f:
-            return _Parser(f).header()
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _Parser(buf).header()
     except (OSError, ValueError, KeyError, struct.error, UnicodeDecodeError) as exc:
         raise ModelLoadError(f"cannot read GGUF {path}: {type(exc).__name__}: {exc}") from None
 
@@ -77,30 +77,36 @@ def tensor_data(path: Path, t: TensorInfo) -> np.ndarray:
 
 
 class _Parser:
-    """Reads the header front to back from a buffered file (a 1.5B model's header is ~7 MB, mostly arrays)."""
+    """Reads the header front to back from the file's mapped bytes (a 1.5B model's header is ~7 MB, mostly arrays:
+    303,000 strings of the 0.5B's tokenizer stepped over by their lengths, where a read and a decode each took 1.0 s
+    of its load under a profiler)."""
 
-    def __init__(self, f) -> None:
-        self.f = f
-        self.size = os.fstat(f.fileno()).st_size
+    def __init__(self, buf: mmap.mmap) -> None:
+        self.buf, self.pos, self.size = buf, 0, len(buf)
 
     def take(self, fmt: str):
         size = struct.calcsize(fmt)
-        raw = self.f.read(size)
-        if len(raw) != size:
-            raise ValueError("the file ends inside its header")
-        return struct.unpack(fmt, raw)[0]
+        self.skip(size)
+        return struct.unpack_from(fmt, self.buf, self.pos - size)[0]
 
     def string(self) -> str:
         n = self.take("<Q")
-        if n > self.size - self.f.tell():  # (a corrupt length: never ask to read more than the file holds)
-            raise ValueError("the file ends inside its header")
-        raw = self.f.read(n)
-        if len(raw) != n:
-            raise ValueError("the file ends inside its header")
-        return raw.decode("utf-8")
+        self.skip(n)
+        return self.buf[self.pos - n : self.pos].decode("utf-8")
 
     def skip(self, n: int) -> None:
-        self.f.seek(n, 1)
+        if n > self.size - self.pos:  # (a corrupt length: never step past what the file holds)
+            raise ValueError("the file ends inside its header")
+        self.pos += n
+
+    def skip_strings(self, count: int) -> None:
+        buf, pos, length = self.buf, self.pos, struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            if pos + 8 > self.size:
+                raise ValueError("the file ends inside its header")
+            pos += 8 + length(buf, pos)[0]
+        self.pos = pos
+        self.skip(0)
 
     def value(self, kind: GGUFValueType) -> int | float | bool | str | None:
         """A value of type ``kind``; an array is stepped over (None)."""
@@ -113,6 +119,8 @@ class _Parser:
         item, count = GGUFValueType(self.take("<I")), self.take("<Q")
         if item in _SCALARS:
             self.skip(count * struct.calcsize(_SCALARS[item]))
+        elif item == GGUFValueType.STRING:
+            self.skip_strings(count)
         else:
             for _ in range(count):
                 self.value(item)
@@ -139,7 +147,7 @@ class _Parser:
         alignment = int(metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT))
         if alignment <= 0 or alignment & (alignment - 1):
             raise ValueError(f"general.alignment {alignment} is not a power of two")
-        start = -(-self.f.tell() // alignment) * alignment
+        start = -(-self.pos // alignment) * alignment
         tensors: dict[str, TensorInfo] = {}
         for name, kind, shape, offset in infos:
             if name in tensors:

@@ -1079,3 +1079,51 @@ void sd_pack_q45k(const uint8_t *q, int64_t stride, const int64_t *groups, int64
         }
     }
 }
+
+/* Rows of a 32-value layout packed into their interleaved groups (qkernels_x8.h's Q80X8, Q50X8, Q40X8, Q41X8, Q51X8;
+   qkernels_x16.h's 16-row forms), from the layouts quant.py's from_blocks made: src = 0 U4M (byte j of 64 values:
+   the even block's value j low, the odd block's high), 1 U8M (a value 0..31 a byte), 2 I8 (value + 128); d and m the
+   rows' float16 scales and mins [rows, nb] (m NULL: none stored). Per block of n rows at out + g n out_stride +
+   b n size: the rows' d (2 n bytes), m (2 n), then Q8_0's values a step of 4 at a time (32 n: step t, row r's values
+   4 t .. 4 t + 3), or a 5-bit type's fifth bits (4 n: row r's byte u has value 4 t + u's in bit t) and the nibbles
+   (16 n: step t < 4, row r's value 4 t + u low and 16 + 4 t + u high), GGUF's own qs. One pass over the bytes,
+   where NumPy's transposes took 3.3 s of Qwen2.5-Coder-0.5B's load (its Q5_0 layers). */
+void sd_pack_blocks(const uint8_t *q, int64_t stride, int64_t src, int64_t five, const uint16_t *d, const uint16_t *m,
+                    int64_t nb, const int64_t *groups, int64_t n_groups, int64_t n, uint8_t *out, int64_t out_stride) {
+    const int64_t size = src == 2 ? 34 : 18 + (m ? 2 : 0) + (five ? 4 : 0);
+    for (int64_t gi = 0; gi < n_groups; gi++) {
+        const int64_t g = groups[gi];
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = out + g * n * out_stride + b * size * n;
+            for (int64_t r = 0; r < n; r++) {
+                const int64_t row = g * n + r;
+                const uint8_t *x = q + row * stride;
+                uint8_t v[32];
+                for (int j = 0; j < 32; j++)
+                    v[j] = src == 0 ? (uint8_t)((b & 1) ? x[32 * (b >> 1) + j] >> 4 : x[32 * (b >> 1) + j] & 15)
+                                    : (uint8_t)(src == 2 ? x[32 * b + j] ^ 0x80 : x[32 * b + j]);
+                memcpy(o + 2 * r, d + row * nb + b, 2);
+                uint8_t *p = o + 2 * n;
+                if (m) {
+                    memcpy(p + 2 * r, m + row * nb + b, 2);
+                    p += 2 * n;
+                }
+                if (src == 2) {
+                    for (int t = 0; t < 8; t++) memcpy(p + t * 4 * n + 4 * r, v + 4 * t, 4);
+                    continue;
+                }
+                if (five) {
+                    for (int u = 0; u < 4; u++) {
+                        uint8_t high = 0;
+                        for (int t = 0; t < 8; t++) high |= (uint8_t)(((v[4 * t + u] >> 4) & 1) << t);
+                        p[4 * r + u] = high;
+                    }
+                    p += 4 * n;
+                }
+                for (int t = 0; t < 4; t++)
+                    for (int u = 0; u < 4; u++)
+                        p[t * 4 * n + 4 * r + u] = (uint8_t)((v[4 * t + u] & 15) | ((v[16 + 4 * t + u] & 15) << 4));
+            }
+        }
+    }
+}

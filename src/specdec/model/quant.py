@@ -169,17 +169,10 @@ class QuantMatrix:
         if not packed.all():
             q[~packed, : self.q.shape[1]] = self.q[~packed]
         fmt = self.fmt.copy()
-        for layout, idx in todo.items():
-            per_row, n = q_row_bytes(layout, self.k), GROUP_ROWS[layout]
-            if layout in SUPER_BLOCK:  # the K-quants in C, every group in one call (and without the GIL)
-                _pack_k(self, layout, idx, n, q)
-                fmt[(idx[:, None] * n + np.arange(n)).reshape(-1)] = layout
-                continue
-            runs = q[: len(q) // n * n].reshape(-1, n * q.shape[1])  # a group's n rows: one run of n x width bytes
-            for chunk in np.array_split(idx, max(1, len(idx) * n // 8192)):  # bounded scratch on a 152K-row head
-                rows = (chunk[:, None] * n + np.arange(n)).reshape(-1)
-                runs[chunk, : n * per_row] = _PACK[layout](self, rows, len(chunk)).reshape(len(chunk), -1)
-                fmt[rows] = layout
+        for layout, idx in todo.items():  # in C, every group of a layout in one call (and without the GIL)
+            n = GROUP_ROWS[layout]
+            _pack(self, layout, idx, n, q)
+            fmt[(idx[:, None] * n + np.arange(n)).reshape(-1)] = layout
         if packed.all():  # the groups carry their scales in q: s and m, a float per 32 values, are no longer read
             s = m = np.zeros((len(fmt), 1), dtype=np.float32)
             return QuantMatrix(q, s, m, fmt, self.k, self.types)
@@ -237,7 +230,9 @@ def q_row_bytes(layout: int, k: int) -> int:
 
 def row_bytes(fmt: np.ndarray, k: int) -> np.ndarray:
     """Bytes each row of layout ``fmt`` (per row) reads in a product over k values: q's, and s's and m's."""
-    return np.vectorize(lambda f: q_row_bytes(f, k) + _SCALES_32.get(f, 0) * (k // 32))(fmt)
+    kinds = np.unique(fmt)  # (a few layouts over up to 152K rows: np.vectorize took 0.3 s of a 0.5B's load)
+    per_kind = np.array([q_row_bytes(int(f), k) + _SCALES_32.get(int(f), 0) * (k // 32) for f in kinds])
+    return per_kind[np.searchsorted(kinds, fmt)]
 
 
 def _segments(fmt: np.ndarray, k: int) -> np.ndarray:
@@ -360,8 +355,9 @@ def _q5_1(data, rows, k):
 
 
 def _biased(q: np.ndarray) -> np.ndarray:
-    """int8 values -> the I8 layout's bytes, q + 128 (see qkernels.c)."""
-    return (q.astype(np.int16) + 128).astype(np.uint8)
+    """int8 values -> the I8 layout's bytes, q + 128 (see qkernels.c): the sign bit flipped, one pass (the int16
+    round trip took 1.6 s of Qwen2.5-Coder-0.5B's load)."""
+    return q.view(np.uint8) ^ np.uint8(0x80)
 
 
 def _q8_0(data, rows, k):
@@ -385,19 +381,30 @@ def int8_rows(weight: np.ndarray) -> QuantMatrix:
                        ("Q8_0",)).interleaved()
 
 
-def _pack_k(mat: QuantMatrix, layout: int, groups: np.ndarray, n: int, out: np.ndarray) -> None:
-    """K-quant groups ``groups`` of n = 8 or 16 rows into their runs of ``out``'s rows as ``layout`` (Q4KX8, Q5KX8,
-    Q6KX8 or their 16-row forms: qkernels_x8.h, qkernels_x16.h): qkernels.c's sd_pack_q45k and sd_pack_q6k, one pass
-    over the bytes (NumPy's transposes took ~4.5 s of Qwen2.5-Coder-1.5B's load; tests/test_quant.py keeps them as
-    the layouts' reference)."""
+def _pack(mat: QuantMatrix, layout: int, groups: np.ndarray, n: int, out: np.ndarray) -> None:
+    """Groups ``groups`` of n = 8 or 16 rows into their runs of ``out``'s rows as ``layout`` (qkernels_x8.h,
+    qkernels_x16.h): qkernels.c's sd_pack_q45k and sd_pack_q6k for the K-quants, sd_pack_blocks for the 32-value
+    layouts, one pass over the bytes (NumPy's transposes took ~4.5 s of Qwen2.5-Coder-1.5B's load and 3.3 s of the
+    0.5B's; tests/test_quant.py keeps them as the layouts' reference)."""
     from specdec.model import clib  # builds the kernels: only where a matrix is packed
 
     src, groups = np.ascontiguousarray(mat.q), np.ascontiguousarray(groups, dtype=np.int64)
     if not out.flags.c_contiguous:
         raise ValueError("the packed rows must be one C-contiguous array")
     i64, ptr, lib = ctypes.c_int64, ctypes.c_void_p, clib.load_qkernels()
-    head = (ptr(src.ctypes.data), i64(src.shape[1]), ptr(groups.ctypes.data), i64(len(groups)), i64(n),
-            i64(mat.k // 256))
+    rows = (ptr(groups.ctypes.data), i64(len(groups)), i64(n))
+    if layout in BLOCK:
+        narrow = {v: k for k, v in WIDE.items()}.get(layout, layout)
+        nb = mat.k // 32
+        half = lambda a: np.ascontiguousarray(a[:, :nb], dtype=np.float16).view(np.uint16)  # noqa: E731 - exact
+        d = half(mat.s)
+        m = half(mat.m) if narrow in (Q41X8, Q51X8) else None
+        kind = {U4M: 0, U8M: 1, I8: 2}[int(mat.fmt[groups[0] * n])]
+        lib.sd_pack_blocks(ptr(src.ctypes.data), i64(src.shape[1]), i64(kind), i64(narrow in (Q50X8, Q51X8)),
+                           ptr(d.ctypes.data), ptr(None if m is None else m.ctypes.data), i64(nb), *rows,
+                           ptr(out.ctypes.data), i64(out.shape[1]))
+        return
+    head = (ptr(src.ctypes.data), i64(src.shape[1]), *rows, i64(mat.k // 256))
     if layout in (Q6KX8, Q6KX16):
         lib.sd_pack_q6k(*head, ptr(out.ctypes.data), i64(out.shape[1]))
     else:
@@ -443,50 +450,6 @@ def x8_layouts(mat: QuantMatrix) -> np.ndarray:
     out[(mat.fmt == U4M) & scales & (m == -8.0 * s).all(axis=1)] = Q40X8
     return out
 
-
-def _block_values(mat: QuantMatrix, rows: np.ndarray) -> np.ndarray:
-    """Rows of a 32-value layout as the integers the interleaved kernels multiply: [rows, k / 32, 32]
-    (Q8_0 signed, U4M 0..15, U8M 0..31)."""
-    q = mat.q[rows]
-    nb = mat.k // 32
-    if mat.fmt[rows[0]] == U4M:
-        b = q[:, : mat.k // 2].reshape(len(rows), nb // 2, 32)
-        v = np.stack([b & 15, b >> 4], axis=2)  # byte j: block 2p's value j low, block 2p + 1's high
-    elif mat.fmt[rows[0]] == I8:
-        v = (q[:, : mat.k].astype(np.int16) - 128).astype(np.int8).view(np.uint8)
-    else:
-        v = q[:, : mat.k]
-    return v.reshape(len(rows), nb, 32)
-
-
-def _x8_blocks(layout: int):
-    """Rows of one 32-value type, n = 8 or 16 a group -> the group's blocks [G, nb, n x BLOCK[layout]]
-    (qkernels_x8.h; qkernels_x16.h: every per-row run n rows wide)."""
-    narrow = {v: k for k, v in WIDE.items()}.get(layout, layout)
-
-    def packed(mat: QuantMatrix, rows: np.ndarray, groups: int) -> np.ndarray:
-        nb, n = mat.k // 32, len(rows) // groups
-        v = _block_values(mat, rows).reshape(groups, n, nb, 8, 4)  # [G, row, block, step, 4]
-        d = mat.s[rows, :nb].astype(np.float16).reshape(groups, n, nb).transpose(0, 2, 1)  # [G, block, row]
-        parts = [np.ascontiguousarray(d).view(np.uint8).reshape(groups, nb, 2 * n)]
-        if narrow in (Q41X8, Q51X8):
-            mn = mat.m[rows, :nb].astype(np.float16).reshape(groups, n, nb).transpose(0, 2, 1)
-            parts.append(np.ascontiguousarray(mn).view(np.uint8).reshape(groups, nb, 2 * n))
-        steps = v.transpose(0, 2, 3, 1, 4)  # [G, block, step, row, 4]
-        if narrow == Q80X8:
-            parts.append(steps.reshape(groups, nb, 32 * n))
-        else:
-            if narrow in (Q50X8, Q51X8):  # bit t of byte 4 i + u: the fifth bit of row i's value 4 t + u
-                high = ((v >> 4) & 1).transpose(0, 2, 1, 4, 3)  # [G, block, row, u, step]
-                parts.append(np.packbits(high, axis=-1, bitorder="little").reshape(groups, nb, 4 * n))
-            low = steps & 15
-            parts.append((low[:, :, :4] | (low[:, :, 4:] << 4)).reshape(groups, nb, 16 * n))
-        return np.concatenate(parts, axis=-1).astype(np.uint8)
-
-    return packed
-
-
-_PACK = {layout: _x8_blocks(layout) for layout in BLOCK}  # the 32-value layouts (the K-quants: _pack_k)
 
 _REPACK = {
     T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0,
