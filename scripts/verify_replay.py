@@ -1,6 +1,7 @@
 """Greedy verify passes with and without the LM head's path pruning (``Runner.run(path_only=)``), replayed in one
 process: a drafter's real verify passes are recorded while it generates, then each is run again both ways on the same
-cache, alternated round by round (``bench.passes.alternated``), with the rows the walk reached.
+cache, alternated round by round (``bench.passes.alternated``), with the rows the walk reached (and how many of them
+got another argmax than the whole head gives: 0, or the pruning is wrong).
 
     python scripts/verify_replay.py --model qwen2.5-coder-1.5b --spec-type draft-model \\
         --draft-model qwen2.5-coder-0.5b --workloads mt_bench,qa --prompts 4 --tokens 96
@@ -55,7 +56,7 @@ def main() -> None:
     runner.run = run
     slot = runner.allocate()
     whole: dict[bool, float] = {False: 0.0, True: 0.0}
-    rows = reached = 0
+    rows = reached = differ = 0  # rows, rows the walk reached, those whose argmax differs from the whole head's
     for tokens, passes in outputs:
         runner.truncate(slot, 0)
         runner.run([SeqInput(slot, tokens, all_logits=False)])
@@ -69,7 +70,10 @@ def main() -> None:
             for k, v in alternated({False: lambda: verify(False), True: lambda: verify(True)}, args.rounds).items():
                 whole[k] += v
             rows += len(new)
-            reached += int((verify(True) >= 0).sum())
+            path, every = verify(True), verify(False)
+            kept = path >= 0
+            reached += int(kept.sum())
+            differ += int((path[kept] != every[kept]).sum())
     cpu = cpu_info()
     n = sum(len(p) for _, p in outputs)
     print(f"# {cpu['cpu']}, {cpu['cores']} cores, SIMD {cpu['simd']}; {llm.model_name}, {runner.weights_label}; "
@@ -77,7 +81,7 @@ def main() -> None:
     every, path = (1e3 * whole[k] / max(n, 1) for k in (False, True))
     print(f"{n} verify passes, {rows / max(n, 1):.2f} rows a pass, {reached / max(rows, 1):.0%} of rows reached; "
           f"every row {every:.2f} ms a pass, path only {path:.2f} ms: "
-          f"{whole[True] / max(whole[False], 1e-9):.3f}")
+          f"{whole[True] / max(whole[False], 1e-9):.3f}; {differ} reached rows' argmax differ from the whole head's")
 
 
 if __name__ == "__main__":

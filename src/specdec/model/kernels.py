@@ -425,19 +425,23 @@ def qmatmul_argmax(q, s, m, fmt, segments, x, best, parent, token):  # pragma: n
 @njit(**_FLAGS)
 def _draft_logits(q, s, m, fmt, segments, act, parent, token):  # pragma: no cover - compiled
     """(bar, watch): bar[r] = the logit at token[r] in row parent[r], where watch[r] (parent[r] >= 0 and token[r] a
-    column; fastmath: no NaN to mark the others), the unit holding it computed as the sweep computes it."""
+    column; fastmath: no NaN to mark the others): the unit holding it over the parent row alone, the bits the sweep
+    gives it among every row (a row's logits do not depend on the rows beside it: tests/test_runner.py)."""
     rows = parent.shape[0]
     n_out = fmt.shape[0]
+    xq, dx8, bs32, nxl, xk, dk, bk, bw = act
     bar = np.zeros(rows, dtype=np.float32)
     watch = np.zeros(rows, dtype=np.bool_)
+    part = np.empty(_UNIT, dtype=np.float32)
     for r in range(rows):
-        if parent[r] >= 0 and 0 <= token[r] < n_out:
+        p = parent[r]
+        if p >= 0 and 0 <= token[r] < n_out:
             watch[r] = True
             n0 = token[r] // _UNIT * _UNIT
             n1 = min(n_out, n0 + _UNIT)
-            part = np.empty((rows, n1 - n0), dtype=np.float32)
-            _qchunk(q, s, m, fmt, segments, act, rows, part.ctypes.data - 4 * n0, n1 - n0, n0, n1)
-            bar[r] = part[parent[r], token[r] - n0]
+            one = (xq[p:], dx8[p:], bs32[p:], nxl[p:], xk[p:], dk[p:], bk[p:], bw[p:])  # row p's activations
+            _qchunk(q, s, m, fmt, segments, one, 1, part.ctypes.data - 4 * n0, n1 - n0, n0, n1)
+            bar[r] = part[token[r] - n0]
     return bar, watch
 
 
