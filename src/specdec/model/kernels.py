@@ -389,13 +389,14 @@ def qmatmul_argmax(q, s, m, fmt, segments, x, best, parent, token):  # pragma: n
     runs = _runs(units, threads)
     for t in prange(threads):  # as qmatmul: each thread's run of spans, then the others' tails
         live = np.empty(rows, dtype=np.int64)  # the rows this thread computes, ascending
-        n_live = _live_rows(parent, dead, live)
+        flags = np.empty(rows, dtype=np.bool_)  # scratch of _live_rows and _drafts_beaten
+        n_live = _live_rows(parent, dead, live, flags)
         mine = act if n_live == rows else _activations(rows, k)  # the live rows' activations, packed
         if n_live < rows:
             _take_activations(act, live, n_live, mine)
         span = _sd_span(runs.ctypes.data, t, threads, most)
         while span >= 0:
-            now = _live_rows(parent, dead, live)
+            now = _live_rows(parent, dead, live, flags)
             if now != n_live:
                 n_live = now
                 mine = _activations(rows, k)
@@ -407,11 +408,11 @@ def qmatmul_argmax(q, s, m, fmt, segments, x, best, parent, token):  # pragma: n
             for i in range(n_live):
                 j = _first_max(part[i])
                 top[u, live[i]], at[u, live[i]] = part[i, j], n0 + j
-            _drafts_beaten(parent, token, bar, watch, live, n_live, top[u], at[u], dead)
+            _drafts_beaten(parent, token, bar, watch, live, n_live, top[u], at[u], dead, flags)
             starts[u] = True
             span = _sd_span(runs.ctypes.data, t, threads, most)
     live = np.empty(rows, dtype=np.int64)
-    n_live = _live_rows(parent, dead, live)
+    n_live = _live_rows(parent, dead, live, np.empty(rows, dtype=np.bool_))
     best[:] = -1
     for i in range(n_live):
         r = live[i]
@@ -446,10 +447,10 @@ def _draft_logits(q, s, m, fmt, segments, act, parent, token):  # pragma: no cov
 
 
 @njit(**_FLAGS)
-def _live_rows(parent, dead, live):  # pragma: no cover - compiled
-    """live[:n] := the rows neither shown unreachable nor below one (parents come before their children); n."""
+def _live_rows(parent, dead, live, gone):  # pragma: no cover - compiled
+    """live[:n] := the rows neither shown unreachable nor below one (parents come before their children); n.
+    gone: scratch [rows]."""
     rows = parent.shape[0]
-    gone = np.zeros(rows, dtype=np.bool_)
     n = 0
     for r in range(rows):
         gone[r] = dead[r] or (parent[r] >= 0 and gone[parent[r]])
@@ -460,11 +461,12 @@ def _live_rows(parent, dead, live):  # pragma: no cover - compiled
 
 
 @njit(**_FLAGS)
-def _drafts_beaten(parent, token, bar, watch, live, n_live, top, at, dead):  # pragma: no cover - compiled
+def _drafts_beaten(parent, token, bar, watch, live, n_live, top, at, dead, here):  # pragma: no cover - compiled
     """dead[c] := True for each watched child c of a live row whose span maximum (top, at: per row) beats the logit
     at c's token (bar[c]): a larger value, or an equal one at a lower column (argmax takes the first), so the
-    parent's argmax is not token[c]. A span's first maximum beats it whenever any of the span's columns does."""
-    here = np.zeros(parent.shape[0], dtype=np.bool_)
+    parent's argmax is not token[c]. A span's first maximum beats it whenever any of the span's columns does. here:
+    scratch [rows]."""
+    here[:] = False
     for i in range(n_live):
         here[live[i]] = True
     for c in range(parent.shape[0]):
