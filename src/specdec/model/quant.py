@@ -335,22 +335,29 @@ def _q4_1(data, rows, k):
     return q, _f16(b[:, :, 0:2]).reshape(rows, -1), _f16(b[:, :, 2:4]).reshape(rows, -1), U4M
 
 
-def _five_bit(qs: np.ndarray, qh: np.ndarray) -> np.ndarray:
-    """Q5_0/Q5_1: 16 bytes of nibbles + 32 high bits (value i: bit i) -> values 0..31 [.., 32]."""
-    low = np.concatenate([qs & 15, qs >> 4], axis=-1)
-    bits = np.unpackbits(qh, axis=-1, bitorder="little")
-    return low | (bits << 4)
+def _five_bit(data: np.ndarray, rows: int, size: int) -> np.ndarray:
+    """Q5_0 / Q5_1 blocks of ``size`` bytes (22, 24: the scale(s), 32 high bits (value i: bit i), 16 bytes of
+    nibbles) -> values 0..31 [rows, k], in C (qkernels.c's sd_unpack_q5: one pass, without the GIL)."""
+    from specdec.model import clib  # builds the kernels: only where such a matrix is loaded
+
+    data = np.ascontiguousarray(data)
+    n_blocks = data.size // size
+    out = np.empty((rows, n_blocks // rows * 32), dtype=np.uint8)
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    clib.load_qkernels().sd_unpack_q5(ptr(data.ctypes.data), i64(n_blocks), i64(size), i64(size - 20),
+                                      i64(size - 16), ptr(out.ctypes.data))
+    return out
 
 
 def _q5_0(data, rows, k):
     b = _blocks(data, rows, 22)
     d = _f16(b[:, :, 0:2]).reshape(rows, -1)
-    return _five_bit(b[:, :, 6:], b[:, :, 2:6]).reshape(rows, -1), d, -16.0 * d, U8M
+    return _five_bit(data, rows, 22), d, -16.0 * d, U8M
 
 
 def _q5_1(data, rows, k):
     b = _blocks(data, rows, 24)
-    q = _five_bit(b[:, :, 8:], b[:, :, 4:8]).reshape(rows, -1)
+    q = _five_bit(data, rows, 24)
     return q, _f16(b[:, :, 0:2]).reshape(rows, -1), _f16(b[:, :, 2:4]).reshape(rows, -1), U8M
 
 
