@@ -490,8 +490,11 @@ def _take_activations(act, live, n, out):  # pragma: no cover - compiled
 
 @njit(**_FLAGS)
 def _take(src, live, n, dst):  # pragma: no cover - compiled
+    """dst[i] := src[live[i]] for i < n, element by element (a row assigned whole compiles numba's shape-mismatch
+    message: seconds of a cold compile, the forty-ninth session found)."""
     for i in range(n):
-        dst[i] = src[live[i]]
+        for j in range(src.shape[1]):
+            dst[i, j] = src[live[i], j]
 
 
 @njit(**_FLAGS)
