@@ -347,13 +347,20 @@ def _span_rows(span, unit, n_out):  # pragma: no cover - compiled
 
 
 @njit(**_FLAGS)
-def _qchunk(q, s, m, fmt, segments, act, n_rows, out_ptr, out_stride, n0, n1):  # pragma: no cover - compiled
-    """Weight rows n0:n1 of the product: out_ptr's element (r, n) at r * out_stride + n."""
+def _qchunk(q, s, m, fmt, segments, act, n_rows, out_ptr, out_stride, n0, n1, r0=0):  # pragma: no cover - compiled
+    """Weight rows n0:n1 of the product over the activations' rows r0 .. r0 + n_rows: out_ptr's element (r, n) at
+    (r - r0) * out_stride + n."""
     xq, dx8, bs32, nxl, xk, dk, bk, bw = act
     _sd_qmatmul(q.ctypes.data, segments.ctypes.data, segments.shape[0], s.ctypes.data, m.ctypes.data,
                 fmt.ctypes.data, s.shape[1], xq.shape[1],
-                xq.ctypes.data, dx8.ctypes.data, bs32.ctypes.data, nxl.ctypes.data, xk.ctypes.data, dk.ctypes.data,
-                bk.ctypes.data, bw.ctypes.data, n_rows, out_ptr, out_stride, n0, n1)
+                _row(xq, r0), _row(dx8, r0), _row(bs32, r0), _row(nxl, r0), _row(xk, r0), _row(dk, r0),
+                _row(bk, r0), _row(bw, r0), n_rows, out_ptr, out_stride, n0, n1)
+
+
+@njit(inline="always", **_FLAGS)
+def _row(a, r):  # pragma: no cover - compiled
+    """The address of row r of a C-contiguous 2-D array."""
+    return a.ctypes.data + r * a.strides[0]
 
 
 # an LM head's spans in ``qmatmul_argmax`` (capped: _span_cap): at most 1,200 of 151,936 rows, [8, 1200] floats in
@@ -382,35 +389,15 @@ def qmatmul_argmax(q, s, m, fmt, segments, x, best, parent, token):  # pragma: n
     top = np.empty((units, rows), dtype=np.float32)  # a span's maxima at its first unit
     at = np.empty((units, rows), dtype=np.int64)
     starts = np.zeros(units, dtype=np.bool_)
-    _prepare(x, 0, rows, act, 0, _activation_forms(fmt, segments))
+    need = _activation_forms(fmt, segments)
+    _prepare(x, 0, rows, act, 0, need)
     bar, watch = _draft_logits(q, s, m, fmt, segments, act, parent, token)
     dead = np.zeros(rows, dtype=np.bool_)  # rows shown unreachable, by any thread
     threads = _sd_threads()
     runs = _runs(units, threads)
     for t in prange(threads):  # as qmatmul: each thread's run of spans, then the others' tails
-        live = np.empty(rows, dtype=np.int64)  # the rows this thread computes, ascending
-        flags = np.empty(rows, dtype=np.bool_)  # scratch of _live_rows and _drafts_beaten
-        n_live = _live_rows(parent, dead, live, flags)
-        mine = act if n_live == rows else _activations(rows, k)  # the live rows' activations, packed
-        if n_live < rows:
-            _take_activations(act, live, n_live, mine)
-        span = _sd_span(runs.ctypes.data, t, threads, most)
-        while span >= 0:
-            now = _live_rows(parent, dead, live, flags)
-            if now != n_live:
-                n_live = now
-                mine = _activations(rows, k)
-                _take_activations(act, live, n_live, mine)
-            n0, n1 = _span_rows(span, _UNIT, n_out)
-            part = np.empty((n_live, n1 - n0), dtype=np.float32)
-            _qchunk(q, s, m, fmt, segments, mine, n_live, part.ctypes.data - 4 * n0, n1 - n0, n0, n1)
-            u = span >> 32
-            for i in range(n_live):
-                j = _first_max(part[i])
-                top[u, live[i]], at[u, live[i]] = part[i, j], n0 + j
-            _drafts_beaten(parent, token, bar, watch, live, n_live, top[u], at[u], dead, flags)
-            starts[u] = True
-            span = _sd_span(runs.ctypes.data, t, threads, most)
+        _argmax_spans(q, s, m, fmt, segments, x, need, act, runs, t, threads, most, parent, token, bar, watch, dead,
+                      top, at, starts)
     live = np.empty(rows, dtype=np.int64)
     n_live = _live_rows(parent, dead, live, np.empty(rows, dtype=np.bool_))
     best[:] = -1
@@ -424,13 +411,51 @@ def qmatmul_argmax(q, s, m, fmt, segments, x, best, parent, token):  # pragma: n
 
 
 @njit(**_FLAGS)
+def _argmax_spans(q, s, m, fmt, segments, x, need, act, runs, t, threads, most, parent, token, bar, watch, dead, top,
+                  at, starts):  # pragma: no cover - compiled
+    """Thread t's spans of ``qmatmul_argmax``: each span's maxima of the live rows into top and at (rows by their
+    index in x), then the drafts they beat marked dead. The live rows' activations, when rows leave, are quantized
+    again from x into a thread's own scratch (sd_prepare's rows are independent: the same bytes)."""
+    rows, k = x.shape
+    n_out = fmt.shape[0]
+    live = np.empty(rows, dtype=np.int64)  # the rows this thread computes, ascending
+    flags = np.empty(rows, dtype=np.bool_)  # scratch of _live_rows and _drafts_beaten
+    n_live = _live_rows(parent, dead, live, flags)
+    mine = act if n_live == rows else _live_activations(x, need, live, n_live)  # the live rows', packed
+    span = _sd_span(runs.ctypes.data, t, threads, most)
+    while span >= 0:
+        now = _live_rows(parent, dead, live, flags)
+        if now != n_live:
+            n_live = now
+            mine = _live_activations(x, need, live, n_live)
+        n0, n1 = _span_rows(span, _UNIT, n_out)
+        part = np.empty((n_live, n1 - n0), dtype=np.float32)
+        _qchunk(q, s, m, fmt, segments, mine, n_live, part.ctypes.data - 4 * n0, n1 - n0, n0, n1)
+        u = span >> 32
+        for i in range(n_live):
+            j = _first_max(part[i])
+            top[u, live[i]], at[u, live[i]] = part[i, j], n0 + j
+        _drafts_beaten(parent, token, bar, watch, live, n_live, top[u], at[u], dead, flags)
+        starts[u] = True
+        span = _sd_span(runs.ctypes.data, t, threads, most)
+
+
+@njit(**_FLAGS)
+def _live_activations(x, need, live, n):  # pragma: no cover - compiled
+    """Rows live[:n] of x quantized into activations of their own, in that order."""
+    act = _activations(n, x.shape[1])
+    for i in range(n):
+        _prepare(x, live[i], 1, act, i, need)
+    return act
+
+
+@njit(**_FLAGS)
 def _draft_logits(q, s, m, fmt, segments, act, parent, token):  # pragma: no cover - compiled
     """(bar, watch): bar[r] = the logit at token[r] in row parent[r], where watch[r] (parent[r] >= 0 and token[r] a
     column; fastmath: no NaN to mark the others): the unit holding it over the parent row alone, the bits the sweep
     gives it among every row (a row's logits do not depend on the rows beside it: tests/test_runner.py)."""
     rows = parent.shape[0]
     n_out = fmt.shape[0]
-    xq, dx8, bs32, nxl, xk, dk, bk, bw = act
     bar = np.zeros(rows, dtype=np.float32)
     watch = np.zeros(rows, dtype=np.bool_)
     part = np.empty(_UNIT, dtype=np.float32)
@@ -440,8 +465,7 @@ def _draft_logits(q, s, m, fmt, segments, act, parent, token):  # pragma: no cov
             watch[r] = True
             n0 = token[r] // _UNIT * _UNIT
             n1 = min(n_out, n0 + _UNIT)
-            one = (xq[p:], dx8[p:], bs32[p:], nxl[p:], xk[p:], dk[p:], bk[p:], bw[p:])  # row p's activations
-            _qchunk(q, s, m, fmt, segments, one, 1, part.ctypes.data - 4 * n0, n1 - n0, n0, n1)
+            _qchunk(q, s, m, fmt, segments, act, 1, part.ctypes.data - 4 * n0, n1 - n0, n0, n1, p)
             bar[r] = part[token[r] - n0]
     return bar, watch
 
@@ -473,28 +497,6 @@ def _drafts_beaten(parent, token, bar, watch, live, n_live, top, at, dead, here)
         p = parent[c]
         if watch[c] and here[p] and not dead[c] and (top[p] > bar[c] or (top[p] == bar[c] and at[p] < token[c])):
             dead[c] = True
-
-
-@njit(**_FLAGS)
-def _take_activations(act, live, n, out):  # pragma: no cover - compiled
-    """out's rows :n := act's rows live[:n], in every quantized form (sd_prepare's rows are independent)."""
-    _take(act[0], live, n, out[0])
-    _take(act[1], live, n, out[1])
-    _take(act[2], live, n, out[2])
-    _take(act[3], live, n, out[3])
-    _take(act[4], live, n, out[4])
-    _take(act[5], live, n, out[5])
-    _take(act[6], live, n, out[6])
-    _take(act[7], live, n, out[7])
-
-
-@njit(**_FLAGS)
-def _take(src, live, n, dst):  # pragma: no cover - compiled
-    """dst[i] := src[live[i]] for i < n, element by element (a row assigned whole compiles numba's shape-mismatch
-    message: seconds of a cold compile, the forty-ninth session found)."""
-    for i in range(n):
-        for j in range(src.shape[1]):
-            dst[i, j] = src[live[i], j]
 
 
 @njit(**_FLAGS)
