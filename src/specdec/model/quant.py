@@ -403,9 +403,12 @@ def _pack(mat: QuantMatrix, layout: int, groups: np.ndarray, n: int, out: np.nda
     if layout in BLOCK:
         narrow = {v: k for k, v in WIDE.items()}.get(layout, layout)
         nb = mat.k // 32
-        half = lambda a: np.ascontiguousarray(a[:, :nb], dtype=np.float16).view(np.uint16)  # noqa: E731 - exact
-        d = half(mat.s)
-        m = half(mat.m) if narrow in (Q41X8, Q51X8) else None
+        # float16 bits of every row's scales (exact for the packed rows: x8_layouts checked; rows of other layouts
+        # are not read, whatever their cast gives)
+        half = lambda a: np.ascontiguousarray(a[:, :nb], dtype=np.float16).view(np.uint16)  # noqa: E731
+        with np.errstate(over="ignore"):
+            d = half(mat.s)
+            m = half(mat.m) if narrow in (Q41X8, Q51X8) else None
         kind = {U4M: 0, U8M: 1, I8: 2}[int(mat.fmt[groups[0] * n])]
         lib.sd_pack_blocks(ptr(src.ctypes.data), i64(src.shape[1]), i64(kind), i64(narrow in (Q50X8, Q51X8)),
                            ptr(d.ctypes.data), ptr(None if m is None else m.ctypes.data), i64(nb), *rows,
