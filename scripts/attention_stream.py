@@ -28,7 +28,7 @@ from specdec.runners.load import load_runner
 
 @njit(**_FLAGS)
 def every_layer(q, k_cache, v_cache, rows, scale, out):  # pragma: no cover - compiled
-    slots, positions, _, seq_rows, mask = rows
+    slots, positions, _, seq_rows, mask, _ = rows
     for layer in range(k_cache.shape[0]):
         decoder_kernels.attention(q, k_cache[layer], v_cache[layer], slots, positions, seq_rows, mask, 0, scale, out)
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from specdec.bench.machine import cpu_info
 from specdec.bench.passes import alternated
-from specdec.bench.workloads import load_workload
+from specdec.bench.workloads import first_turns
 from specdec.cli.args import add_model_args, add_spec_args, model_options, spec_from_args
 from specdec.config import SamplingParams
 from specdec.llm import LLM
@@ -33,9 +33,7 @@ def main() -> None:
     args = ap.parse_args()
     llm = LLM(args.model, spec=spec_from_args(args), **model_options(args))
     runner = llm.runner
-    groups = [load_workload(name).conversations for name in args.workloads.split(",")]
-    per_group = -(-args.prompts // len(groups))
-    prompts = [llm.chat_prompt(c.messages(0, [])) for g in groups for c in g[:per_group]][: args.prompts]
+    prompts = [llm.chat_prompt(m) for m in first_turns(args.workloads.split(","), args.prompts)]
     params = SamplingParams(max_new_tokens=args.tokens, temperature=0.0)
     llm.warmup()
     recorded: list[tuple[int, list[int], list[int] | None]] = []  # (start, tokens, parents) of each verify pass

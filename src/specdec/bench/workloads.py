@@ -196,6 +196,14 @@ def load_workload(name: str) -> Workload:
     raise ValueError(f"unknown workload {name!r}; choose from: {', '.join(WORKLOAD_NAMES)}")
 
 
+def first_turns(names: list[str], n: int) -> list[list[dict]]:
+    """The first user turn (chat messages) of ``n`` conversations, spread evenly over the workloads ``names`` in
+    order: what the measuring scripts prompt with."""
+    groups = [load_workload(name).conversations for name in names]
+    per_group = -(-n // len(groups))
+    return [c.messages(0, []) for g in groups for c in g[:per_group]][:n]
+
+
 def load_workload_file(path: str | Path) -> Workload:
     """A user workload: JSONL rows {"prompt": ...} or {"turns": [...], "system"?, "id"?, "temperature"?}.
 

@@ -270,7 +270,8 @@ class RowLayout(NamedTuple):
 
     slots, positions, write_at: [N] int64, a row's cache row, rope position and cache entry;
     seq_rows: [S + 1], rows of sequence s are seq_rows[s]:seq_rows[s + 1]; mask: [N, L] bool,
-    True where a row may attend to a cache entry.
+    True where a row may attend to a cache entry; parent_rows: [N] int64, a row's parent row in the pass (-1: its
+    parent is in the cache).
     """
 
     slots: np.ndarray
@@ -278,6 +279,7 @@ class RowLayout(NamedTuple):
     write_at: np.ndarray
     seq_rows: np.ndarray
     mask: np.ndarray
+    parent_rows: np.ndarray
 
 
 class Rows(NamedTuple):
@@ -310,6 +312,7 @@ def row_layout(seqs: np.ndarray, parents: np.ndarray, kv_len: int) -> RowLayout:
     positions = np.empty(n_rows, dtype=np.int64)
     write_at = np.empty(n_rows, dtype=np.int64)
     mask = np.zeros((n_rows, kv_len), dtype=np.bool_)
+    parent_rows = np.empty(n_rows, dtype=np.int64)
     for i in range(seqs.shape[0]):
         slot, start = seqs[i, 0], seqs[i, 1]
         for j in range(seqs[i, 2]):
@@ -319,13 +322,15 @@ def row_layout(seqs: np.ndarray, parents: np.ndarray, kv_len: int) -> RowLayout:
             if parents.shape[0] == 0:  # a chain
                 positions[r] = start + j
                 mask[r, start:start + j + 1] = True
+                parent_rows[r] = r - 1 if j > 0 else -1
             else:  # itself and its ancestors (parents[a] < a: the runner checked the tree)
                 depth, a = -1, j
                 while a >= 0:
                     mask[r, start + a] = True
                     a, depth = parents[seq_rows[i] + a], depth + 1
                 positions[r] = start + depth
-    return RowLayout(row_slot, positions, write_at, seq_rows, mask)
+                parent_rows[r] = seq_rows[i] + parents[r] if parents[r] >= 0 else -1
+    return RowLayout(row_slot, positions, write_at, seq_rows, mask, parent_rows)
 
 
 class LayerWeights(NamedTuple):
@@ -378,7 +383,7 @@ def decode_layers(x, rows, weights, k_cache, v_cache, rope, arch, run_layer, hid
     weights: ``LayerWeights``; k_cache[l], v_cache[l] [slots, Hkv, max_len, D]; rope: ``RopeTables``;
     arch: ``Arch``. hidden[hidden_at[l]] receives x after layer l where hidden_at[l] >= 0.
     """
-    row_slot, row_pos, row_write, seq_rows, mask = rows
+    row_slot, row_pos, row_write, seq_rows, mask, _ = rows
     wqkv, bqkv, wo, w_gate_up, w_down, norms, qk_norms = weights
     cos, sin, cos_local, sin_local = rope
     sliding, window, n_heads, n_kv, eps, scale, has_bias, qk_norm, sandwich, gelu = arch
@@ -493,21 +498,6 @@ def _head_impl(head, x, best, logits, parent, token):
 
 
 @njit(**_GLUE)
-def _parent_rows(layout, parents, path_only):  # pragma: no cover - compiled
-    """Each row's parent row in the pass (-1: its parent is cached, or every row where not ``path_only``)."""
-    seq_rows = layout.seq_rows
-    parent = np.full(seq_rows[-1], -1, dtype=np.int64)
-    if path_only:
-        for i in range(seq_rows.shape[0] - 1):
-            for r in range(seq_rows[i], seq_rows[i + 1]):
-                if parents.shape[0] == 0:  # a chain
-                    parent[r] = r - 1 if r > seq_rows[i] else -1
-                elif parents[r] >= 0:
-                    parent[r] = seq_rows[i] + parents[r]
-    return parent
-
-
-@njit(**_GLUE)
 def fused_pass(ids, seqs, parents, kv_len, model, k_cache, v_cache, run_layer, hidden_at, hidden, normed, head_rows,
                best, logits, path_only):  # pragma: no cover - compiled
     """A whole pass in one compiled call: the layout of the rows (``Rows``' fields; ``row_layout``), the embedding
@@ -524,7 +514,8 @@ def fused_pass(ids, seqs, parents, kv_len, model, k_cache, v_cache, run_layer, h
     _embed(embed, ids, embed_scale, x)
     decode_layers(x, layout, weights, k_cache, v_cache, rope, arch, run_layer, hidden_at, hidden)
     rms_norm_rows(x, final_norm, eps, normed)
-    _head(head, normed[head_rows], best, logits, _parent_rows(layout, parents, path_only), ids)
+    parent = layout.parent_rows if path_only else np.full(ids.shape[0], -1, dtype=np.int64)  # -1: every row's argmax
+    _head(head, normed[head_rows], best, logits, parent, ids)
 
 
 def plain(value):

@@ -106,7 +106,7 @@ class _Parser:
                 raise ValueError("the file ends inside its header")
             pos += 8 + length(buf, pos)[0]
         self.pos = pos
-        self.skip(0)
+        self.skip(0)  # (the last length may have stepped past the file's end)
 
     def value(self, kind: GGUFValueType) -> int | float | bool | str | None:
         """A value of type ``kind``; an array is stepped over (None)."""

@@ -147,8 +147,8 @@ class Transformer(nn.Module):
                 weights[k] = v.to(device)
         self._check_names(weights)
         # what passes multiply by, interleaved once (an untied embedding is only looked up), a matrix a thread: the
-        # K-quants' C packers and NumPy's shuffles of the 32-value types release the GIL (with NumPy packing every
-        # type, Qwen2.5-Coder-1.5B's 198 matrices took 2.7 s on two threads against 6.3 s on one; Zen 4)
+        # C packers (quant._pack) release the GIL (with NumPy packing every type, Qwen2.5-Coder-1.5B's 198 matrices
+        # took 2.7 s on two threads against 6.3 s on one; Zen 4)
         packs = [k for k, v in weights.items()
                  if isinstance(v, QuantMatrix) and (k != "embed" or c.tie_word_embeddings)]
         packs.sort(key=lambda k: -weights[k].q.nbytes)  # the LM head first, not last on one thread
