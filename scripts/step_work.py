@@ -2,7 +2,7 @@
 adaptive's look-up members dry-run: counts and profiles, which a VM's drifting clock does not move.
 
     python scripts/step_work.py [--model qwen2.5-coder-1.5b] [--spec adaptive] [--workloads math_reasoning]
-                                [--prompts 3] [--batch 1] [--temperature 0.7] [--tokens 64]
+                                [--prompts 3] [--batch 1] [--temperature 0.7] [--tokens 64] [--rows tensor]
 
 The first ``--prompts`` first-turn prompts of the workloads, in chunks of ``--batch`` sequences (EOS ignored),
 after one warm-up chunk; a fresh drafter state for every chunk. docs/performance.md's twenty-third Zen 4 section:
@@ -18,6 +18,7 @@ import cProfile
 import pstats
 import time
 
+from specdec import row_dist
 from specdec.bench.machine import cpu_info
 from specdec.bench.workloads import load_workload
 from specdec.config import SamplingParams
@@ -25,7 +26,7 @@ from specdec.llm import LLM
 
 # (label, file suffix, function name) of what is reported per step
 PARTS = (("target passes", "runners/native.py", "run"), ("verify", "specdec/verify.py", "verify"),
-         ("  its rows' p", "specdec/sampling.py", "probs_from_logits"), ("  draws", "specdec/sampling.py", "sample"),
+         ("  its rows' p", "specdec/row_dist.py", "row_dist"), ("  draws", "specdec/row_dist.py", "draw"),
          ("drafter propose", "drafters/adaptive.py", "propose"), ("drafter accept", "drafters/adaptive.py", "accept"),
          ("  dry runs", "drafters/adaptive.py", "_dry_run"))
 
@@ -39,7 +40,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rows", choices=("blocks", "tensor"), default="blocks",
+                    help="tensor: every sampled row as torch's softmax (row_dist.TensorDist), as before the blocks")
     args = ap.parse_args()
+    if args.rows == "tensor":
+        row_dist._lib = lambda: None
     llm = LLM(args.model, spec=args.spec, max_num_seqs=args.batch)
     prompts = [llm.chat_prompt(c.messages(0, [])) for name in args.workloads.split(",")
                for c in load_workload(name).conversations][: args.prompts]

@@ -568,6 +568,28 @@ def test_lookup_drafters_keep_the_distribution(micro, lookup, kind):
     assert_lossless(s, micro.dist(lookup), deep=False)
 
 
+@pytest.mark.parametrize("broken", [False, True], ids=["real", "resampling-from-p"])
+def test_lookup_drafts_over_block_rows_keep_the_distribution(micro, lookup, monkeypatch, broken):
+    """Temperature and min-p without top-k: each row the verifier reads is a ``row_dist.BlockDist`` (counted), its
+    probabilities and draws from 64-column blocks, against the exact distribution from torch's softmax; the same
+    harness catches resampling from p after a rejected draft."""
+    from specdec.row_dist import BlockDist
+
+    case = replace(lookup, params=replace(PARAMS, top_k=0, temperature=0.8, min_p=0.2))
+    made = []
+    init = BlockDist.__init__
+    monkeypatch.setattr(BlockDist, "__init__", lambda self, *a: made.append(1) or init(self, *a))
+    if broken:
+        monkeypatch.setattr(verify_mod, "_residual", lambda p, q, x: p)
+    s = sample(micro, registry_drafter(micro.target, SpecType.NGRAM), case)
+    assert len(made) > N_SAMPLES * OUT_LEN // 2
+    if broken:
+        assert_speculated(s, deep=False)
+        assert chi2_pvalue(s.counts, micro.dist(case)) < ALPHA
+    else:
+        assert_lossless(s, micro.dist(case), deep=False)
+
+
 def test_draft_self_keeps_the_distribution(micro, lookup):
     """draft-self copies the output's own earlier continuations (never the prompt): with a 1-token
     key, 5-token outputs repeat often enough to draft (its default 3-token key needs longer ones),

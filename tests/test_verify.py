@@ -8,6 +8,7 @@ from scipy.stats import chisquare
 
 import specdec.verify as verify_mod
 from specdec.config import SamplingParams
+from specdec.row_dist import BlockDist
 from specdec.tree import DraftTree
 from specdec.verify import verify, verify_greedy, verify_sampling
 
@@ -64,11 +65,15 @@ Q_BAD = torch.tensor([0.02, 0.03, 0.05, 0.1, 0.3, 0.5])  # far from p: most draf
 N_SAMPLES = 6000
 
 
-def first_token_counts(tree_tokens, parents, draft_probs, seed=0) -> torch.Tensor:
-    """Draw a fresh draft each time (from q, or fixed tokens) and count the first emitted token."""
+def first_token_counts(tree_tokens, parents, draft_probs, seed=0, blocks=False) -> torch.Tensor:
+    """Draw a fresh draft each time (from q, or fixed tokens) and count the first emitted token. blocks: the target
+    as logits log P at T=1, each row a ``row_dist.BlockDist`` (the verifier's CPU rows for deterministic drafts)."""
     gen = torch.Generator().manual_seed(seed)
     counts = torch.zeros(V)
     target = P.expand(len(tree_tokens), V).clone()
+    if blocks:
+        target = verify_mod.RowProbs(torch.log(target), SamplingParams(temperature=1.0), blocks=True)
+        assert isinstance(target[0], BlockDist)
     for _ in range(N_SAMPLES):
         tokens = list(tree_tokens)
         if draft_probs is not None:  # a chain of one token drawn from q
@@ -99,6 +104,12 @@ def test_rejection_sampling_keeps_target_distribution(tokens, parents, probs):
     assert pvalue(first_token_counts(tokens, parents, probs)) > 1e-3
 
 
+@pytest.mark.parametrize("tokens,parents", [([0, 4], [-1, 0]), ([0, 4, 3, 1], [-1, 0, 0, 0]), ([0, 5], [-1, 0])],
+                         ids=["one-hot-chain", "tree", "impossible-token"])
+def test_rejection_sampling_over_block_rows_keeps_target_distribution(tokens, parents):
+    assert pvalue(first_token_counts(tokens, parents, None, blocks=True)) > 1e-3
+
+
 # -- deliberately broken verifiers: the chi-square test above is evidence only if it fails these ------
 
 
@@ -117,6 +128,7 @@ def test_statistical_test_catches_broken_verifier_resampling_from_p(monkeypatch)
     monkeypatch.setattr(verify_mod, "_residual", lambda p, q, x: p)
     assert pvalue(first_token_counts([0, 0], [-1, 0], Q_BAD.unsqueeze(0))) < 1e-3
     assert pvalue(first_token_counts([0, 4], [-1, 0], None, seed=1)) < 1e-3  # one-hot q too
+    assert pvalue(first_token_counts([0, 4], [-1, 0], None, seed=1, blocks=True)) < 1e-3  # rows in blocks too
 
 
 def pvalue_or_zero(counts: torch.Tensor) -> float:
@@ -137,15 +149,16 @@ def test_verify_dispatches_on_temperature():
 def test_sampled_rows_are_made_as_the_walk_reaches_them(monkeypatch):
     """verify makes the target's p of a node only when the walk reads it (rows past the first rejection never),
     each as ``probs_from_logits`` of that row alone: the same draws as from every row made up front."""
+    from specdec.row_dist import row_dist
     from specdec.sampling import probs_from_logits
 
     made: list[int] = []
 
-    def counted(logits, params):
-        made.append(len(logits))
-        return probs_from_logits(logits, params)
+    def counted(logits, params, blocks):
+        made.append(logits.dim())
+        return row_dist(logits, params, blocks)
 
-    monkeypatch.setattr(verify_mod, "probs_from_logits", counted)
+    monkeypatch.setattr(verify_mod, "row_dist", counted)
     params = SamplingParams(temperature=0.8, top_p=0.9)
     gen = torch.Generator().manual_seed(3)
     short = 0

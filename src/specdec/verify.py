@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.config import SamplingParams
-from specdec.sampling import probs_from_logits, sample
+from specdec.row_dist import TensorDist, TokenDist, row_dist
 from specdec.tree import DraftTree
 
 
@@ -72,20 +72,20 @@ def verify(
     if params.greedy:
         return verify_greedy(tree, target_logits)
     assert generator is not None, "sampling needs a generator"
-    return verify_sampling(tree, RowProbs(target_logits, params), draft_probs, generator)
+    return verify_sampling(tree, RowProbs(target_logits, params, blocks=draft_probs is None), draft_probs, generator)
 
 
 class RowProbs:
     """The target's p at each node, each row made when the walk first reads it: rows past the first rejection
     are never needed (at T=0.7 with tau ~1.3, most of a 5-row verify's 152K-wide softmaxes: 0.80 -> 0.40 ms a
-    step on Qwen2.5-Coder-1.5B, Zen 4, ``scripts/step_work.py``). A row is ``probs_from_logits`` of that row
-    alone, as plain decoding makes it."""
+    step on Qwen2.5-Coder-1.5B, Zen 4, ``scripts/step_work.py``). A row is ``row_dist.row_dist`` of that row alone,
+    as plain decoding makes it: in blocks (``BlockDist``) where the drafts are deterministic."""
 
-    def __init__(self, logits: torch.Tensor, params: SamplingParams) -> None:
-        self.logits, self.params, self.device = logits, params, logits.device
+    def __init__(self, logits: torch.Tensor, params: SamplingParams, blocks: bool = True) -> None:
+        self.logits, self.params, self.blocks = logits, params, blocks
 
-    def __getitem__(self, node: int) -> torch.Tensor:
-        return probs_from_logits(self.logits[node : node + 1], self.params)[0]
+    def __getitem__(self, node: int) -> TokenDist:
+        return row_dist(self.logits[node], self.params, self.blocks)
 
 
 def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
@@ -118,17 +118,18 @@ def verify_sampling(
     recovered token; the bonus token at a leaf). A deterministic drafter's q_c is
     one-hot at x, so acceptance has probability p(x) and the residual is p with x
     removed: sampling without replacement, which keeps the marginal exactly p.
+    target_probs: [N+1, V] probabilities, or a ``RowProbs``.
     """
-    device = target_probs.device
+    device = generator.device
     node, path = 0, [0]
     while True:
-        p = target_probs[node]
+        p = TensorDist(target_probs[node]) if isinstance(target_probs, torch.Tensor) else target_probs[node]
         moved = False
         for c in tree.children[node]:
             x = tree.tokens[c]
             q = None if draft_probs is None else draft_probs[c - 1]
             q_x = 1.0 if q is None else float(q[x])
-            p_x = float(p[x])
+            p_x = p.prob(x)
             u = float(torch.rand(1, generator=generator, device=device))
             if q_x > 0 and u < _acceptance(p_x, q_x):
                 node, moved = c, True
@@ -136,7 +137,7 @@ def verify_sampling(
                 break
             p = _residual(p, q, x)
         if not moved:
-            token = int(sample(p.unsqueeze(0), generator)[0])
+            token = p.draw(generator)
             return VerifyResult([tree.tokens[n] for n in path[1:]] + [token], path)
 
 
@@ -145,14 +146,6 @@ def _acceptance(p_x: float, q_x: float) -> float:
     return min(1.0, p_x / q_x)
 
 
-def _residual(p: torch.Tensor, q: torch.Tensor | None, x: int) -> torch.Tensor:
+def _residual(p: TokenDist, q: torch.Tensor | None, x: int) -> TokenDist:
     """norm(max(0, p - q)); q None means one-hot at x."""
-    if q is None:
-        r = p.clone()
-        r[x] = 0.0
-    else:
-        r = torch.clamp(p - q, min=0.0)
-    total = r.sum()
-    # total == 0 only when p <= q everywhere, i.e. p == q: then every draft is accepted
-    # with probability 1 and this is unreachable; guard against rounding anyway.
-    return r / total if total > 0 else p
+    return p.without(x, q)

@@ -740,6 +740,101 @@ void sd_gated(const float *gate_up, int64_t c0, int64_t c1, int64_t block, int64
     }
 }
 
+/* A sampled row's softmax in blocks of 64 columns (row_dist.BlockDist: the target's distribution without its [V]
+ * probabilities). A block's terms are exp((v - its max) x inv_t), 0 below e^-87 (-inf logits; torch's float32
+ * softmax underflows there too); sd_softmax_blocks writes each
+ * block's max and the sum of its terms, sd_block_terms one block's terms: the values that sum added. The sum runs in
+ * 16 lanes combined in a fixed order, nothing contracted, and exp16 / exp8 / exp1 agree bit for bit: the same bits on
+ * every ISA. */
+#define SOFTMAX_BLOCK 64
+
+INLINE float block_max(const float *v, int64_t len) {
+    float m = -INFINITY;
+    int64_t i = 0;
+#if defined(SD_AVX2)
+    if (len == SOFTMAX_BLOCK) {
+        __m256 a = _mm256_loadu_ps(v);
+        for (i = 8; i < SOFTMAX_BLOCK; i += 8) a = _mm256_max_ps(a, _mm256_loadu_ps(v + i));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        return _mm_cvtss_f32(m4);
+    }
+#endif
+    for (; i < len; i++) m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+#if defined(SD_AVX512)
+/* exp8's steps in 16 lanes (the same bits) */
+INLINE __m512 exp16(__m512 x) {
+    const __m512 v = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 k = _mm512_roundscale_ps(_mm512_fmadd_ps(v, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), v);
+    r = _mm512_fmadd_ps(k, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 e = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    const __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(e, _mm512_castsi512_ps(scale));
+}
+#endif
+
+INLINE void block_terms(const float *v, int64_t len, float m, float inv_t, float *out) {
+    int64_t i = 0;
+#if defined(SD_AVX512)
+    const __m512 wm = _mm512_set1_ps(m), wt = _mm512_set1_ps(inv_t), wlo = _mm512_set1_ps(-87.0f);
+    for (; i + 16 <= len; i += 16) {
+        const __m512 a = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(v + i), wm), wt);
+        _mm512_storeu_ps(out + i, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, wlo, _CMP_GE_OQ), exp16(a)));
+    }
+#endif
+#if defined(SD_AVX2)
+    const __m256 vm = _mm256_set1_ps(m), vt = _mm256_set1_ps(inv_t), lo = _mm256_set1_ps(-87.0f);
+    for (; i + 8 <= len; i += 8) {
+        const __m256 a = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(v + i), vm), vt);
+        _mm256_storeu_ps(out + i, _mm256_and_ps(exp8(a), _mm256_cmp_ps(a, lo, _CMP_GE_OQ)));
+    }
+#endif
+    for (; i < len; i++) {
+        const float a = (v[i] - m) * inv_t;
+        out[i] = a >= -87.0f ? exp1(a) : 0.0f;
+    }
+    for (; i < SOFTMAX_BLOCK; i++) out[i] = 0.0f;
+}
+
+void sd_softmax_blocks(const float *v, int64_t n, float inv_t, float *bmax, float *bsum) {
+    float t[SOFTMAX_BLOCK];
+    for (int64_t b = 0; b * SOFTMAX_BLOCK < n; b++) {
+        const float *x = v + b * SOFTMAX_BLOCK;
+        const int64_t len = n - b * SOFTMAX_BLOCK < SOFTMAX_BLOCK ? n - b * SOFTMAX_BLOCK : SOFTMAX_BLOCK;
+        const float m = block_max(x, len);
+        bmax[b] = m;
+        if (m == -INFINITY) {
+            bsum[b] = 0.0f;
+            continue;
+        }
+        block_terms(x, len, m, inv_t, t);
+        float lane[16] = {0};
+        for (int i = 0; i < SOFTMAX_BLOCK; i += 16)
+            for (int j = 0; j < 16; j++) lane[j] += t[i + j];
+        for (int h = 8; h > 0; h /= 2)
+            for (int j = 0; j < h; j++) lane[j] += lane[j + h];
+        bsum[b] = lane[0];
+    }
+}
+
+void sd_block_terms(const float *v, int64_t n, int64_t b, float inv_t, float *out) {
+    const float *x = v + b * SOFTMAX_BLOCK;
+    const int64_t len = n - b * SOFTMAX_BLOCK < SOFTMAX_BLOCK ? n - b * SOFTMAX_BLOCK : SOFTMAX_BLOCK;
+    block_terms(x, len, block_max(x, len), inv_t, out);
+}
+
 /* the kernels' instruction set; "+amx" where the tiles are built and this process may use them */
 const char *sd_isa(void) {
 #if defined(SD_AMX)

@@ -1,0 +1,80 @@
+"""A sampled row in 64-column blocks (``row_dist.BlockDist``) against torch's softmax of the whole row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specdec.config import SamplingParams
+from specdec.row_dist import BLOCK, BlockDist, TensorDist, row_dist
+from specdec.sampling import probs_from_logits, sample_by_cdf
+
+
+def logits_row(v: int, seed: int = 0) -> torch.Tensor:
+    """Logits with a few large ones, -inf entries and a whole -inf block (when v allows)."""
+    g = torch.Generator().manual_seed(seed)
+    row = torch.randn(v, generator=g) * 3
+    row[torch.randint(0, v, (5,), generator=g)] += 12.0
+    row[torch.randint(0, v, (7,), generator=g)] = float("-inf")
+    if v > 3 * BLOCK:
+        row[BLOCK : 2 * BLOCK] = float("-inf")
+    return row
+
+
+@pytest.mark.parametrize("v", [5, 64, 70, 1000, 49_152])
+@pytest.mark.parametrize("temperature,min_p", [(0.7, 0.0), (1.0, 0.0), (0.2, 0.0), (1.3, 0.05), (0.7, 0.3)])
+def test_block_probabilities_are_torch_softmax(v, temperature, min_p):
+    row = logits_row(v)
+    params = SamplingParams(temperature=temperature, min_p=min_p)
+    dist = row_dist(row, params)
+    assert isinstance(dist, BlockDist)
+    ref = probs_from_logits(row.unsqueeze(0), params)[0].double()
+    got = torch.tensor([dist.prob(x) for x in range(v)], dtype=torch.float64)
+    torch.testing.assert_close(got, ref, rtol=2e-5, atol=1e-9)
+    assert (got[row == float("-inf")] == 0).all()
+    assert (got[ref == 0] < 1e-38).all()  # where torch's float32 softmax underflows, or min-p drops
+
+
+def test_draws_follow_the_cumulative_sums():
+    """A draw given u is the token ``sampling.sample``'s cumulative sums give (up to their float rounding)."""
+    row = logits_row(1000, seed=1)
+    params = SamplingParams(temperature=0.9)
+    dist = row_dist(row, params)
+    probs = probs_from_logits(row.unsqueeze(0), params)
+    u = torch.rand(4000, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    expected = sample_by_cdf(probs.expand(4000, -1), u).tolist()
+    got = [dist.pick(u[i, 0].item()) for i in range(4000)]
+    agree = np.mean([a == b for a, b in zip(got, expected, strict=True)])
+    assert agree > 0.998, agree
+
+
+@pytest.mark.parametrize("removed", [[], [3], [3, 40, 41]])
+def test_draws_without_rejected_tokens_have_the_residual_distribution(removed):
+    """Drafts rejected at a node leave p with their tokens removed and renormalised; chi-square over 40,000 draws
+    (a two-block vocabulary with a tail), and a draw never returns a removed token."""
+    v = 70
+    row = logits_row(v, seed=4) / 4
+    params = SamplingParams(temperature=1.0)
+    dist = row_dist(row, params)
+    for x in removed:
+        dist = dist.without(x, None)
+    p = probs_from_logits(row.unsqueeze(0), params)[0].double()
+    p[removed] = 0
+    p /= p.sum()
+    gen = torch.Generator().manual_seed(5)
+    counts = np.bincount([dist.draw(gen) for _ in range(40_000)], minlength=v)
+    assert counts[removed].sum() == 0 and counts[(p == 0).numpy()].sum() == 0
+    keep = (p * 40_000 >= 5).numpy()
+    expected = p.numpy()[keep] * 40_000
+    observed = counts[keep]
+    assert chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 1e-3
+
+
+def test_filters_blocks_do_not_cover_take_torch_softmax():
+    row = logits_row(100)
+    assert isinstance(row_dist(row, SamplingParams(temperature=0.7, top_p=0.9)), TensorDist)
+    assert isinstance(row_dist(row, SamplingParams(temperature=0.7, top_k=5)), TensorDist)
+    assert isinstance(row_dist(row, SamplingParams(temperature=0.7), blocks=False), TensorDist)
+    assert isinstance(row_dist(row.double(), SamplingParams(temperature=0.7)), TensorDist)
