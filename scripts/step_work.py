@@ -2,7 +2,7 @@
 adaptive's look-up members dry-run: counts and profiles, which a VM's drifting clock does not move.
 
     python scripts/step_work.py [--model qwen2.5-coder-1.5b] [--spec adaptive] [--workloads math_reasoning]
-                                [--prompts 3] [--batch 1] [--temperature 0.7] [--tokens 64] [--rows tensor]
+                                [--prompts 3] [--batch 1] [--temperature 0.7] [--tokens 64] [--rows verifier|tensor]
 
 The first ``--prompts`` first-turn prompts of the workloads, in chunks of ``--batch`` sequences (EOS ignored),
 after one warm-up chunk; a fresh drafter state for every chunk. docs/performance.md's twenty-third Zen 4 section:
@@ -23,6 +23,7 @@ from specdec.bench.machine import cpu_info
 from specdec.bench.workloads import load_workload
 from specdec.config import SamplingParams
 from specdec.llm import LLM
+from specdec.model.fused import FusedDecoder
 
 # (label, file suffix, function name) of what is reported per step
 PARTS = (("target passes", "runners/native.py", "run"), ("verify", "specdec/verify.py", "verify"),
@@ -40,11 +41,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--rows", choices=("blocks", "tensor"), default="blocks",
-                    help="tensor: every sampled row as torch's softmax (row_dist.TensorDist), as before the blocks")
+    ap.add_argument("--rows", choices=("head", "verifier", "tensor"), default="head",
+                    help="a sampled row's softmax blocks summed by the LM head's sweep (head), by the verifier from "
+                         "the logits (verifier), or the row as torch's softmax (tensor: row_dist.TensorDist)")
     args = ap.parse_args()
     if args.rows == "tensor":
         row_dist._lib = lambda: None
+    if args.rows != "head":
+        FusedDecoder.has_blocks = property(lambda self: False)
     llm = LLM(args.model, spec=args.spec, max_num_seqs=args.batch)
     prompts = [llm.chat_prompt(c.messages(0, [])) for name in args.workloads.split(",")
                for c in load_workload(name).conversations][: args.prompts]

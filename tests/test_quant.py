@@ -213,6 +213,40 @@ def test_a_pass_asked_for_argmax_gives_its_logits_argmax(tiny_model_factory, qua
 
 
 @pytest.mark.parametrize("quantization", ["none", "q8_0"])
+def test_a_pass_asked_for_softmax_blocks_gives_those_of_its_logits(tiny_model_factory, quantization):
+    """``run(blocks=...)`` (a sampled verify pass, ``row_dist.BlockDist``): the same logits, and each asked
+    sequence's rows' blocks as sd_softmax_blocks makes them from those logits, bit for bit (a quantized head sums
+    them span by span in its sweep, a float head after its product); None where a sequence asked none."""
+    from specdec.row_dist import BlockDist, inverse_temperature
+
+    runner, _ = load_runner(str(tiny_model_factory("qwen2")), max_seq_len=256, num_slots=2, quantization=quantization)
+    a, b = runner.allocate(), runner.allocate()
+    for slot in (a, b):
+        runner.run([SeqInput(slot, [5, 17, 99, 4, 61], all_logits=False)])
+    passes = ([SeqInput(a, [7])], [SeqInput(a, [7, 31, 32, 33, 34], [-1, 0, 1, 0, 3])],
+              [SeqInput(a, [7, 8]), SeqInput(b, [9, 10, 11])])
+    for seqs in passes:
+        want = runner.run(seqs).logits
+        for s in seqs:
+            runner.truncate(s.slot, 5)
+        temperatures = [0.7, 0.0][: len(seqs)] if len(seqs) > 1 else [1.3]
+        inv = [float(inverse_temperature(t)) if t else 0.0 for t in temperatures]
+        got = runner.run(seqs, blocks=inv)
+        for s in seqs:
+            runner.truncate(s.slot, 5)
+        assert got.blocks is not None
+        for logits, w, summed, t in zip(got.logits, want, got.blocks, temperatures, strict=True):
+            assert torch.equal(logits, w)
+            if not t:
+                assert summed is None
+                continue
+            for r in range(len(logits)):
+                alone = BlockDist(logits[r].numpy(), t)
+                fused = BlockDist(logits[r].numpy(), t, summed=(summed[0][r], summed[1][r]))
+                assert np.array_equal(alone.weights, fused.weights) and np.array_equal(alone.factor, fused.factor)
+
+
+@pytest.mark.parametrize("quantization", ["none", "q8_0"])
 def test_a_verify_pass_gives_the_argmax_of_every_row_greedy_verification_reaches(tiny_model_factory, quantization):
     """``run(argmax=True, path_only=True)`` (the engine's greedy verify pass) gives the argmax of each row the walk
     reaches and, where the head is quantized, -1 for a rejected draft and its subtree: the same walk."""

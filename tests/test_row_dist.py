@@ -76,5 +76,41 @@ def test_filters_blocks_do_not_cover_take_torch_softmax():
     row = logits_row(100)
     assert isinstance(row_dist(row, SamplingParams(temperature=0.7, top_p=0.9)), TensorDist)
     assert isinstance(row_dist(row, SamplingParams(temperature=0.7, top_k=5)), TensorDist)
-    assert isinstance(row_dist(row, SamplingParams(temperature=0.7), blocks=False), TensorDist)
+    assert isinstance(row_dist(row, SamplingParams(temperature=0.7), one_hot=False), TensorDist)
     assert isinstance(row_dist(row.double(), SamplingParams(temperature=0.7)), TensorDist)
+
+
+@pytest.mark.parametrize("quantization", ["none", "q8_0"])
+def test_a_sampled_verify_reads_the_blocks_its_runner_summed(tiny_model_factory, quantization, monkeypatch):
+    """The engine asks the runner for each row's blocks at the sequence's temperature (look-up drafts: q one-hot) and
+    the verifier reads those; summed by the verifier from the logits instead, the same seed gives the same tokens
+    (the same bits), drafts verified and accepted either way."""
+    from specdec.drafters.ngram import NgramDrafter
+    from specdec.engine import Engine, SequenceState
+    from specdec.runners.load import load_runner
+
+    folder = tiny_model_factory("qwen2", logit_scale=4.0, bigram=True)
+    runner = load_runner(str(folder), max_seq_len=256, num_slots=1, quantization=quantization)[0]
+    engine = Engine(runner, draft_n_max=4, plan_drafts=False)
+    probe = SequenceState([300], SamplingParams(max_new_tokens=8, ignore_eos=True))
+    engine.run_batch([probe])
+    chain = probe.output_ids
+    prompt = [300, *chain, 300, *chain, 300, *chain[:2]]
+    made: list[bool] = []
+    init = BlockDist.__init__
+    monkeypatch.setattr(BlockDist, "__init__", lambda self, *a: made.append(a[3] is not None) or init(self, *a))
+
+    def sampled() -> SequenceState:
+        seq = SequenceState(list(prompt), SamplingParams(max_new_tokens=48, temperature=0.5, seed=3, ignore_eos=True),
+                            drafter=NgramDrafter())
+        engine.run_batch([seq])
+        assert seq.stats.drafted >= 8 and seq.stats.accepted >= 4, (seq.stats.drafted, seq.stats.accepted)
+        return seq
+
+    fused = sampled()
+    assert made and all(made)
+    made.clear()
+    monkeypatch.setattr(type(runner.fused), "has_blocks", property(lambda self: False))
+    alone = sampled()
+    assert made and not any(made)
+    assert fused.output_ids == alone.output_ids

@@ -8,6 +8,7 @@ import torch
 from numba import njit
 
 from specdec.model import decoder_kernels, kernels
+from specdec.model.fused import NO_SOFTMAX
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.runners.load import load_runner
 from tests.conftest import TINY_CONFIGS
@@ -390,7 +391,7 @@ def assert_glue_bits_hold(runner) -> None:
     normed = np.empty((5, c.hidden_size), dtype=np.float32)
     decoder_kernels.fused_pass(rows.ids, rows.seqs, rows.parents, rows.kv_len, f.arrays, k, v, f.every_layer,
                                hidden_at, whole, normed, np.arange(5), np.empty(5, dtype=np.int64), f.no_logits,
-                               False)
+                               False, NO_SOFTMAX)
     x = runner.model.embed_rows(torch.from_numpy(rows.ids)).numpy().copy()
     if c.embed_scale:
         x *= f.embed_scale

@@ -72,7 +72,7 @@ def first_token_counts(tree_tokens, parents, draft_probs, seed=0, blocks=False) 
     counts = torch.zeros(V)
     target = P.expand(len(tree_tokens), V).clone()
     if blocks:
-        target = verify_mod.RowProbs(torch.log(target), SamplingParams(temperature=1.0), blocks=True)
+        target = verify_mod.RowProbs(torch.log(target), SamplingParams(temperature=1.0))
         assert isinstance(target[0], BlockDist)
     for _ in range(N_SAMPLES):
         tokens = list(tree_tokens)
@@ -154,9 +154,9 @@ def test_sampled_rows_are_made_as_the_walk_reaches_them(monkeypatch):
 
     made: list[int] = []
 
-    def counted(logits, params, blocks):
+    def counted(logits, params, one_hot, summed):
         made.append(logits.dim())
-        return row_dist(logits, params, blocks)
+        return row_dist(logits, params, one_hot, summed)
 
     monkeypatch.setattr(verify_mod, "row_dist", counted)
     params = SamplingParams(temperature=0.8, top_p=0.9)

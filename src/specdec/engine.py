@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from specdec.budget import DraftCost, plan_draft_lengths
@@ -24,6 +25,7 @@ from specdec.logprobs import LogprobsMode, TokenLogprob, output_logprobs, token_
 from specdec.monitor import Mode, SpecMonitor, draft_sample
 from specdec.pass_cost import acceptance_floor, pass_width
 from specdec.processors import SequenceProcessors
+from specdec.row_dist import blocks_apply, inverse_temperature
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator
 from specdec.stats import SpecStats
@@ -247,11 +249,15 @@ class Engine:
         ]
         layers = hidden_layers(seqs)
         argmax = all(_argmax_suffices(s) for s in seqs)
-        out = self.runner.run(inputs, layers, argmax=argmax, path_only=argmax)
+        blocks = None if argmax else [_block_temperature(d) for d in drafts]
+        out = self.runner.run(inputs, layers, argmax=argmax, path_only=argmax,
+                              blocks=blocks if blocks is not None and any(blocks) else None)
         timing = self._measure([len(i.token_ids) for i in inputs], out.seconds)
         hidden = out.hidden if layers else [[] for _ in drafts]
         rows = out.argmax if out.argmax is not None else out.logits
-        return [self._commit(d, r, h, layers, timing) for d, r, h in zip(drafts, rows, hidden, strict=True)]
+        summed = out.blocks if out.blocks is not None else [None] * len(drafts)
+        return [self._commit(d, r, h, layers, timing, b)
+                for d, r, h, b in zip(drafts, rows, hidden, summed, strict=True)]
 
     def _measure(self, counts: list[int], seconds: float) -> PassTiming:
         """Time the pass into the runner's ``PassCost``, by the width it computed."""
@@ -315,8 +321,9 @@ class Engine:
         return None if proposal.is_chain else [-1, *proposal.parents]
 
     def _commit(self, d: Draft, logits: torch.Tensor, hidden: list[torch.Tensor], layers: tuple[int, ...],
-                timing: PassTiming) -> StepResult:
-        """``logits``: the pass's [T, V] rows for this sequence, or their argmax [T] (``_argmax_suffices``)."""
+                timing: PassTiming, summed: tuple[np.ndarray, np.ndarray] | None = None) -> StepResult:
+        """``logits``: the pass's [T, V] rows for this sequence, or their argmax [T] (``_argmax_suffices``);
+        ``summed``: their softmax blocks where the runner summed them (``_block_temperature``)."""
         seq, stats = d.seq, d.seq.stats
         tree = d.proposal.to_tree(seq.tokens[-1])
         if logits.dim() == 1:
@@ -324,7 +331,7 @@ class Engine:
         else:
             # Penalties and grammar masks act on each row with the drafted path before it as history.
             target = logits if seq.processors is None else seq.processors.apply(logits, tree, seq.tokens)
-            result = verify(tree, target, seq.params, d.proposal.probs, seq.generator)
+            result = verify(tree, target, seq.params, d.proposal.probs, seq.generator, summed)
         self.runner.commit(seq.slot, d.cache_len, result.path)
         _observe(seq, layers, hidden, result.path)
         new = self._truncate(seq, result.token_ids)
@@ -475,6 +482,16 @@ def _argmax_suffices(seq: SequenceState) -> bool:
     """Whether verifying ``seq`` reads nothing of the target's logits but each row's argmax: greedy, no
     logprobs, no processors (penalties, grammar, bias). Then the runner need not write [T, V] floats."""
     return seq.params.greedy and seq.params.logprobs is None and seq.processors is None
+
+
+def _block_temperature(d: Draft) -> float:
+    """The inverse temperature at which the runner's LM head should sum the sequence's rows' softmax blocks for its
+    verifier (``row_dist.BlockDist``), 0 where the verifier reads the rows otherwise: greedy, top-k or top-p, a
+    draft with q (its residual reads every token's p), or processors (they change the logits after the pass)."""
+    seq = d.seq
+    if not blocks_apply(seq.params) or seq.processors is not None or d.proposal.probs is not None:
+        return 0.0
+    return float(inverse_temperature(seq.params.temperature))
 
 
 def hidden_layers(seqs: list[SequenceState]) -> tuple[int, ...]:

@@ -3,12 +3,13 @@ after a rejected draft, a draw.
 
 ``TensorDist`` holds the row's [V] probabilities (``sampling.probs_from_logits``). ``BlockDist`` (a CPU row of
 float32 logits at a temperature, with or without min-p) holds the softmax in blocks of 64 columns instead: each
-block's largest logit and sum of terms (qkernels.c's ``sd_softmax_blocks``), and a block's terms made again where a
-token is read. A rejected deterministic draft takes its token out of its block, and a draw finds the block in the
-blocks' float64 running sums, then the token in its block's. The same distribution up to float rounding: softmax(
-logits / T), min-p dropping what p < min_p x p_max drops. On Qwen2.5-Coder-1.5B's 151,936 columns a plain sampled
-step's verify took 0.69 ms this way (torch's softmax 0.35, the draw's two float64 passes 0.26: Zen 4,
-``scripts/step_work.py``).
+block's largest logit and sum of terms, summed by the LM head's sweep as it wrote the logits (``PassOutput.blocks``)
+or by qkernels.c's ``sd_softmax_blocks`` here, and a block's terms made again where a token is read. A rejected
+deterministic draft takes its token out of its block, and a draw finds the block in the blocks' float64 running sums,
+then the token in its block's. The same distribution up to float rounding: softmax(logits / T), min-p dropping what
+p < min_p x p_max drops. A plain sampled step's verify on Qwen2.5-Coder-1.5B (151,936 columns; Zen 4, under
+cProfile, ``scripts/step_work.py --spec none --rows ...``): 0.81-0.85 ms with torch's softmax and the float64
+cumulative draw, 0.41-0.44 summed here, 0.35-0.40 summed by the head.
 """
 
 from __future__ import annotations
@@ -64,49 +65,50 @@ class BlockDist:
     """softmax(row / T) of a CPU float32 row in 64-column blocks; min-p's dropped tokens weigh 0.
 
     A block's weight is its sum of terms times exp((its max - the row's max) / T), in float64; a token's is its term
-    times the same factor. Blocks a rejected token or min-p touches are summed again from their terms."""
+    times the same factor. Blocks a rejected token or min-p touches are summed again from their tokens' weights. The
+    arithmetic is qkernels.c's (a few calls a row: right after a pass, with the caches cold, each NumPy call on the
+    blocks cost 20-60 us)."""
 
-    def __init__(self, row: np.ndarray, temperature: float, min_p: float = 0.0) -> None:
-        self.row, self.inv_t, self.min_p = row, np.float32(1.0 / max(temperature, 1e-5)), min_p
+    def __init__(self, row: np.ndarray, temperature: float, min_p: float = 0.0,
+                 summed: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """summed: the blocks' (top, sums) as the LM head summed them at ``inverse_temperature(temperature)``
+        (``PassOutput.blocks``), else summed here."""
+        lib = _lib()
+        self.row, self.inv_t, self.min_p = row, ctypes.c_float(inverse_temperature(temperature)), min_p
         n = (row.shape[0] + BLOCK - 1) // BLOCK
-        top, sums = np.empty(n, dtype=np.float32), np.empty(n, dtype=np.float32)
-        _lib().sd_softmax_blocks(row.ctypes.data, row.shape[0], ctypes.c_float(self.inv_t), top.ctypes.data,
-                                 sums.ctypes.data)
-        factor = top.astype(np.float64)  # exp((a block's max - the row's) / T): -inf blocks 0
-        factor -= factor.max()
-        factor *= self.inv_t
-        self.factor = np.exp(factor, out=factor)
-        self.removed: frozenset[int] = frozenset()
-        weights = sums * self.factor
-        if min_p > 0.0:  # min-p keeps tokens whose term x factor (p / p_max) is at least min_p
-            weights[self.factor < min_p] = 0.0
+        if summed is None:
+            summed = np.empty(n, dtype=np.float32), np.empty(n, dtype=np.float32)
+            lib.sd_softmax_blocks(row.ctypes.data, row.shape[0], self.inv_t, summed[0].ctypes.data,
+                                  summed[1].ctypes.data)
+        self.factor, self.weights = np.empty(n), np.empty(n)
+        self.total = lib.sd_block_weights(summed[0].ctypes.data, summed[1].ctypes.data, n, self.inv_t,
+                                          self.factor.ctypes.data, self.weights.ctypes.data)
+        self.removed = _NONE_REMOVED
+        if min_p > 0.0:  # min-p keeps tokens whose weight (p / p_max) is at least min_p
+            self.weights[self.factor < min_p] = 0.0
             for b in np.flatnonzero(self.factor >= min_p):
-                weights[b] = self._terms(int(b)).sum()
-        self.weights = weights
+                self.weights[b] = self._tokens(int(b)).sum()
+            self.total = float(self.weights.sum())
 
-    def _terms(self, b: int) -> np.ndarray:
-        """Block b's tokens' weights (float64), removed and min-p-dropped tokens 0."""
-        t = np.empty(BLOCK, dtype=np.float32)
-        _lib().sd_block_terms(self.row.ctypes.data, self.row.shape[0], b, ctypes.c_float(self.inv_t), t.ctypes.data)
-        w = t.astype(np.float64) * self.factor[b]
-        if self.min_p > 0.0:
-            w[w < self.min_p] = 0.0
-        for token in self.removed:
-            if token // BLOCK == b:
-                w[token % BLOCK] = 0.0
-        return w
+    def _tokens(self, b: int) -> np.ndarray:
+        """Block b's tokens' weights [64] (float64), removed and min-p-dropped tokens 0."""
+        out = np.empty(BLOCK)
+        _lib().sd_block_token_weights(self.row.ctypes.data, self.row.shape[0], b, self.inv_t, self.factor[b],
+                                      self.min_p, self.removed.ctypes.data, len(self.removed), out.ctypes.data)
+        return out
 
     def prob(self, token: int) -> float:
-        return float(self._terms(token // BLOCK)[token % BLOCK] / self.weights.sum())
+        return float(self._tokens(token // BLOCK)[token % BLOCK] / self.total)
 
     def without(self, token: int, q: torch.Tensor | None) -> BlockDist:
         assert q is None, "a sampled draft's residual reads every token's p: verify it with a TensorDist"
         out = object.__new__(BlockDist)
         out.__dict__.update(self.__dict__)
-        out.removed = self.removed | {token}
+        out.removed = np.append(self.removed, token)
         out.weights = self.weights.copy()
-        out.weights[token // BLOCK] = out._terms(token // BLOCK).sum()
-        if not out.weights.any():  # p was one-hot at token: unreachable, as TensorDist's guard
+        out.weights[token // BLOCK] = out._tokens(token // BLOCK).sum()
+        out.total = float(out.weights.sum())
+        if out.total <= 0.0:  # p was one-hot at token: unreachable, as TensorDist's guard
             return self
         return out
 
@@ -115,27 +117,35 @@ class BlockDist:
         return self.pick(float(torch.rand(1, 1, dtype=torch.float64, generator=generator)[0, 0]))
 
     def pick(self, u: float) -> int:
-        """The first token whose running mass exceeds u x the total (u in [0, 1)), the blocks' sums first."""
-        running = np.cumsum(self.weights)
-        target = u * running[-1]
-        b = int(np.searchsorted(running, target, side="right"))
-        if b >= len(running):  # rounding: the last block that weighs anything
-            b = int(np.flatnonzero(self.weights)[-1])
-        w = self._terms(b)
-        inside = np.cumsum(w)
-        c = int(np.searchsorted(inside, target - (running[b - 1] if b else 0.0), side="right"))
-        if c >= BLOCK or w[c] == 0.0:  # rounding between the block's weight and its tokens'
-            c = int(np.flatnonzero(w)[-1])
-        return b * BLOCK + c
+        """The first token whose running mass exceeds u x the total (u in [0, 1)), the blocks' sums first
+        (qkernels.c's sd_block_pick)."""
+        return _lib().sd_block_pick(self.weights.ctypes.data, len(self.weights), self.row.ctypes.data,
+                                    self.row.shape[0], self.inv_t, self.factor.ctypes.data, self.min_p,
+                                    self.removed.ctypes.data, len(self.removed), u)
 
 
-def row_dist(logits: torch.Tensor, params: SamplingParams, blocks: bool = True) -> TokenDist:
-    """The distribution ``probs_from_logits`` gives one [V] row: with ``blocks`` (the drafts' q one-hot) a
-    ``BlockDist`` where it can be made (a CPU float32 row, no top-k or top-p, the kernels built), else a
-    ``TensorDist``."""
-    if (blocks and logits.device.type == "cpu" and logits.dtype == torch.float32 and not params.top_k
-            and params.top_p >= 1.0 and _lib() is not None):
-        return BlockDist(logits.contiguous().numpy(), params.temperature, params.min_p)
+_NONE_REMOVED = np.empty(0, dtype=np.int64)
+
+
+def inverse_temperature(temperature: float) -> np.float32:
+    """1 / T as every block's terms are made (the runner's LM head and ``BlockDist`` alike)."""
+    return np.float32(1.0 / max(temperature, 1e-5))
+
+
+def blocks_apply(params: SamplingParams) -> bool:
+    """Whether a row sampled with ``params`` can be a ``BlockDist`` (where its drafts' q are one-hot): a
+    temperature, with or without min-p; top-k and top-p read the row's order, which blocks do not keep."""
+    return not params.greedy and not params.top_k and params.top_p >= 1.0
+
+
+def row_dist(logits: torch.Tensor, params: SamplingParams, one_hot: bool = True,
+             summed: tuple[np.ndarray, np.ndarray] | None = None) -> TokenDist:
+    """The distribution ``probs_from_logits`` gives one [V] row: where the drafts' q are ``one_hot`` a ``BlockDist``
+    if it can be made (``blocks_apply``, a CPU float32 row, the kernels built; ``summed``: its blocks from the LM
+    head), else a ``TensorDist``."""
+    if (one_hot and blocks_apply(params) and logits.device.type == "cpu" and logits.dtype == torch.float32
+            and _lib() is not None):
+        return BlockDist(logits.contiguous().numpy(), params.temperature, params.min_p, summed)
     return TensorDist(probs_from_logits(logits.unsqueeze(0), params)[0])
 
 
@@ -152,8 +162,11 @@ def _lib() -> ctypes.CDLL | None:
         return None
     if lib.sd_isa().decode() == "scalar":  # exp1 a value at a time: slower than torch's softmax
         return None
-    lib.sd_softmax_blocks.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p,
-                                      ctypes.c_void_p]
-    lib.sd_block_terms.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_float,
-                                   ctypes.c_void_p]
+    p, i64, f32, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_double
+    lib.sd_softmax_blocks.argtypes = [p, i64, f32, p, p]
+    lib.sd_block_weights.argtypes = [p, p, i64, f32, p, p]
+    lib.sd_block_weights.restype = f64
+    lib.sd_block_token_weights.argtypes = [p, i64, i64, f32, f64, f64, p, i64, p]
+    lib.sd_block_pick.argtypes = [p, i64, p, i64, f32, p, f64, p, i64, f64]
+    lib.sd_block_pick.restype = i64
     return lib

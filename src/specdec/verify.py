@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specdec.config import SamplingParams
@@ -67,12 +68,15 @@ def verify(
     params: SamplingParams,
     draft_probs: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    summed: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> VerifyResult:
-    """target_logits: [N+1, V]; draft_probs: [N, V] q of each drafted node, None = one-hot."""
+    """target_logits: [N+1, V]; draft_probs: [N, V] q of each drafted node, None = one-hot; summed: the rows' softmax
+    blocks as the LM head summed them (``runners.base.PassOutput.blocks``)."""
     if params.greedy:
         return verify_greedy(tree, target_logits)
     assert generator is not None, "sampling needs a generator"
-    return verify_sampling(tree, RowProbs(target_logits, params, blocks=draft_probs is None), draft_probs, generator)
+    rows = RowProbs(target_logits, params, one_hot=draft_probs is None, summed=summed)
+    return verify_sampling(tree, rows, draft_probs, generator)
 
 
 class RowProbs:
@@ -81,11 +85,13 @@ class RowProbs:
     step on Qwen2.5-Coder-1.5B, Zen 4, ``scripts/step_work.py``). A row is ``row_dist.row_dist`` of that row alone,
     as plain decoding makes it: in blocks (``BlockDist``) where the drafts are deterministic."""
 
-    def __init__(self, logits: torch.Tensor, params: SamplingParams, blocks: bool = True) -> None:
-        self.logits, self.params, self.blocks = logits, params, blocks
+    def __init__(self, logits: torch.Tensor, params: SamplingParams, one_hot: bool = True,
+                 summed: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        self.logits, self.params, self.one_hot, self.summed = logits, params, one_hot, summed
 
     def __getitem__(self, node: int) -> TokenDist:
-        return row_dist(self.logits[node], self.params, self.blocks)
+        summed = None if self.summed is None else (self.summed[0][node], self.summed[1][node])
+        return row_dist(self.logits[node], self.params, self.one_hot, summed)
 
 
 def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:

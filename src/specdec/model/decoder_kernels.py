@@ -40,7 +40,9 @@ from specdec.model.kernels import (
     layer_weight,
     matmul,
     product,
+    qmatmul,
     qmatmul_argmax,
+    softmax_blocks,
     stack_rows,
 )
 
@@ -471,39 +473,46 @@ def _scale_rows(x, scale):  # pragma: no cover - compiled
                 x[r, i] *= scale
 
 
-def _head(head, x, best, logits, parent, token):  # pragma: no cover - replaced by the overload below
+def _head(head, x, best, logits, parent, token, softmax):  # pragma: no cover - replaced by the overload below
     """The LM head over the rows x [R, H]: each row's argmax into best [R] where best has rows (a quantized head
     keeps its spans' maxima only, and leaves out the rows greedy verification cannot reach: ``kernels.qmatmul_argmax``
-    with each row's parent row and token, -1 for none), else the logits into logits [R, V]."""
+    with each row's parent row and token, -1 for none), else the logits into logits [R, V], and where softmax's
+    inv_t has rows, their 64-column blocks' maxima and sums (``kernels.softmax_blocks``; a quantized head's spans
+    write them from L1)."""
 
 
 @overload(_head, inline="always")
-def _head_impl(head, x, best, logits, parent, token):
+def _head_impl(head, x, best, logits, parent, token, softmax):
     if isinstance(head, types.BaseTuple):
-        def quantized(head, x, best, logits, parent, token):
+        def quantized(head, x, best, logits, parent, token, softmax):
             if best.shape[0]:
                 qmatmul_argmax(head[0], head[1], head[2], head[3], head[4], x, best, parent, token)
+            elif softmax[0].shape[0]:
+                qmatmul(head[0], head[1], head[2], head[3], head[4], x, logits, None, softmax)
             else:
                 product(head, x, logits)
         return quantized
 
-    def dense(head, x, best, logits, parent, token):
+    def dense(head, x, best, logits, parent, token, softmax):
         if best.shape[0]:
             full = np.empty((x.shape[0], head.shape[0]), dtype=np.float32)
             matmul(head, x, full)
             argmax_rows(full, best)
         else:
             matmul(head, x, logits)
+            if softmax[0].shape[0]:
+                softmax_blocks(logits, softmax)
     return dense
 
 
 @njit(**_GLUE)
 def fused_pass(ids, seqs, parents, kv_len, model, k_cache, v_cache, run_layer, hidden_at, hidden, normed, head_rows,
-               best, logits, path_only):  # pragma: no cover - compiled
+               best, logits, path_only, softmax):  # pragma: no cover - compiled
     """A whole pass in one compiled call: the layout of the rows (``Rows``' fields; ``row_layout``), the embedding
     look-up, every layer (``decode_layers``), the final norm into normed [N, H] and the LM head over its rows
-    ``head_rows`` (``_head``: argmaxes into best where it has rows, else logits; ``path_only``: head_rows every row,
-    and only those greedy verification can reach need be right, the others -1). ``model``: the static arrays,
+    ``head_rows`` (``_head``: argmaxes into best where it has rows, else logits, and their softmax blocks where
+    ``softmax`` = (inv_t, top, sums) has rows; ``path_only``: head_rows every row, and only those greedy verification
+    can reach need be right, the others -1). ``model``: the static arrays,
     ``fused.FusedDecoder.arrays``. One dispatch and no torch call where the pass took six dispatches and a dozen torch
     calls, each run with the caches cold after the weights streamed through them (a torch call 20-130 us there).
     Zen 4, 1-token argmax passes alternated in one process against the parent commit's steps replayed: SmolLM2-135M
@@ -515,7 +524,7 @@ def fused_pass(ids, seqs, parents, kv_len, model, k_cache, v_cache, run_layer, h
     decode_layers(x, layout, weights, k_cache, v_cache, rope, arch, run_layer, hidden_at, hidden)
     rms_norm_rows(x, final_norm, eps, normed)
     parent = layout.parent_rows if path_only else np.full(ids.shape[0], -1, dtype=np.int64)  # -1: every row's argmax
-    _head(head, normed[head_rows], best, logits, parent, ids)
+    _head(head, normed[head_rows], best, logits, parent, ids, softmax)
 
 
 def plain(value):

@@ -63,6 +63,10 @@ class _CacheArrays:
         return self.arrays
 
 
+# fused_pass's softmax (inv_t, top, sums) where no row's blocks are wanted
+NO_SOFTMAX = (np.empty(0, dtype=np.float32), np.empty((0, 0), dtype=np.float32), np.empty((0, 0), dtype=np.float32))
+
+
 @dataclass(frozen=True, eq=False)  # arrays: identity, not value, equality
 class FusedDecoder:
     """A ``Transformer``'s fused path, built once: its layer stack as ``decode_layers``' groups."""
@@ -135,16 +139,20 @@ class FusedDecoder:
 
     def forward(
         self, rows: Rows, cache: KVCache, logits_rows: np.ndarray | None = None, hidden_layers: tuple[int, ...] = (),
-        layers: tuple[int, ...] | None = None,
+        layers: tuple[int, ...] | None = None, softmax: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Rows [N] -> logits [N or len(logits_rows), V] float32, writing their K/V into ``cache``.
 
         Hidden states and ``layers`` as in ``Transformer.forward``, per row: [N, H] float32 each.
+        softmax: (inv_t, top, sums) to fill (``kernels.softmax_blocks``; ``has_blocks``): each logits row's 64-column
+        blocks' maxima and sums of terms, where its inverse temperature inv_t asks (> 0), written by the LM head's
+        sweep.
         """
         n = rows.ids.shape[0]
         head_rows = np.arange(n, dtype=np.int64) if logits_rows is None else logits_rows.astype(np.int64)
         logits = self.spare.take(head_rows.shape[0], self.config.vocab_size)
-        out_hidden = self._pass(rows, cache, hidden_layers, layers, head_rows, _NO_BEST, logits)
+        out_hidden = self._pass(rows, cache, hidden_layers, layers, head_rows, _NO_BEST, logits,
+                                softmax=NO_SOFTMAX if softmax is None else softmax)
         out = torch.from_numpy(logits)
         if self.config.final_logit_softcapping:
             cap = self.config.final_logit_softcapping
@@ -155,6 +163,12 @@ class FusedDecoder:
     def has_argmax(self) -> bool:
         """Whether ``forward_argmax`` gives what ``forward``'s logits' argmax would: not under a soft cap,
         whose tanh can round two logits to one value and so move a tie."""
+        return not self.config.final_logit_softcapping
+
+    @property
+    def has_blocks(self) -> bool:
+        """Whether ``forward``'s softmax blocks are those of the logits it returns: not under a soft cap (applied
+        after the pass)."""
         return not self.config.final_logit_softcapping
 
     def forward_argmax(
@@ -172,9 +186,10 @@ class FusedDecoder:
 
     def _pass(self, rows: Rows, cache: KVCache, hidden_layers: tuple[int, ...], layers: tuple[int, ...] | None,
               head_rows: np.ndarray, best: np.ndarray, logits: np.ndarray,
-              path_only: bool = False) -> list[torch.Tensor]:
+              path_only: bool = False, softmax: tuple = NO_SOFTMAX) -> list[torch.Tensor]:
         """The pass (``decoder_kernels.fused_pass``): the LM head's argmaxes into best, or where best is empty its
-        logits into logits, over rows head_rows; returns the hidden states asked for."""
+        logits into logits (and their softmax blocks into softmax's), over rows head_rows; returns the hidden states
+        asked for."""
         n, c = rows.ids.shape[0], self.config
         kept = sorted(i for i in hidden_layers if i >= 0)  # layer order, as forward
         if hidden_layers:
@@ -187,7 +202,7 @@ class FusedDecoder:
         decoder_kernels.fused_pass(
             rows.ids, rows.seqs, rows.parents, rows.kv_len, self.arrays, *self.cache_arrays.of(cache),
             self.every_layer if layers is None else self.model.run_mask(layers), hidden_at, hidden, normed,
-            head_rows, best, logits, path_only,
+            head_rows, best, logits, path_only, softmax,
         )
         if not hidden_layers:
             return []

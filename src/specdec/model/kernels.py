@@ -178,6 +178,8 @@ _sd_await = types.ExternalFunction("sd_await", types.void(_i, types.int64))
 _sd_gated = types.ExternalFunction("sd_gated", types.void(*([_i] * 6)))
 _sd_stream_rows = types.ExternalFunction("sd_stream_rows", types.int64())
 _sd_first_max = types.ExternalFunction("sd_first_max", types.int64(_i, _i))
+_sd_softmax_blocks = types.ExternalFunction("sd_softmax_blocks", types.void(_i, _i, types.float32, _i, _i))
+SOFTMAX_BLOCK = 64  # qkernels.c's: the columns of a block of ``softmax_blocks`` (row_dist.BLOCK)
 # a product's unit of work: 16 weight rows, so interleaved groups stay whole and AMX pairs them
 _UNIT = 16
 # a quantized product's chunks, the most a thread takes at once (sd_span: its own run, then the others' tails);
@@ -215,7 +217,7 @@ def _activation_forms(fmt, segments):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, **_FLAGS)
-def qmatmul(q, s, m, fmt, segments, x, out, gated=None):  # pragma: no cover - compiled
+def qmatmul(q, s, m, fmt, segments, x, out, gated=None, softmax=None):  # pragma: no cover - compiled
     """out[M, N] = x[M, K] @ W.T for W in quantized layout (``quant.QuantArrays``: q uint8 bytes, s/m [N, *] float32,
     fmt [N] int8, segments; see qkernels.c); x and out float32, C order.
 
@@ -227,6 +229,8 @@ def qmatmul(q, s, m, fmt, segments, x, out, gated=None):  # pragma: no cover - c
 
     gated: (act [M, N / 2], gelu) for a ``w_gate_up`` matrix (``gated_product``): each span of whole 32-row
     block pairs then writes act(gate) * up of its columns too, while its output is in L1.
+    softmax: (inv_t [M], top, sums) for an LM head whose sampled rows the verifier reads in blocks (``softmax_blocks``):
+    each span of whole blocks writes their maxima and sums of terms too, on the thread that wrote them, from L1.
     """
     rows, k = x.shape
     n_out = fmt.shape[0]
@@ -234,6 +238,8 @@ def qmatmul(q, s, m, fmt, segments, x, out, gated=None):  # pragma: no cover - c
     act = _activations(block, k)
     threads = _sd_threads()
     unit = _UNIT if gated is None else 2 * GATE_UP_BLOCK
+    if softmax is not None:
+        unit = SOFTMAX_BLOCK
     units = (n_out + unit - 1) // unit
     most = _span_cap(rows, units, max(threads, min(_QCHUNKS, q.size // _CHUNK_BYTES)))
     need = _activation_forms(fmt, segments)
@@ -248,17 +254,18 @@ def qmatmul(q, s, m, fmt, segments, x, out, gated=None):  # pragma: no cover - c
             ready = np.zeros(16, dtype=np.int64)  # the activation rows: [0] the next to claim, [8] those done
             for t in prange(threads):
                 _prepare_share(x, r0, n_rows, act, need, ready)
-                _take_spans(t, threads, runs, most, unit, q, s, m, fmt, segments, act, n_rows, dst, gated, r0)
+                _take_spans(t, threads, runs, most, unit, q, s, m, fmt, segments, act, n_rows, dst, gated, r0, softmax)
         else:
             _prepare(x, r0, n_rows, act, 0, need)
             for t in prange(threads):
-                _take_spans(t, threads, runs, most, unit, q, s, m, fmt, segments, act, n_rows, dst, gated, r0)
+                _take_spans(t, threads, runs, most, unit, q, s, m, fmt, segments, act, n_rows, dst, gated, r0, softmax)
 
 
 @njit(**_FLAGS)
-def _take_spans(t, threads, runs, most, unit, q, s, m, fmt, segments, act, n_rows, dst, gated, r0):  # pragma: no cover
+def _take_spans(t, threads, runs, most, unit, q, s, m, fmt, segments, act, n_rows, dst, gated, r0,
+                softmax):  # pragma: no cover - compiled
     """Thread t's spans of a product: its own run, then the others' tails (sd_span); with ``gated`` (qmatmul's),
-    each span's activations of rows r0 .. r0 + n_rows."""
+    each span's activations of rows r0 .. r0 + n_rows, with ``softmax`` its blocks' maxima and sums."""
     span = _sd_span(runs.ctypes.data, t, threads, most)
     while span >= 0:
         n0, n1 = _span_rows(span, unit, fmt.shape[0])
@@ -266,6 +273,9 @@ def _take_spans(t, threads, runs, most, unit, q, s, m, fmt, segments, act, n_row
         if gated is not None:
             for r in range(n_rows):
                 gated_columns(dst[r], gated[1], gated[0][r0 + r], n0 // 2, n1 // 2)
+        if softmax is not None:
+            for r in range(n_rows):
+                _softmax_columns(dst[r], softmax, r0 + r, n0, n1)
         span = _sd_span(runs.ctypes.data, t, threads, most)
 
 
@@ -503,6 +513,26 @@ def _drafts_beaten(parent, token, bar, watch, live, n_live, top, at, dead, here)
 def _first_max(v):  # pragma: no cover - compiled
     """The first index of the largest value of v (contiguous; qkernels.c's sd_first_max, vectorised)."""
     return _sd_first_max(v.ctypes.data, v.shape[0])
+
+
+@njit(**_FLAGS)
+def _softmax_columns(row, softmax, r, n0, n1):  # pragma: no cover - compiled
+    """Blocks n0 / 64 .. of row r's columns n0:n1 (n0 on a block's start) into softmax's top and sums, where
+    softmax's inv_t[r] asks for them (> 0)."""
+    inv_t, top, sums = softmax
+    if inv_t[r] > 0:
+        b = n0 // SOFTMAX_BLOCK
+        _sd_softmax_blocks(row.ctypes.data + 4 * n0, n1 - n0, inv_t[r], _row(top, r) + 4 * b, _row(sums, r) + 4 * b)
+
+
+@njit(parallel=True, **_FLAGS)
+def softmax_blocks(logits, softmax):  # pragma: no cover - compiled
+    """softmax = (inv_t [M] float32, top [M, B], sums [M, B]): for each row r of logits [M, V] with inv_t[r] > 0, each
+    64-column block's largest logit and the sum of exp((logit - it) x inv_t[r]) over the block (qkernels.c's
+    sd_softmax_blocks; B = ceil(V / 64)): a sampled row's distribution as ``row_dist.BlockDist`` reads it. A block's
+    values do not depend on the columns computed with it: a quantized head's spans write the same bits."""
+    for r in prange(logits.shape[0]):
+        _softmax_columns(logits[r], softmax, r, 0, logits.shape[1])
 
 
 @njit(parallel=True, **_FLAGS)

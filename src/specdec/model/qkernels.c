@@ -835,6 +835,65 @@ void sd_block_terms(const float *v, int64_t n, int64_t b, float inv_t, float *ou
     block_terms(x, len, block_max(x, len), inv_t, out);
 }
 
+/* A row's blocks weighed against its largest logit (row_dist.BlockDist): factor[b] = exp((top[b] - max) x inv_t)
+ * (exp1's bits, 0 below e^-87), weight[b] = sums[b] x factor[b] in float64; returns the weights' sum, added in order. */
+double sd_block_weights(const float *top, const float *sums, int64_t nb, float inv_t, double *factor, double *weight) {
+    float m = -INFINITY;
+    for (int64_t b = 0; b < nb; b++) m = top[b] > m ? top[b] : m;
+    double total = 0.0;
+    for (int64_t b = 0; b < nb; b++) {
+        const float a = (top[b] - m) * inv_t;
+        factor[b] = a >= -87.0f ? (double)exp1(a) : 0.0;
+        weight[b] = (double)sums[b] * factor[b];
+        total += weight[b];
+    }
+    return total;
+}
+
+/* Block b's tokens' float64 weights: its terms x factor, 0 below min_p (min-p, where min_p > 0) and at the
+ * removed[0 .. n_removed) ids (rejected drafts). */
+void sd_block_token_weights(const float *row, int64_t n, int64_t b, float inv_t, double factor, double min_p,
+                            const int64_t *removed, int64_t n_removed, double *out) {
+    float t[SOFTMAX_BLOCK];
+    sd_block_terms(row, n, b, inv_t, t);
+    for (int c = 0; c < SOFTMAX_BLOCK; c++) {
+        const double w = (double)t[c] * factor;
+        out[c] = min_p > 0.0 && w < min_p ? 0.0 : w;
+    }
+    for (int64_t i = 0; i < n_removed; i++)
+        if (removed[i] / SOFTMAX_BLOCK == b) out[removed[i] % SOFTMAX_BLOCK] = 0.0;
+}
+
+/* sampling.sample's draw over the blocks: the first token whose running weight exceeds u x the total, the blocks'
+ * float64 running sums first, then the tokens' of the block it falls in (a token of weight 0 is never picked; where
+ * rounding leaves the running sums short, the last block and token that weigh anything). */
+int64_t sd_block_pick(const double *weight, int64_t nb, const float *row, int64_t n, float inv_t, const double *factor,
+                      double min_p, const int64_t *removed, int64_t n_removed, double u) {
+    double total = 0.0;
+    for (int64_t b = 0; b < nb; b++) total += weight[b];
+    const double target = u * total;
+    double running = 0.0;
+    int64_t b = 0, last = 0;
+    for (; b < nb; b++) {
+        if (weight[b] > 0.0) last = b;
+        if (running + weight[b] > target) break;
+        running += weight[b];
+    }
+    if (b == nb) b = last;
+    double w[SOFTMAX_BLOCK];
+    sd_block_token_weights(row, n, b, inv_t, factor[b], min_p, removed, n_removed, w);
+    int64_t pick = -1, heavy = 0;
+    for (int c = 0; c < SOFTMAX_BLOCK; c++) {
+        if (w[c] > 0.0) heavy = c;
+        running += w[c];
+        if (running > target && w[c] > 0.0) {
+            pick = c;
+            break;
+        }
+    }
+    return b * SOFTMAX_BLOCK + (pick >= 0 ? pick : heavy);
+}
+
 /* the kernels' instruction set; "+amx" where the tiles are built and this process may use them */
 const char *sd_isa(void) {
 #if defined(SD_AMX)

@@ -37,6 +37,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from specdec.config import ModelConfig
@@ -66,6 +67,9 @@ class PassOutput:
     hidden: list[list[torch.Tensor]] = field(default_factory=list)  # per sequence, per layer [T_i, H]
     seconds: float = 0.0
     argmax: list[torch.Tensor] | None = None  # per sequence [T_i] int64: each row's argmax (``run(argmax=True)``)
+    # per sequence its rows' softmax blocks (top, sums) [T_i, ceil(V / 64)] float32, where ``run(blocks=...)`` asked
+    # and the runner sums them in its LM head (``row_dist.BlockDist``), else None
+    blocks: list[tuple[np.ndarray, np.ndarray] | None] | None = None
 
 
 def shared_start(a: Sequence[int], b: Sequence[int]) -> int:
@@ -154,7 +158,8 @@ class ModelRunner(ABC):
 
     @abstractmethod
     def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = (),
-            layers: tuple[int, ...] | None = None, argmax: bool = False, path_only: bool = False) -> PassOutput:
+            layers: tuple[int, ...] | None = None, argmax: bool = False, path_only: bool = False,
+            blocks: list[float] | None = None) -> PassOutput:
         """Run every sequence's new tokens in one pass; their K/V are appended to the cache.
 
         layers: the decoder layers to run (None = all; see the module docstring).
@@ -165,6 +170,9 @@ class ModelRunner(ABC):
         can reach need their argmax, a row being reached where each token from its sequence's first row to it is its
         parent row's argmax; a runner may leave the others out of the LM head once a parent's argmax is shown to be
         another token, and give them -1.
+        blocks (every row's logits wanted): per sequence the inverse temperature (``row_dist.inverse_temperature``)
+        at which the caller reads its rows' softmax in 64-column blocks, 0 for none: a runner that can sums them in
+        its LM head's sweep (``PassOutput.blocks``); others leave ``blocks`` None and the caller sums them itself.
         """
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:

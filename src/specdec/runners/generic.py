@@ -48,7 +48,8 @@ class GenericRunner(ModelRunner):
         return slot
 
     def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = (),
-            layers: tuple[int, ...] | None = None, argmax: bool = False, path_only: bool = False) -> PassOutput:
+            layers: tuple[int, ...] | None = None, argmax: bool = False, path_only: bool = False,
+            blocks: list[float] | None = None) -> PassOutput:
         if layers is not None:
             raise ValueError("the generic runner runs every layer; layer skipping needs a native model")
         t0 = time.perf_counter()

@@ -19,6 +19,7 @@ from specdec.config import ModelConfig
 from specdec.model import decoder_kernels
 from specdec.model.decoder_kernels import Rows
 from specdec.model.fused import FusedDecoder
+from specdec.model.kernels import SOFTMAX_BLOCK
 from specdec.model.quant import QuantMatrix, int8_rows
 from specdec.model.transformer import Batch, Transformer
 from specdec.runners.base import ModelRunner, PassOutput, SeqInput
@@ -80,7 +81,8 @@ class NativeRunner(ModelRunner):
         return self.cache.nbytes
 
     def run(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...] = (),
-            layers: tuple[int, ...] | None = None, argmax: bool = False, path_only: bool = False) -> PassOutput:
+            layers: tuple[int, ...] | None = None, argmax: bool = False, path_only: bool = False,
+            blocks: list[float] | None = None) -> PassOutput:
         t0 = time.perf_counter()
         if any(s.all_logits for s in seqs) and not all(s.all_logits for s in seqs):
             raise ValueError("a pass returns either all logits or the last ones for every sequence")
@@ -99,6 +101,11 @@ class NativeRunner(ModelRunner):
             for s in seqs:
                 self.lengths[s.slot] += len(s.token_ids)
             return PassOutput([], out_hidden, time.perf_counter() - t0, argmax=best)
+        elif blocks is not None and not prompt and self.fused.has_blocks:  # the LM head sums softmax blocks too
+            out_logits, out_hidden, out_blocks = self._run_rows(seqs, hidden_layers, layers, blocks=blocks)
+            for s in seqs:
+                self.lengths[s.slot] += len(s.token_ids)
+            return PassOutput(out_logits, out_hidden, time.perf_counter() - t0, blocks=out_blocks)
         else:
             out_logits, out_hidden = self._run_rows(seqs, hidden_layers, layers)
         for s in seqs:
@@ -172,14 +179,25 @@ class NativeRunner(ModelRunner):
         return out_logits, out_hidden
 
     def _run_rows(self, seqs: list[SeqInput], hidden_layers: tuple[int, ...], layers: tuple[int, ...] | None,
-                  argmax: bool = False, path_only: bool = False):
+                  argmax: bool = False, path_only: bool = False, blocks: list[float] | None = None):
         """Per sequence its rows' logits (or their argmax [T_i]: ``argmax``, every row's or, ``path_only``, those
-        greedy verification reaches) and hidden states."""
+        greedy verification reaches) and hidden states; with ``blocks`` (every row's logits, per sequence the
+        inverse temperature of its softmax blocks or 0), their blocks too (``PassOutput.blocks``)."""
         rows, spans = self._make_rows(seqs), _row_spans(seqs)
         # (no torch.inference_mode: the pass is NumPy's, and entering it cost ~50 us with the caches cold)
         if argmax:
             best, hidden = self.fused.forward_argmax(rows, self.cache, hidden_layers, layers, path_only)
             logits = [torch.from_numpy(best[r0:r1]) for r0, r1 in spans]
+        elif blocks is not None:
+            inv_t = np.repeat(np.array(blocks, dtype=np.float32), [r1 - r0 for r0, r1 in spans])
+            width = -(-self.vocab_size // SOFTMAX_BLOCK)
+            softmax = (inv_t, np.empty((len(inv_t), width), dtype=np.float32),
+                       np.empty((len(inv_t), width), dtype=np.float32))
+            every, hidden = self.fused.forward(rows, self.cache, None, hidden_layers, layers, softmax)
+            logits = [every[r0:r1] for r0, r1 in spans]
+            out = [(softmax[1][r0:r1], softmax[2][r0:r1]) if t else None
+                   for t, (r0, r1) in zip(blocks, spans, strict=True)]
+            return logits, [[h[r0:r1] for h in hidden] for r0, r1 in spans], out
         else:
             logits_rows = None if seqs[0].all_logits else np.array([r1 - 1 for _, r1 in spans], dtype=np.int64)
             every, hidden = self.fused.forward(rows, self.cache, logits_rows, hidden_layers, layers)
