@@ -2,7 +2,8 @@
 adaptive's look-up members dry-run: counts and profiles, which a VM's drifting clock does not move.
 
     python scripts/step_work.py [--model qwen2.5-coder-1.5b] [--spec adaptive] [--workloads math_reasoning]
-                                [--prompts 3] [--batch 1] [--temperature 0.7] [--tokens 64] [--rows verifier|tensor]
+                                [--prompts 3] [--batch 1] [--temperature 0.7] [--tokens 64] [--top-k 40] [--top-p 0.95]
+                                [--min-p 0.05] [--rows verifier|tensor]
 
 The first ``--prompts`` first-turn prompts of the workloads, in chunks of ``--batch`` sequences (EOS ignored),
 after one warm-up chunk; a fresh drafter state for every chunk. docs/performance.md's twenty-third Zen 4 section:
@@ -41,6 +42,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--min-p", type=float, default=0.0)
     ap.add_argument("--rows", choices=("head", "verifier", "tensor"), default="head",
                     help="a sampled row's softmax blocks summed by the LM head's sweep (head), by the verifier from "
                          "the logits (verifier), or the row as torch's softmax (tensor: row_dist.TensorDist)")
@@ -58,13 +62,15 @@ def main() -> None:
         drafts.forget()
         llm.forget_prefixes()
         seqs = [llm.new_sequence(list(p), SamplingParams(max_new_tokens=args.tokens, temperature=args.temperature,
+                                                         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                                                          seed=seed + i, ignore_eos=True))
                 for i, p in enumerate(chunk)]
         llm.engine.run_batch(seqs)
 
     cpu = cpu_info()
     print(f"# {cpu['cpu']}, {cpu['cores']} cores, SIMD {cpu['simd']}; {llm.model_name}, {llm.runner.weights_label}; "
-          f"--spec {args.spec}, T={args.temperature}, batch {args.batch}, {len(prompts)} prompts x {args.tokens} "
+          f"--spec {args.spec}, T={args.temperature} top-k {args.top_k} top-p {args.top_p} min-p {args.min_p}, "
+          f"rows by {args.rows}, batch {args.batch}, {len(prompts)} prompts x {args.tokens} "
           "tokens")
     llm.warmup()
     run(prompts[: args.batch], 0)

@@ -568,14 +568,19 @@ def test_lookup_drafters_keep_the_distribution(micro, lookup, kind):
     assert_lossless(s, micro.dist(lookup), deep=False)
 
 
-@pytest.mark.parametrize("broken", [False, True], ids=["real", "resampling-from-p"])
-def test_lookup_drafts_over_block_rows_keep_the_distribution(micro, lookup, monkeypatch, broken):
-    """Temperature and min-p without top-k: each row the verifier reads is a ``row_dist.BlockDist`` (counted), its
-    probabilities and draws from 64-column blocks, against the exact distribution from torch's softmax; the same
-    harness catches resampling from p after a rejected draft."""
+BLOCK_FILTERS = {"min-p": dict(top_k=0, temperature=0.8, min_p=0.2), "top-k": dict(top_k=TOP_K),
+                 "top-p": dict(top_k=0, temperature=0.8, top_p=0.7), "all": dict(top_k=4, top_p=0.9, min_p=0.1)}
+
+
+@pytest.mark.parametrize("filters,broken", [(f, False) for f in BLOCK_FILTERS] + [("top-p", True), ("min-p", True)],
+                         ids=lambda x: x if isinstance(x, str) else ("resampling-from-p" if x else "real"))
+def test_lookup_drafts_over_block_rows_keep_the_distribution(micro, lookup, monkeypatch, filters, broken):
+    """Each row the verifier reads is a ``row_dist.BlockDist`` (counted), its probabilities, filters and draws from
+    64-column blocks, against the exact distribution from torch's softmax; the same harness catches resampling from p
+    after a rejected draft."""
     from specdec.row_dist import BlockDist
 
-    case = replace(lookup, params=replace(PARAMS, top_k=0, temperature=0.8, min_p=0.2))
+    case = replace(lookup, params=replace(PARAMS, **BLOCK_FILTERS[filters]))
     made = []
     init = BlockDist.__init__
     monkeypatch.setattr(BlockDist, "__init__", lambda self, *a: made.append(1) or init(self, *a))

@@ -217,6 +217,7 @@ def test_a_pass_asked_for_softmax_blocks_gives_those_of_its_logits(tiny_model_fa
     """``run(blocks=...)`` (a sampled verify pass, ``row_dist.BlockDist``): the same logits, and each asked
     sequence's rows' blocks as sd_softmax_blocks makes them from those logits, bit for bit (a quantized head sums
     them span by span in its sweep, a float head after its product); None where a sequence asked none."""
+    from specdec.config import SamplingParams
     from specdec.row_dist import BlockDist, inverse_temperature
 
     runner, _ = load_runner(str(tiny_model_factory("qwen2")), max_seq_len=256, num_slots=2, quantization=quantization)
@@ -241,8 +242,8 @@ def test_a_pass_asked_for_softmax_blocks_gives_those_of_its_logits(tiny_model_fa
                 assert summed is None
                 continue
             for r in range(len(logits)):
-                alone = BlockDist(logits[r].numpy(), t)
-                fused = BlockDist(logits[r].numpy(), t, summed=(summed[0][r], summed[1][r]))
+                alone = BlockDist(logits[r].numpy(), SamplingParams(temperature=t))
+                fused = BlockDist(logits[r].numpy(), SamplingParams(temperature=t), (summed[0][r], summed[1][r]))
                 assert np.array_equal(alone.weights, fused.weights) and np.array_equal(alone.factor, fused.factor)
 
 

@@ -2,12 +2,12 @@
 after a rejected draft, a draw.
 
 ``TensorDist`` holds the row's [V] probabilities (``sampling.probs_from_logits``). ``BlockDist`` (a CPU row of
-float32 logits at a temperature, with or without min-p) holds the softmax in blocks of 64 columns instead: each
+float32 logits, any of ``probs_from_logits``' filters) holds the softmax in blocks of 64 columns instead: each
 block's largest logit and sum of terms, summed by the LM head's sweep as it wrote the logits (``PassOutput.blocks``)
 or by qkernels.c's ``sd_softmax_blocks`` here, and a block's terms made again where a token is read. A rejected
 deterministic draft takes its token out of its block, and a draw finds the block in the blocks' float64 running sums,
-then the token in its block's. The same distribution up to float rounding: softmax(logits / T), min-p dropping what
-p < min_p x p_max drops. A plain sampled step's verify on Qwen2.5-Coder-1.5B (151,936 columns; Zen 4, under
+then the token in its block's. The same distribution up to float rounding: softmax(logits / T) over what top-k, top-p
+and min-p keep. A plain sampled step's verify on Qwen2.5-Coder-1.5B (151,936 columns; Zen 4, under
 cProfile, ``scripts/step_work.py --spec none --rows ...``): 0.81-0.85 ms with torch's softmax and the float64
 cumulative draw, 0.41-0.44 summed here, 0.35-0.40 summed by the head.
 """
@@ -62,19 +62,23 @@ class TensorDist:
 
 
 class BlockDist:
-    """softmax(row / T) of a CPU float32 row in 64-column blocks; min-p's dropped tokens weigh 0.
+    """softmax(row / T) of a CPU float32 row in 64-column blocks, with ``probs_from_logits``' filters: the tokens
+    top-k, top-p and min-p drop weigh 0.
 
     A block's weight is its sum of terms times exp((its max - the row's max) / T), in float64; a token's is its term
-    times the same factor. Blocks a rejected token or min-p touches are summed again from their tokens' weights. The
-    arithmetic is qkernels.c's (a few calls a row: right after a pass, with the caches cold, each NumPy call on the
-    blocks cost 20-60 us)."""
+    times the same factor, so the row's largest token weighs 1 and a block's largest its factor. Top-k and top-p keep
+    a prefix of the tokens in descending weight (ties: top-k keeps them all, top-p in id order), found among the
+    tokens above a threshold (blocks whose factor is below it hold none): a weight floor and the last id kept at it.
+    Blocks a filter or a rejected token touches are summed again from their tokens' weights. The arithmetic is
+    qkernels.c's (a few calls a row: right after a pass, with the caches cold, each NumPy call on the blocks cost
+    20-60 us)."""
 
-    def __init__(self, row: np.ndarray, temperature: float, min_p: float = 0.0,
+    def __init__(self, row: np.ndarray, params: SamplingParams,
                  summed: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        """summed: the blocks' (top, sums) as the LM head summed them at ``inverse_temperature(temperature)``
+        """summed: the blocks' (top, sums) as the LM head summed them at ``inverse_temperature(params.temperature)``
         (``PassOutput.blocks``), else summed here."""
         lib = _lib()
-        self.row, self.inv_t, self.min_p = row, ctypes.c_float(inverse_temperature(temperature)), min_p
+        self.row, self.inv_t, self.min_p = row, ctypes.c_float(inverse_temperature(params.temperature)), params.min_p
         n = (row.shape[0] + BLOCK - 1) // BLOCK
         if summed is None:
             summed = np.empty(n, dtype=np.float32), np.empty(n, dtype=np.float32)
@@ -83,18 +87,46 @@ class BlockDist:
         self.factor, self.weights = np.empty(n), np.empty(n)
         self.total = lib.sd_block_weights(summed[0].ctypes.data, summed[1].ctypes.data, n, self.inv_t,
                                           self.factor.ctypes.data, self.weights.ctypes.data)
-        self.removed = _NONE_REMOVED
-        if min_p > 0.0:  # min-p keeps tokens whose weight (p / p_max) is at least min_p
-            self.weights[self.factor < min_p] = 0.0
-            for b in np.flatnonzero(self.factor >= min_p):
-                self.weights[b] = self._tokens(int(b)).sum()
-            self.total = float(self.weights.sum())
+        self.removed, self.floor, self.id_floor = _NONE_REMOVED, -1.0, _EVERY_ID
+        if params.top_k and params.top_k < row.shape[0]:  # the k-th largest weight; ties at it kept
+            k = params.top_k
+            _, w = self._gather(float(np.partition(self.factor, n - k)[n - k]) if k <= n else 0.0)
+            self.floor = float(np.partition(w, len(w) - k)[len(w) - k])
+        if params.top_p < 1.0:  # the shortest prefix whose mass reaches top_p, after top-k (before min-p)
+            total = self._reweigh(0.0)
+            theta = 1e-3
+            while True:  # the tokens above theta hold the prefix once their mass reaches top_p
+                ids, w = self._gather(theta)
+                if w.sum() >= params.top_p * total or theta == 0.0:
+                    break
+                theta = theta * 1e-3 if theta > 1e-30 else 0.0
+            order = np.lexsort((ids, -w))
+            before = np.cumsum(w[order]) - w[order]
+            last = order[max(1, int(np.count_nonzero(before < params.top_p * total))) - 1]
+            self.floor, self.id_floor = float(w[last]), int(ids[last])
+        if params.top_k or params.top_p < 1.0 or params.min_p > 0.0:
+            self.total = self._reweigh(params.min_p)
+
+    def _gather(self, theta: float) -> tuple[np.ndarray, np.ndarray]:
+        """The ids and weights of the tokens weighing at least theta past the floor (min-p aside), in id order."""
+        ids, w = np.empty(self.row.shape[0], dtype=np.int64), np.empty(self.row.shape[0])
+        count = _lib().sd_block_gather(self.row.ctypes.data, self.row.shape[0], len(self.factor), self.inv_t,
+                                       self.factor.ctypes.data, theta, self.floor, self.id_floor, ids.ctypes.data,
+                                       w.ctypes.data, len(ids))
+        return ids[:count], w[:count]
+
+    def _reweigh(self, min_p: float) -> float:
+        """Every block's weight summed from its tokens' past the floor and ``min_p``; their total."""
+        return _lib().sd_block_reweigh(self.row.ctypes.data, self.row.shape[0], len(self.factor), self.inv_t,
+                                       self.factor.ctypes.data, min_p, self.floor, self.id_floor,
+                                       self.removed.ctypes.data, len(self.removed), self.weights.ctypes.data)
 
     def _tokens(self, b: int) -> np.ndarray:
-        """Block b's tokens' weights [64] (float64), removed and min-p-dropped tokens 0."""
+        """Block b's tokens' weights [64] (float64), removed and filtered tokens 0."""
         out = np.empty(BLOCK)
         _lib().sd_block_token_weights(self.row.ctypes.data, self.row.shape[0], b, self.inv_t, self.factor[b],
-                                      self.min_p, self.removed.ctypes.data, len(self.removed), out.ctypes.data)
+                                      self.min_p, self.floor, self.id_floor, self.removed.ctypes.data,
+                                      len(self.removed), out.ctypes.data)
         return out
 
     def prob(self, token: int) -> float:
@@ -120,11 +152,12 @@ class BlockDist:
         """The first token whose running mass exceeds u x the total (u in [0, 1)), the blocks' sums first
         (qkernels.c's sd_block_pick)."""
         return _lib().sd_block_pick(self.weights.ctypes.data, len(self.weights), self.row.ctypes.data,
-                                    self.row.shape[0], self.inv_t, self.factor.ctypes.data, self.min_p,
-                                    self.removed.ctypes.data, len(self.removed), u)
+                                    self.row.shape[0], self.inv_t, self.factor.ctypes.data, self.min_p, self.floor,
+                                    self.id_floor, self.removed.ctypes.data, len(self.removed), u)
 
 
 _NONE_REMOVED = np.empty(0, dtype=np.int64)
+_EVERY_ID = 1 << 62  # id_floor where no floor cuts a tie
 
 
 def inverse_temperature(temperature: float) -> np.float32:
@@ -133,9 +166,9 @@ def inverse_temperature(temperature: float) -> np.float32:
 
 
 def blocks_apply(params: SamplingParams) -> bool:
-    """Whether a row sampled with ``params`` can be a ``BlockDist`` (where its drafts' q are one-hot): a
-    temperature, with or without min-p; top-k and top-p read the row's order, which blocks do not keep."""
-    return not params.greedy and not params.top_k and params.top_p >= 1.0
+    """Whether a row sampled with ``params`` can be a ``BlockDist`` (where its drafts' q are one-hot): any sampled
+    row (``sampling.probs_from_logits``' temperature, top-k, top-p and min-p)."""
+    return not params.greedy
 
 
 def row_dist(logits: torch.Tensor, params: SamplingParams, one_hot: bool = True,
@@ -145,7 +178,7 @@ def row_dist(logits: torch.Tensor, params: SamplingParams, one_hot: bool = True,
     head), else a ``TensorDist``."""
     if (one_hot and blocks_apply(params) and logits.device.type == "cpu" and logits.dtype == torch.float32
             and _lib() is not None):
-        return BlockDist(logits.contiguous().numpy(), params.temperature, params.min_p, summed)
+        return BlockDist(logits.contiguous().numpy(), params, summed)
     return TensorDist(probs_from_logits(logits.unsqueeze(0), params)[0])
 
 
@@ -166,7 +199,11 @@ def _lib() -> ctypes.CDLL | None:
     lib.sd_softmax_blocks.argtypes = [p, i64, f32, p, p]
     lib.sd_block_weights.argtypes = [p, p, i64, f32, p, p]
     lib.sd_block_weights.restype = f64
-    lib.sd_block_token_weights.argtypes = [p, i64, i64, f32, f64, f64, p, i64, p]
-    lib.sd_block_pick.argtypes = [p, i64, p, i64, f32, p, f64, p, i64, f64]
+    lib.sd_block_token_weights.argtypes = [p, i64, i64, f32, f64, f64, f64, i64, p, i64, p]
+    lib.sd_block_reweigh.argtypes = [p, i64, i64, f32, p, f64, f64, i64, p, i64, p]
+    lib.sd_block_reweigh.restype = f64
+    lib.sd_block_gather.argtypes = [p, i64, i64, f32, p, f64, f64, i64, p, p, i64]
+    lib.sd_block_gather.restype = i64
+    lib.sd_block_pick.argtypes = [p, i64, p, i64, f32, p, f64, f64, i64, p, i64, f64]
     lib.sd_block_pick.restype = i64
     return lib

@@ -850,25 +850,65 @@ double sd_block_weights(const float *top, const float *sums, int64_t nb, float i
     return total;
 }
 
-/* Block b's tokens' float64 weights: its terms x factor, 0 below min_p (min-p, where min_p > 0) and at the
- * removed[0 .. n_removed) ids (rejected drafts). */
+/* Block b's tokens' float64 weights: its terms x factor, 0 where a filter drops them: below min_p (min-p, where
+ * min_p > 0), below the weight floor or at it past id_floor (top-k and top-p: a prefix of the tokens in descending
+ * weight, ties in id order), and at the removed[0 .. n_removed) ids (rejected drafts). */
 void sd_block_token_weights(const float *row, int64_t n, int64_t b, float inv_t, double factor, double min_p,
-                            const int64_t *removed, int64_t n_removed, double *out) {
+                            double floor, int64_t id_floor, const int64_t *removed, int64_t n_removed, double *out) {
     float t[SOFTMAX_BLOCK];
     sd_block_terms(row, n, b, inv_t, t);
     for (int c = 0; c < SOFTMAX_BLOCK; c++) {
         const double w = (double)t[c] * factor;
-        out[c] = min_p > 0.0 && w < min_p ? 0.0 : w;
+        const int64_t id = b * SOFTMAX_BLOCK + c;
+        out[c] = (min_p > 0.0 && w < min_p) || w < floor || (w == floor && id > id_floor) ? 0.0 : w;
     }
     for (int64_t i = 0; i < n_removed; i++)
         if (removed[i] / SOFTMAX_BLOCK == b) out[removed[i] % SOFTMAX_BLOCK] = 0.0;
+}
+
+/* Every block's weight again as the sum of its tokens' (sd_block_token_weights' filters); a block whose largest
+ * token (weight factor[b]) is below min_p or the floor weighs 0 unsummed. Returns the weights' sum, added in order. */
+double sd_block_reweigh(const float *row, int64_t n, int64_t nb, float inv_t, const double *factor, double min_p,
+                        double floor, int64_t id_floor, const int64_t *removed, int64_t n_removed, double *weight) {
+    double w[SOFTMAX_BLOCK], total = 0.0;
+    for (int64_t b = 0; b < nb; b++) {
+        weight[b] = 0.0;
+        if (factor[b] > 0.0 && factor[b] >= min_p && factor[b] >= floor) {
+            sd_block_token_weights(row, n, b, inv_t, factor[b], min_p, floor, id_floor, removed, n_removed, w);
+            for (int c = 0; c < SOFTMAX_BLOCK; c++) weight[b] += w[c];
+        }
+        total += weight[b];
+    }
+    return total;
+}
+
+/* The tokens whose weight is at least theta (> 0) past the floor (not min-p: top-k and top-p read the row before it),
+ * in id order: their ids and weights, at most cap; returns how many there are (more than cap: only cap written). */
+int64_t sd_block_gather(const float *row, int64_t n, int64_t nb, float inv_t, const double *factor, double theta,
+                        double floor, int64_t id_floor, int64_t *ids, double *weights, int64_t cap) {
+    double w[SOFTMAX_BLOCK];
+    int64_t count = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        if (factor[b] < theta || factor[b] < floor) continue;
+        sd_block_token_weights(row, n, b, inv_t, factor[b], 0.0, floor, id_floor, NULL, 0, w);
+        for (int c = 0; c < SOFTMAX_BLOCK; c++)
+            if (w[c] >= theta) {
+                if (count < cap) {
+                    ids[count] = b * SOFTMAX_BLOCK + c;
+                    weights[count] = w[c];
+                }
+                count++;
+            }
+    }
+    return count;
 }
 
 /* sampling.sample's draw over the blocks: the first token whose running weight exceeds u x the total, the blocks'
  * float64 running sums first, then the tokens' of the block it falls in (a token of weight 0 is never picked; where
  * rounding leaves the running sums short, the last block and token that weigh anything). */
 int64_t sd_block_pick(const double *weight, int64_t nb, const float *row, int64_t n, float inv_t, const double *factor,
-                      double min_p, const int64_t *removed, int64_t n_removed, double u) {
+                      double min_p, double floor, int64_t id_floor, const int64_t *removed, int64_t n_removed,
+                      double u) {
     double total = 0.0;
     for (int64_t b = 0; b < nb; b++) total += weight[b];
     const double target = u * total;
@@ -881,7 +921,7 @@ int64_t sd_block_pick(const double *weight, int64_t nb, const float *row, int64_
     }
     if (b == nb) b = last;
     double w[SOFTMAX_BLOCK];
-    sd_block_token_weights(row, n, b, inv_t, factor[b], min_p, removed, n_removed, w);
+    sd_block_token_weights(row, n, b, inv_t, factor[b], min_p, floor, id_floor, removed, n_removed, w);
     int64_t pick = -1, heavy = 0;
     for (int c = 0; c < SOFTMAX_BLOCK; c++) {
         if (w[c] > 0.0) heavy = c;
