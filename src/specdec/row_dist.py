@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from typing import Protocol
 
 import numpy as np
@@ -68,10 +69,10 @@ class BlockDist:
     A block's weight is its sum of terms times exp((its max - the row's max) / T), in float64; a token's is its term
     times the same factor, so the row's largest token weighs 1 and a block's largest its factor. Top-k and top-p keep
     a prefix of the tokens in descending weight (ties: top-k keeps them all, top-p in id order), found among the
-    tokens above a threshold (blocks whose factor is below it hold none): a weight floor and the last id kept at it.
-    Blocks a filter or a rejected token touches are summed again from their tokens' weights. The arithmetic is
-    qkernels.c's (a few calls a row: right after a pass, with the caches cold, each NumPy call on the blocks cost
-    20-60 us)."""
+    tokens above a threshold (blocks whose factor is below it hold none): a weight floor and the last id kept at it
+    (qkernels.c's sd_block_floor). Blocks a filter or a rejected token touches are summed again from their tokens'
+    weights. The arithmetic is qkernels.c's (a few calls a row: right after a pass, with the caches cold, each NumPy
+    call on the blocks cost 20-60 us)."""
 
     def __init__(self, row: np.ndarray, params: SamplingParams,
                  summed: tuple[np.ndarray, np.ndarray] | None = None) -> None:
@@ -88,32 +89,14 @@ class BlockDist:
         self.total = lib.sd_block_weights(summed[0].ctypes.data, summed[1].ctypes.data, n, self.inv_t,
                                           self.factor.ctypes.data, self.weights.ctypes.data)
         self.removed, self.floor, self.id_floor = _NONE_REMOVED, -1.0, _EVERY_ID
-        if params.top_k and params.top_k < row.shape[0]:  # the k-th largest weight; ties at it kept
-            k = params.top_k
-            _, w = self._gather(float(np.partition(self.factor, n - k)[n - k]) if k <= n else 0.0)
-            self.floor = float(np.partition(w, len(w) - k)[len(w) - k])
-        if params.top_p < 1.0:  # the shortest prefix whose mass reaches top_p, after top-k (before min-p)
-            total = self._reweigh(0.0)
-            theta = 1e-3
-            while True:  # the tokens above theta hold the prefix once their mass reaches top_p
-                ids, w = self._gather(theta)
-                if w.sum() >= params.top_p * total or theta == 0.0:
-                    break
-                theta = theta * 1e-3 if theta > 1e-30 else 0.0
-            order = np.lexsort((ids, -w))
-            before = np.cumsum(w[order]) - w[order]
-            last = order[max(1, int(np.count_nonzero(before < params.top_p * total))) - 1]
-            self.floor, self.id_floor = float(w[last]), int(ids[last])
+        if params.top_k or params.top_p < 1.0:
+            at = ctypes.c_int64()
+            self.floor = lib.sd_block_floor(row.ctypes.data, row.shape[0], n, self.inv_t, self.factor.ctypes.data,
+                                            params.top_k, params.top_p, _scratch(row.shape[0]).ctypes.data,
+                                            self.weights.ctypes.data, ctypes.byref(at))
+            self.id_floor = at.value
         if params.top_k or params.top_p < 1.0 or params.min_p > 0.0:
             self.total = self._reweigh(params.min_p)
-
-    def _gather(self, theta: float) -> tuple[np.ndarray, np.ndarray]:
-        """The ids and weights of the tokens weighing at least theta past the floor (min-p aside), in id order."""
-        ids, w = np.empty(self.row.shape[0], dtype=np.int64), np.empty(self.row.shape[0])
-        count = _lib().sd_block_gather(self.row.ctypes.data, self.row.shape[0], len(self.factor), self.inv_t,
-                                       self.factor.ctypes.data, theta, self.floor, self.id_floor, ids.ctypes.data,
-                                       w.ctypes.data, len(ids))
-        return ids[:count], w[:count]
 
     def _reweigh(self, min_p: float) -> float:
         """Every block's weight summed from its tokens' past the floor and ``min_p``; their total."""
@@ -157,7 +140,19 @@ class BlockDist:
 
 
 _NONE_REMOVED = np.empty(0, dtype=np.int64)
-_EVERY_ID = 1 << 62  # id_floor where no floor cuts a tie
+_EVERY_ID = (1 << 63) - 1  # id_floor where no floor cuts a tie (qkernels.c's INT64_MAX)
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(n: int) -> np.ndarray:
+    """sd_block_floor's tokens (16 bytes each) for an n-token row: one a thread, kept (its pages touched only as far
+    as a row gathers)."""
+    have = getattr(_SCRATCH, "tokens", None)
+    if have is None or have.shape[0] < 2 * n:
+        have = _SCRATCH.tokens = np.empty(2 * n, dtype=np.int64)
+    return have
 
 
 def inverse_temperature(temperature: float) -> np.float32:
@@ -202,8 +197,8 @@ def _lib() -> ctypes.CDLL | None:
     lib.sd_block_token_weights.argtypes = [p, i64, i64, f32, f64, f64, f64, i64, p, i64, p]
     lib.sd_block_reweigh.argtypes = [p, i64, i64, f32, p, f64, f64, i64, p, i64, p]
     lib.sd_block_reweigh.restype = f64
-    lib.sd_block_gather.argtypes = [p, i64, i64, f32, p, f64, f64, i64, p, p, i64]
-    lib.sd_block_gather.restype = i64
+    lib.sd_block_floor.argtypes = [p, i64, i64, f32, p, i64, f64, p, p, p]
+    lib.sd_block_floor.restype = f64
     lib.sd_block_pick.argtypes = [p, i64, p, i64, f32, p, f64, f64, i64, p, i64, f64]
     lib.sd_block_pick.restype = i64
     return lib

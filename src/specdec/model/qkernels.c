@@ -31,6 +31,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -882,25 +883,72 @@ double sd_block_reweigh(const float *row, int64_t n, int64_t nb, float inv_t, co
     return total;
 }
 
-/* The tokens whose weight is at least theta (> 0) past the floor (not min-p: top-k and top-p read the row before it),
- * in id order: their ids and weights, at most cap; returns how many there are (more than cap: only cap written). */
-int64_t sd_block_gather(const float *row, int64_t n, int64_t nb, float inv_t, const double *factor, double theta,
-                        double floor, int64_t id_floor, int64_t *ids, double *weights, int64_t cap) {
+typedef struct {
+    double w;
+    int64_t id;
+} sd_token;
+
+/* descending weight, ties in id order (a stable sort's) */
+static int token_order(const void *pa, const void *pb) {
+    const sd_token *a = pa, *b = pb;
+    if (a->w != b->w) return a->w > b->w ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+/* The tokens weighing at least theta past the floor (not min-p), sorted in token_order into out; how many. */
+static int64_t gather_tokens(const float *row, int64_t n, int64_t nb, float inv_t, const double *factor, double theta,
+                             double floor, int64_t id_floor, sd_token *out) {
     double w[SOFTMAX_BLOCK];
     int64_t count = 0;
     for (int64_t b = 0; b < nb; b++) {
         if (factor[b] < theta || factor[b] < floor) continue;
         sd_block_token_weights(row, n, b, inv_t, factor[b], 0.0, floor, id_floor, NULL, 0, w);
-        for (int c = 0; c < SOFTMAX_BLOCK; c++)
-            if (w[c] >= theta) {
-                if (count < cap) {
-                    ids[count] = b * SOFTMAX_BLOCK + c;
-                    weights[count] = w[c];
-                }
-                count++;
-            }
+        for (int c = 0; c < SOFTMAX_BLOCK && b * SOFTMAX_BLOCK + c < n; c++)
+            if (w[c] >= theta) out[count++] = (sd_token){w[c], b * SOFTMAX_BLOCK + c};
     }
+    qsort(out, (size_t)count, sizeof(sd_token), token_order);
     return count;
+}
+
+/* Top-k and top-p as a weight floor and the last id kept at it (row_dist.BlockDist; top_k 0 and top_p 1: none).
+ * Both keep a prefix of the tokens in token_order, found among those weighing at least a threshold that falls
+ * 1000-fold from 1e-3 (the largest token weighs 1; a block's largest its factor, so blocks below the threshold hold
+ * none) until the prefix ends inside them, then 0 (every token). Top-k: the k-th weight, ties at it kept; top-p,
+ * after top-k and before min-p: the first token whose predecessors' running weight reaches top_p x the total after
+ * top-k is dropped, and those after it. tokens: scratch for n; weight: scratch for nb. Returns the floor. */
+double sd_block_floor(const float *row, int64_t n, int64_t nb, float inv_t, const double *factor, int64_t top_k,
+                      double top_p, sd_token *tokens, double *weight, int64_t *id_floor) {
+    double floor = -1.0;
+    *id_floor = INT64_MAX;
+    if (top_k > 0 && top_k < n) {
+        for (double theta = 1e-3;; theta = theta > 1e-30 ? theta * 1e-3 : 0.0) {
+            const int64_t count = gather_tokens(row, n, nb, inv_t, factor, theta, floor, *id_floor, tokens);
+            if (count >= top_k || theta == 0.0) {
+                floor = count >= top_k ? tokens[top_k - 1].w : 0.0;
+                break;
+            }
+        }
+    }
+    if (top_p < 1.0) {
+        const double total = sd_block_reweigh(row, n, nb, inv_t, factor, 0.0, floor, *id_floor, NULL, 0, weight);
+        const double cut = top_p * total;
+        for (double theta = 1e-3;; theta = theta > 1e-30 ? theta * 1e-3 : 0.0) {
+            const int64_t count = gather_tokens(row, n, nb, inv_t, factor, theta, floor, *id_floor, tokens);
+            double mass = 0.0;
+            for (int64_t i = 0; i < count; i++) mass += tokens[i].w;
+            if (mass < cut && theta > 0.0) continue;
+            double before = 0.0;
+            int64_t last = 0;
+            for (int64_t i = 0; i < count && (i == 0 || before < cut); i++) {
+                last = i;
+                before += tokens[i].w;
+            }
+            floor = tokens[last].w;
+            *id_floor = tokens[last].id;
+            break;
+        }
+    }
+    return floor;
 }
 
 /* sampling.sample's draw over the blocks: the first token whose running weight exceeds u x the total, the blocks'
