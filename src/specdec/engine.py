@@ -486,8 +486,8 @@ def _argmax_suffices(seq: SequenceState) -> bool:
 
 def _block_temperature(d: Draft) -> float:
     """The inverse temperature at which the runner's LM head should sum the sequence's rows' softmax blocks for its
-    verifier (``row_dist.BlockDist``), 0 where the verifier reads the rows otherwise: greedy, top-k or top-p, a
-    draft with q (its residual reads every token's p), or processors (they change the logits after the pass)."""
+    verifier (``row_dist.BlockDist``), 0 where the verifier reads the rows otherwise: greedy, a draft with q (its
+    residual reads every token's p), or processors (they change the logits after the pass)."""
     seq = d.seq
     if not blocks_apply(seq.params) or seq.processors is not None or d.proposal.probs is not None:
         return 0.0
