@@ -49,22 +49,34 @@ INLINE float exp1(float x) {
     return e * scale;
 }
 
+/* exp1's steps in W-bit lanes (exp8: 256, exp16: 512), the same fused operations: the same bits as exp1 */
+#define SD_FLOOR256(v) _mm256_floor_ps(v)
+#define SD_FLOOR512(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)
+#define SD_EXP_LANES(NAME, W)                                                                                   \
+    INLINE __m##W NAME(__m##W x) {                                                                              \
+        const __m##W v = _mm##W##_min_ps(_mm##W##_max_ps(x, _mm##W##_set1_ps(-87.0f)), _mm##W##_set1_ps(88.0f)); \
+        const __m##W k =                                                                                        \
+            SD_FLOOR##W(_mm##W##_fmadd_ps(v, _mm##W##_set1_ps(1.44269504088896341f), _mm##W##_set1_ps(0.5f))); \
+        __m##W r = _mm##W##_fnmadd_ps(k, _mm##W##_set1_ps(0.693359375f), v);                                    \
+        r = _mm##W##_fmadd_ps(k, _mm##W##_set1_ps(2.12194440e-4f), r);                                          \
+        __m##W p = _mm##W##_set1_ps(1.9875691500e-4f);                                                          \
+        p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(1.3981999507e-3f));                                        \
+        p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(8.3334519073e-3f));                                        \
+        p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(4.1665795894e-2f));                                        \
+        p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(1.6666665459e-1f));                                        \
+        p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(5.0000001201e-1f));                                        \
+        const __m##W e = _mm##W##_add_ps(_mm##W##_fmadd_ps(p, _mm##W##_mul_ps(r, r), r), _mm##W##_set1_ps(1.0f)); \
+        const __m##W##i scale =                                                                                 \
+            _mm##W##_slli_epi32(_mm##W##_add_epi32(_mm##W##_cvtps_epi32(k), _mm##W##_set1_epi32(127)), 23);     \
+        return _mm##W##_mul_ps(e, _mm##W##_castsi##W##_ps(scale));                                             \
+    }
+
+#if defined(SD_AVX512)
+SD_EXP_LANES(exp16, 512)
+#endif
+
 #if defined(SD_AVX2)
-INLINE __m256 exp8(__m256 x) {
-    const __m256 v = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    const __m256 k = _mm256_floor_ps(_mm256_fmadd_ps(v, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), v);
-    r = _mm256_fmadd_ps(k, _mm256_set1_ps(2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    const __m256 e = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(e, _mm256_castsi256_ps(scale));
-}
+SD_EXP_LANES(exp8, 256)
 
 /* 8 values of a cache row from d: float32, or bfloat16 (kind 1) or float16 bits (kind 2) widened */
 INLINE __m256 cache8(const void *row, int kind, int64_t d) {
