@@ -114,11 +114,20 @@ def test_draws_without_rejected_tokens_have_the_residual_distribution(removed):
     assert chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 1e-3
 
 
-def test_rows_blocks_do_not_cover_take_torch_softmax():
-    """A sampled draft's residual reads every token's p; a float64 row is not the kernels'."""
-    row = logits_row(100)
-    assert isinstance(row_dist(row, SamplingParams(temperature=0.7, top_p=0.9, top_k=5)), BlockDist)
-    assert isinstance(row_dist(row, SamplingParams(temperature=0.7), one_hot=False), TensorDist)
+def test_a_sampled_drafts_rows_are_the_blocks_probabilities():
+    """Against a sampled draft's q the residual reads every token's p: the row is a ``TensorDist`` of the blocks'
+    probabilities (the distribution plain decoding samples from), with every filter; a float64 row is not the
+    kernels': torch's softmax."""
+    row = logits_row(1000)
+    params = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, min_p=0.01)
+    blocks, dense = row_dist(row, params), row_dist(row, params, one_hot=False)
+    assert isinstance(blocks, BlockDist) and isinstance(dense, TensorDist)
+    each = torch.tensor([blocks.prob(x) for x in range(1000)], dtype=torch.float64)
+    torch.testing.assert_close(dense.p.double(), each, rtol=1e-6, atol=1e-12)
+    assert (dense.p > 0).sum() == sum(blocks.prob(x) > 0 for x in range(1000))
+    q = torch.softmax(torch.randn(1000, generator=torch.Generator().manual_seed(1)), -1)
+    residual = blocks.without(7, q)
+    assert isinstance(residual, TensorDist) and abs(float(residual.p.sum()) - 1.0) < 1e-5
     assert isinstance(row_dist(row.double(), SamplingParams(temperature=0.7)), TensorDist)
 
 

@@ -249,7 +249,7 @@ class Engine:
         ]
         layers = hidden_layers(seqs)
         argmax = all(_argmax_suffices(s) for s in seqs)
-        blocks = None if argmax else [_block_temperature(d) for d in drafts]
+        blocks = None if argmax else [_block_temperature(s) for s in seqs]
         out = self.runner.run(inputs, layers, argmax=argmax, path_only=argmax,
                               blocks=blocks if blocks is not None and any(blocks) else None)
         timing = self._measure([len(i.token_ids) for i in inputs], out.seconds)
@@ -484,12 +484,11 @@ def _argmax_suffices(seq: SequenceState) -> bool:
     return seq.params.greedy and seq.params.logprobs is None and seq.processors is None
 
 
-def _block_temperature(d: Draft) -> float:
+def _block_temperature(seq: SequenceState) -> float:
     """The inverse temperature at which the runner's LM head should sum the sequence's rows' softmax blocks for its
-    verifier (``row_dist.BlockDist``), 0 where the verifier reads the rows otherwise: greedy, a draft with q (its
-    residual reads every token's p), or processors (they change the logits after the pass)."""
-    seq = d.seq
-    if not blocks_apply(seq.params) or seq.processors is not None or d.proposal.probs is not None:
+    verifier (``row_dist``), 0 where the verifier reads none: greedy, or processors (they change the logits after the
+    pass)."""
+    if not blocks_apply(seq.params) or seq.processors is not None:
         return 0.0
     return float(inverse_temperature(seq.params.temperature))
 

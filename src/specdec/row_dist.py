@@ -115,8 +115,9 @@ class BlockDist:
     def prob(self, token: int) -> float:
         return float(self._tokens(token // BLOCK)[token % BLOCK] / self.total)
 
-    def without(self, token: int, q: torch.Tensor | None) -> BlockDist:
-        assert q is None, "a sampled draft's residual reads every token's p: verify it with a TensorDist"
+    def without(self, token: int, q: torch.Tensor | None) -> TokenDist:
+        if q is not None:  # a sampled draft's residual reads every token's p
+            return TensorDist(self.probs()).without(token, q)
         out = object.__new__(BlockDist)
         out.__dict__.update(self.__dict__)
         out.removed = np.append(self.removed, token)
@@ -125,6 +126,14 @@ class BlockDist:
         out.total = float(out.weights.sum())
         if out.total <= 0.0:  # p was one-hot at token: unreachable, as TensorDist's guard
             return self
+        return out
+
+    def probs(self) -> torch.Tensor:
+        """The row's [V] probabilities (float32), for a residual against a sampled draft's q."""
+        out = torch.empty(self.row.shape[0], dtype=torch.float32)
+        _lib().sd_block_probs(self.row.ctypes.data, self.row.shape[0], len(self.factor), self.inv_t,
+                              self.factor.ctypes.data, self.min_p, self.floor, self.id_floor, self.removed.ctypes.data,
+                              len(self.removed), self.total, out.numpy().ctypes.data)
         return out
 
     def draw(self, generator: torch.Generator) -> int:
@@ -168,12 +177,14 @@ def blocks_apply(params: SamplingParams) -> bool:
 
 def row_dist(logits: torch.Tensor, params: SamplingParams, one_hot: bool = True,
              summed: tuple[np.ndarray, np.ndarray] | None = None) -> TokenDist:
-    """The distribution ``probs_from_logits`` gives one [V] row: where the drafts' q are ``one_hot`` a ``BlockDist``
-    if it can be made (``blocks_apply``, a CPU float32 row, the kernels built; ``summed``: its blocks from the LM
-    head), else a ``TensorDist``."""
-    if (one_hot and blocks_apply(params) and logits.device.type == "cpu" and logits.dtype == torch.float32
+    """The distribution ``probs_from_logits`` gives one [V] row: a ``BlockDist`` where it can be made
+    (``blocks_apply``, a CPU float32 row, the kernels built; ``summed``: its blocks from the LM head), as a
+    ``TensorDist`` of its probabilities where the drafts' q are not ``one_hot`` (the residual reads every token's p);
+    elsewhere a ``TensorDist`` of torch's softmax."""
+    if (blocks_apply(params) and logits.device.type == "cpu" and logits.dtype == torch.float32
             and _lib() is not None):
-        return BlockDist(logits.contiguous().numpy(), params, summed)
+        dist = BlockDist(logits.contiguous().numpy(), params, summed)
+        return dist if one_hot else TensorDist(dist.probs())
     return TensorDist(probs_from_logits(logits.unsqueeze(0), params)[0])
 
 
@@ -199,6 +210,7 @@ def _lib() -> ctypes.CDLL | None:
     lib.sd_block_reweigh.restype = f64
     lib.sd_block_floor.argtypes = [p, i64, i64, f32, p, i64, f64, p, p, p]
     lib.sd_block_floor.restype = f64
+    lib.sd_block_probs.argtypes = [p, i64, i64, f32, p, f64, f64, i64, p, i64, f64, p]
     lib.sd_block_pick.argtypes = [p, i64, p, i64, f32, p, f64, f64, i64, p, i64, f64]
     lib.sd_block_pick.restype = i64
     return lib

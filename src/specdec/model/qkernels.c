@@ -863,6 +863,31 @@ double sd_block_reweigh(const float *row, int64_t n, int64_t nb, float inv_t, co
     return total;
 }
 
+/* The row's probabilities (float32 out[n]): every token's weight (sd_block_token_weights' filters) over total; blocks
+ * whose largest token is below min_p or the floor are 0 unsummed. For a residual max(0, p - q) against a sampled
+ * draft's q, which reads every token's p. */
+void sd_block_probs(const float *row, int64_t n, int64_t nb, float inv_t, const double *factor, double min_p,
+                    double floor, int64_t id_floor, const int64_t *removed, int64_t n_removed, double total,
+                    float *out) {
+    double w[SOFTMAX_BLOCK];
+    const int unfiltered = min_p <= 0.0 && floor < 0.0 && n_removed == 0;
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t len = n - b * SOFTMAX_BLOCK < SOFTMAX_BLOCK ? n - b * SOFTMAX_BLOCK : SOFTMAX_BLOCK;
+        float *o = out + b * SOFTMAX_BLOCK;
+        if (unfiltered && factor[b] > 0.0) {  // (float) (term x factor / total), in float32 lanes
+            float t[SOFTMAX_BLOCK];
+            sd_block_terms(row, n, b, inv_t, t);
+            const float scale = (float)(factor[b] / total);
+            for (int64_t c = 0; c < len; c++) o[c] = t[c] * scale;
+        } else if (factor[b] > 0.0 && factor[b] >= min_p && factor[b] >= floor) {
+            sd_block_token_weights(row, n, b, inv_t, factor[b], min_p, floor, id_floor, removed, n_removed, w);
+            for (int64_t c = 0; c < len; c++) o[c] = (float)(w[c] / total);
+        } else {
+            memset(o, 0, (size_t)len * sizeof(float));
+        }
+    }
+}
+
 typedef struct {
     double w;
     int64_t id;
