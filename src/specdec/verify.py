@@ -83,7 +83,8 @@ class RowProbs:
     """The target's p at each node, each row made when the walk first reads it: rows past the first rejection
     are never needed (at T=0.7 with tau ~1.3, most of a 5-row verify's 152K-wide softmaxes: 0.80 -> 0.40 ms a
     step on Qwen2.5-Coder-1.5B, Zen 4, ``scripts/step_work.py``). A row is ``row_dist.row_dist`` of that row alone,
-    as plain decoding makes it: in blocks (``BlockDist``) where the drafts are deterministic."""
+    as plain decoding makes it: on a CPU from 64-column softmax blocks (``BlockDist``; its probabilities written out
+    against a sampled draft's q)."""
 
     def __init__(self, logits: torch.Tensor, params: SamplingParams, one_hot: bool = True,
                  summed: tuple[np.ndarray, np.ndarray] | None = None) -> None:
