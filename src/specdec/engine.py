@@ -25,7 +25,7 @@ from specdec.logprobs import LogprobsMode, TokenLogprob, output_logprobs, token_
 from specdec.monitor import Mode, SpecMonitor, draft_sample
 from specdec.pass_cost import acceptance_floor, pass_width
 from specdec.processors import SequenceProcessors
-from specdec.row_dist import blocks_apply, inverse_temperature
+from specdec.row_dist import inverse_temperature
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.sampling import make_generator
 from specdec.stats import SpecStats
@@ -249,9 +249,8 @@ class Engine:
         ]
         layers = hidden_layers(seqs)
         argmax = all(_argmax_suffices(s) for s in seqs)
-        blocks = None if argmax else [_block_temperature(s) for s in seqs]
-        out = self.runner.run(inputs, layers, argmax=argmax, path_only=argmax,
-                              blocks=blocks if blocks is not None and any(blocks) else None)
+        blocks = [] if argmax else [_block_temperature(s) for s in seqs]
+        out = self.runner.run(inputs, layers, argmax=argmax, path_only=argmax, blocks=blocks if any(blocks) else None)
         timing = self._measure([len(i.token_ids) for i in inputs], out.seconds)
         hidden = out.hidden if layers else [[] for _ in drafts]
         rows = out.argmax if out.argmax is not None else out.logits
@@ -488,7 +487,7 @@ def _block_temperature(seq: SequenceState) -> float:
     """The inverse temperature at which the runner's LM head should sum the sequence's rows' softmax blocks for its
     verifier (``row_dist``), 0 where the verifier reads none: greedy, or processors (they change the logits after the
     pass)."""
-    if not blocks_apply(seq.params) or seq.processors is not None:
+    if seq.params.greedy or seq.processors is not None:
         return 0.0
     return float(inverse_temperature(seq.params.temperature))
 

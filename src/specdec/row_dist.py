@@ -8,12 +8,13 @@ or by qkernels.c's ``sd_softmax_blocks`` here, and a block's terms made again wh
 deterministic draft takes its token out of its block, and a draw finds the block in the blocks' float64 running sums,
 then the token in its block's. The same distribution up to float rounding: softmax(logits / T) over what top-k, top-p
 and min-p keep. A plain sampled step's verify on Qwen2.5-Coder-1.5B (151,936 columns; Zen 4, under
-cProfile, ``scripts/step_work.py --spec none --rows ...``): 0.81-0.85 ms with torch's softmax and the float64
-cumulative draw, 0.41-0.44 summed here, 0.35-0.40 summed by the head.
+cProfile, ``scripts/step_work.py --spec none --rows ...``): 0.81-0.93 ms with torch's softmax and the float64
+cumulative draw, 0.41-0.67 summed here, 0.35-0.49 summed by the head (docs/performance.md, fifty-first session).
 """
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import functools
 import threading
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from specdec.config import SamplingParams
-from specdec.sampling import probs_from_logits, sample
+from specdec.sampling import MIN_TEMPERATURE, probs_from_logits, sample
 
 BLOCK = 64  # qkernels.c's SOFTMAX_BLOCK
 
@@ -96,20 +97,23 @@ class BlockDist:
                                             self.weights.ctypes.data, ctypes.byref(at))
             self.id_floor = at.value
         if params.top_k or params.top_p < 1.0 or params.min_p > 0.0:
-            self.total = self._reweigh(params.min_p)
+            self.total = self._reweigh()
 
-    def _reweigh(self, min_p: float) -> float:
-        """Every block's weight summed from its tokens' past the floor and ``min_p``; their total."""
+    def _cuts(self) -> tuple:
+        """qkernels.c's arguments for what weighs 0: min_p, the floor and its last id, the removed ids and their
+        count (sd_block_token_weights)."""
+        return self.min_p, self.floor, self.id_floor, self.removed.ctypes.data, len(self.removed)
+
+    def _reweigh(self) -> float:
+        """Every block's weight summed from its tokens' past the floor and min-p; their total."""
         return _lib().sd_block_reweigh(self.row.ctypes.data, self.row.shape[0], len(self.factor), self.inv_t,
-                                       self.factor.ctypes.data, min_p, self.floor, self.id_floor,
-                                       self.removed.ctypes.data, len(self.removed), self.weights.ctypes.data)
+                                       self.factor.ctypes.data, *self._cuts(), self.weights.ctypes.data)
 
     def _tokens(self, b: int) -> np.ndarray:
         """Block b's tokens' weights [64] (float64), removed and filtered tokens 0."""
         out = np.empty(BLOCK)
         _lib().sd_block_token_weights(self.row.ctypes.data, self.row.shape[0], b, self.inv_t, self.factor[b],
-                                      self.min_p, self.floor, self.id_floor, self.removed.ctypes.data,
-                                      len(self.removed), out.ctypes.data)
+                                      *self._cuts(), out.ctypes.data)
         return out
 
     def prob(self, token: int) -> float:
@@ -118,8 +122,7 @@ class BlockDist:
     def without(self, token: int, q: torch.Tensor | None) -> TokenDist:
         if q is not None:  # a sampled draft's residual reads every token's p
             return TensorDist(self.probs()).without(token, q)
-        out = object.__new__(BlockDist)
-        out.__dict__.update(self.__dict__)
+        out = copy.copy(self)
         out.removed = np.append(self.removed, token)
         out.weights = self.weights.copy()
         out.weights[token // BLOCK] = out._tokens(token // BLOCK).sum()
@@ -132,8 +135,7 @@ class BlockDist:
         """The row's [V] probabilities (float32), for a residual against a sampled draft's q."""
         out = torch.empty(self.row.shape[0], dtype=torch.float32)
         _lib().sd_block_probs(self.row.ctypes.data, self.row.shape[0], len(self.factor), self.inv_t,
-                              self.factor.ctypes.data, self.min_p, self.floor, self.id_floor, self.removed.ctypes.data,
-                              len(self.removed), self.total, out.numpy().ctypes.data)
+                              self.factor.ctypes.data, *self._cuts(), self.total, out.numpy().ctypes.data)
         return out
 
     def draw(self, generator: torch.Generator) -> int:
@@ -144,8 +146,7 @@ class BlockDist:
         """The first token whose running mass exceeds u x the total (u in [0, 1)), the blocks' sums first
         (qkernels.c's sd_block_pick)."""
         return _lib().sd_block_pick(self.weights.ctypes.data, len(self.weights), self.row.ctypes.data,
-                                    self.row.shape[0], self.inv_t, self.factor.ctypes.data, self.min_p, self.floor,
-                                    self.id_floor, self.removed.ctypes.data, len(self.removed), u)
+                                    self.row.shape[0], self.inv_t, self.factor.ctypes.data, *self._cuts(), u)
 
 
 _NONE_REMOVED = np.empty(0, dtype=np.int64)
@@ -166,23 +167,16 @@ def _scratch(n: int) -> np.ndarray:
 
 def inverse_temperature(temperature: float) -> np.float32:
     """1 / T as every block's terms are made (the runner's LM head and ``BlockDist`` alike)."""
-    return np.float32(1.0 / max(temperature, 1e-5))
-
-
-def blocks_apply(params: SamplingParams) -> bool:
-    """Whether a row sampled with ``params`` can be a ``BlockDist`` (where its drafts' q are one-hot): any sampled
-    row (``sampling.probs_from_logits``' temperature, top-k, top-p and min-p)."""
-    return not params.greedy
+    return np.float32(1.0 / max(temperature, MIN_TEMPERATURE))
 
 
 def row_dist(logits: torch.Tensor, params: SamplingParams, one_hot: bool = True,
              summed: tuple[np.ndarray, np.ndarray] | None = None) -> TokenDist:
-    """The distribution ``probs_from_logits`` gives one [V] row: a ``BlockDist`` where it can be made
-    (``blocks_apply``, a CPU float32 row, the kernels built; ``summed``: its blocks from the LM head), as a
-    ``TensorDist`` of its probabilities where the drafts' q are not ``one_hot`` (the residual reads every token's p);
-    elsewhere a ``TensorDist`` of torch's softmax."""
-    if (blocks_apply(params) and logits.device.type == "cpu" and logits.dtype == torch.float32
-            and _lib() is not None):
+    """The distribution ``probs_from_logits`` gives one sampled [V] row: a ``BlockDist`` where it can be made (a CPU
+    float32 row, the kernels built; ``summed``: its blocks from the LM head), as a ``TensorDist`` of its probabilities
+    where the drafts' q are not ``one_hot`` (the residual reads every token's p); elsewhere a ``TensorDist`` of
+    torch's softmax."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and _lib() is not None:
         dist = BlockDist(logits.contiguous().numpy(), params, summed)
         return dist if one_hot else TensorDist(dist.probs())
     return TensorDist(probs_from_logits(logits.unsqueeze(0), params)[0])

@@ -11,6 +11,8 @@ import torch
 
 from specdec.config import SamplingParams
 
+MIN_TEMPERATURE = 1e-5  # a sampled row's temperature at least this (row_dist.inverse_temperature too)
+
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """[N, V] float logits -> [N, V] probabilities after temperature/top-k/top-p/min-p."""
@@ -34,7 +36,7 @@ def sampling_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 def _filter(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(logits / temperature with top-k applied, their softmax, the tokens top-p and min-p drop or None)."""
-    logits = logits.float() / max(params.temperature, 1e-5)
+    logits = logits.float() / max(params.temperature, MIN_TEMPERATURE)
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = torch.where(logits < kth, float("-inf"), logits)

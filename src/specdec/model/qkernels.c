@@ -749,6 +749,11 @@ void sd_gated(const float *gate_up, int64_t c0, int64_t c1, int64_t block, int64
  * every ISA. */
 #define SOFTMAX_BLOCK 64
 
+/* the columns of block b of an n-column row (the last block may be short) */
+INLINE int64_t block_len(int64_t n, int64_t b) {
+    return n - b * SOFTMAX_BLOCK < SOFTMAX_BLOCK ? n - b * SOFTMAX_BLOCK : SOFTMAX_BLOCK;
+}
+
 INLINE float block_max(const float *v, int64_t len) {
     float m = -INFINITY;
     int64_t i = 0;
@@ -793,7 +798,7 @@ void sd_softmax_blocks(const float *v, int64_t n, float inv_t, float *bmax, floa
     float t[SOFTMAX_BLOCK];
     for (int64_t b = 0; b * SOFTMAX_BLOCK < n; b++) {
         const float *x = v + b * SOFTMAX_BLOCK;
-        const int64_t len = n - b * SOFTMAX_BLOCK < SOFTMAX_BLOCK ? n - b * SOFTMAX_BLOCK : SOFTMAX_BLOCK;
+        const int64_t len = block_len(n, b);
         const float m = block_max(x, len);
         bmax[b] = m;
         if (m == -INFINITY) {
@@ -812,7 +817,7 @@ void sd_softmax_blocks(const float *v, int64_t n, float inv_t, float *bmax, floa
 
 void sd_block_terms(const float *v, int64_t n, int64_t b, float inv_t, float *out) {
     const float *x = v + b * SOFTMAX_BLOCK;
-    const int64_t len = n - b * SOFTMAX_BLOCK < SOFTMAX_BLOCK ? n - b * SOFTMAX_BLOCK : SOFTMAX_BLOCK;
+    const int64_t len = block_len(n, b);
     block_terms(x, len, block_max(x, len), inv_t, out);
 }
 
@@ -847,6 +852,11 @@ void sd_block_token_weights(const float *row, int64_t n, int64_t b, float inv_t,
         if (removed[i] / SOFTMAX_BLOCK == b) out[removed[i] % SOFTMAX_BLOCK] = 0.0;
 }
 
+/* whether a block whose largest token weighs factor (its factor) can hold a token past min_p and the floor */
+INLINE int block_kept(double factor, double min_p, double floor) {
+    return factor > 0.0 && factor >= min_p && factor >= floor;
+}
+
 /* Every block's weight again as the sum of its tokens' (sd_block_token_weights' filters); a block whose largest
  * token (weight factor[b]) is below min_p or the floor weighs 0 unsummed. Returns the weights' sum, added in order. */
 double sd_block_reweigh(const float *row, int64_t n, int64_t nb, float inv_t, const double *factor, double min_p,
@@ -854,7 +864,7 @@ double sd_block_reweigh(const float *row, int64_t n, int64_t nb, float inv_t, co
     double w[SOFTMAX_BLOCK], total = 0.0;
     for (int64_t b = 0; b < nb; b++) {
         weight[b] = 0.0;
-        if (factor[b] > 0.0 && factor[b] >= min_p && factor[b] >= floor) {
+        if (block_kept(factor[b], min_p, floor)) {
             sd_block_token_weights(row, n, b, inv_t, factor[b], min_p, floor, id_floor, removed, n_removed, w);
             for (int c = 0; c < SOFTMAX_BLOCK; c++) weight[b] += w[c];
         }
@@ -872,14 +882,14 @@ void sd_block_probs(const float *row, int64_t n, int64_t nb, float inv_t, const 
     double w[SOFTMAX_BLOCK];
     const int unfiltered = min_p <= 0.0 && floor < 0.0 && n_removed == 0;
     for (int64_t b = 0; b < nb; b++) {
-        const int64_t len = n - b * SOFTMAX_BLOCK < SOFTMAX_BLOCK ? n - b * SOFTMAX_BLOCK : SOFTMAX_BLOCK;
+        const int64_t len = block_len(n, b);
         float *o = out + b * SOFTMAX_BLOCK;
         if (unfiltered && factor[b] > 0.0) {  // (float) (term x factor / total), in float32 lanes
             float t[SOFTMAX_BLOCK];
             sd_block_terms(row, n, b, inv_t, t);
             const float scale = (float)(factor[b] / total);
             for (int64_t c = 0; c < len; c++) o[c] = t[c] * scale;
-        } else if (factor[b] > 0.0 && factor[b] >= min_p && factor[b] >= floor) {
+        } else if (block_kept(factor[b], min_p, floor)) {
             sd_block_token_weights(row, n, b, inv_t, factor[b], min_p, floor, id_floor, removed, n_removed, w);
             for (int64_t c = 0; c < len; c++) o[c] = (float)(w[c] / total);
         } else {
