@@ -1,10 +1,13 @@
 """Serving benchmark: throughput and latency of `specdec serve` at several concurrencies, with and
-without speculation, on code-editing chat prompts. Prints a markdown table.
+without speculation, beside llama-server where asked, on chat prompts (code edits by default). Prints a
+markdown table.
 
     .venv/bin/python scripts/serve_concurrency.py                      # default model, ngram vs none
     .venv/bin/python scripts/serve_concurrency.py --concurrency 1 4 16 32 --methods none suffix
     .venv/bin/python scripts/serve_concurrency.py --methods none ngram \
         "ngram-fixed-K=--spec-type ngram --spec-batch-draft-tokens 1024"   # without the batch-aware budget
+    .venv/bin/python scripts/serve_concurrency.py --model qwen2.5-coder-1.5b --methods none adaptive \
+        --llama-server plain ngram-mod --workload mt_bench --concurrency 1 4 --requests 4 8
 
 For each method it starts one server (a subprocess on a free 127.0.0.1 port),
 warms it up, then for each concurrency C sends a fixed list of requests through
@@ -25,44 +28,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import httpx
 
-FUNCTIONS = [  # pure-Python stdlib functions with short docstrings (inspect.getsource works on them)
-    "textwrap.indent", "shutil.copyfileobj", "fnmatch.filter", "string.capwords", "functools.cmp_to_key",
-    "shlex.quote", "calendar.monthrange", "colorsys.rgb_to_hsv", "colorsys.hls_to_rgb", "html.escape",
-    "statistics.median", "glob.escape", "copy.copy", "textwrap.shorten", "fnmatch.fnmatch", "calendar.isleap",
-    "statistics.fmean", "base64.b64encode", "shutil.get_terminal_size", "tempfile.gettempdir",
-]
-CHANGES = [
-    "rename the first parameter", "add type hints", "rename one local variable", "add a short comment",
-    "use an f-string where it fits", "add an early return for an empty input",
-]
+from specdec.bench.llama_cpp import MODES, LlamaServer, ServerSettings, find_llama_server
+from specdec.bench.workloads import load_workload
+from specdec.catalog import DEFAULT_MODEL
+from specdec.model.weights import gguf_file
 
 
-def code_edit_prompts(count: int) -> list[str]:
-    import importlib
-
-    sources = []
-    for dotted in FUNCTIONS:
-        module, name = dotted.rsplit(".", 1)
-        try:
-            sources.append(inspect.getsource(getattr(importlib.import_module(module), name)))
-        except (OSError, TypeError, AttributeError):
-            continue
-    return [
-        f"Rewrite this function with a small change ({CHANGES[i % len(CHANGES)]}). Reply with the full "
-        f"function only.\n\n```python\n{sources[i % len(sources)]}```"
-        for i in range(count)
-    ]
+def first_turns(workload: str, count: int) -> list[list[dict]]:
+    """``count`` chat requests: the workload's first turns in order, from the start again if it has fewer."""
+    conversations = load_workload(workload).conversations
+    return [conversations[i % len(conversations)].messages(0, []) for i in range(count)]
 
 
 @dataclass
@@ -73,11 +60,11 @@ class Result:
     text: str = ""
 
 
-async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> Result:
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+async def one_request(client: httpx.AsyncClient, url: str, messages: list[dict], max_tokens: int) -> Result:
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     t0 = time.perf_counter()
-    result, last_t, last_tokens, parts = None, None, 0, []
+    result, last_t, last_tokens, parts, final = None, None, 0, [], None
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
@@ -88,9 +75,15 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_toke
             if "error" in chunk:
                 raise RuntimeError(chunk["error"]["message"])
             now = time.perf_counter()
-            tokens = (chunk.get("usage") or {}).get("completion_tokens", last_tokens)
-            if chunk["choices"]:
-                parts.append(chunk["choices"][0]["delta"].get("content") or "")
+            content = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
+            parts.append(content or "")
+            if chunk["choices"] and chunk.get("usage"):  # continuous usage: exact tokens so far
+                tokens = chunk["usage"]["completion_tokens"]
+            elif chunk.get("usage"):  # the closing usage chunk (no choices)
+                final = chunk["usage"]["completion_tokens"]
+                tokens = last_tokens
+            else:  # no per-chunk usage (llama-server): one token a content chunk
+                tokens = last_tokens + 1 if content else last_tokens
             if tokens > last_tokens:
                 if result is None:
                     result = Result(ttft=now - t0)
@@ -99,12 +92,14 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_toke
                     result.itl.extend([gap] * (tokens - last_tokens))
                 last_t, last_tokens = now, tokens
     assert result is not None, "no tokens streamed"
-    result.tokens, result.text = last_tokens, "".join(parts)
+    # the closing usage is the count (llama-server's counts its end-of-generation token, which streams no text)
+    result.tokens, result.text = final if final is not None else last_tokens, "".join(parts)
     return result
 
 
-async def run_level(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> tuple[list[Result], float]:
-    queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+async def run_level(url: str, prompts: list[list[dict]], concurrency: int, max_tokens: int,
+                    ) -> tuple[list[Result], float]:
+    queue: asyncio.Queue[tuple[int, list[dict]]] = asyncio.Queue()
     for item in enumerate(prompts):
         queue.put_nowait(item)
     results: list[Result | None] = [None] * len(prompts)
@@ -166,10 +161,39 @@ def start_server(args, flags: list[str]) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("server did not start")
 
 
-def bench_method(args, method: str, prompts_by_level: dict[int, list[str]]) -> dict[int, dict]:
-    label, flags = method_flags(method)
+@contextlib.contextmanager
+def specdec_server(args, flags: list[str]) -> Iterator[tuple[str, Callable[[], dict[str, float]]]]:
+    """A `specdec serve` subprocess: (its URL, a reader of its spec-decode counters)."""
     proc, url = start_server(args, flags)
     try:
+        yield url, lambda: spec_counters(httpx.get(url + "/metrics").text)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextlib.contextmanager
+def llama_server(args, mode: str) -> Iterator[tuple[str, Callable[[], dict[str, float]]]]:
+    """llama-server on the same GGUF file with -np = the highest concurrency, each slot --max-model-len long."""
+    binary, gguf = find_llama_server(), gguf_file(args.model or DEFAULT_MODEL)
+    if binary is None or gguf is None:
+        raise SystemExit("--llama-server needs llama-server (bash scripts/build_llama_cpp.sh) and a GGUF model")
+    parallel = max(args.concurrency)
+    settings = ServerSettings(binary, gguf, mode, threads=os.cpu_count() or 1, n_ctx=args.max_model_len * parallel,
+                              parallel=parallel)
+    with LlamaServer(settings) as server:
+        try:
+            yield f"http://127.0.0.1:{server.port}", dict
+        except Exception:
+            print(f"[bench] llama-server {mode}'s log ends:\n{server.log_tail()}", file=sys.stderr, flush=True)
+            raise
+
+
+def bench_method(label: str, server, args, prompts_by_level: dict[int, list[list[dict]]]) -> dict[int, dict]:
+    with server as (url, counters):
         asyncio.run(run_level(url, prompts_by_level[min(prompts_by_level)][:1], 1, 8))  # warm-up
         rows = {}
         for c, prompts in prompts_by_level.items():
@@ -182,14 +206,8 @@ def bench_method(args, method: str, prompts_by_level: dict[int, list[str]]) -> d
                            itl50=pct(itl, 50), itl99=pct(itl, 99), texts=[r.text for r in results])
             print(f"[bench] {label:>6} c={c:<3} {tokens} tokens in {wall:.1f} s = {tokens / wall:.1f} tok/s",
                   file=sys.stderr, flush=True)
-        rows["metrics"] = spec_counters(httpx.get(url + "/metrics").text)
+        rows["metrics"] = counters()
         return rows
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def spec_counters(page: str) -> dict[str, float]:
@@ -234,23 +252,33 @@ def main() -> int:
                    help="requests per concurrency level (default: max(4, C) each)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--llama-server", nargs="+", default=[], choices=MODES, metavar="MODE",
+                   help=f"also llama-server on the same GGUF, plain or a --spec-type ({', '.join(MODES)})")
+    p.add_argument("--workload", default="code_edit", help="the bench workload whose first turns are the prompts")
     p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],
                    help="extra `specdec serve` flags for both servers (must come last)")
     args = p.parse_args()
     counts = args.requests or [max(4, c) for c in args.concurrency]
     if len(counts) != len(args.concurrency):
         p.error("--requests needs one count per --concurrency level")
-    prompts = code_edit_prompts(max(counts))
+    prompts = first_turns(args.workload, max(counts))
     prompts_by_level = {c: prompts[:n] for c, n in zip(args.concurrency, counts, strict=True)}
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     results = {}
-    for method in args.methods:
-        results[method_flags(method)[0]] = bench_method(args, method, prompts_by_level)
+    servers = [(label, specdec_server(args, flags)) for label, flags in map(method_flags, args.methods)]
+    servers += [(f"llama-server {mode}", llama_server(args, mode)) for mode in args.llama_server]
+    for label, server in servers:
+        try:
+            results[label] = bench_method(label, server, args, prompts_by_level)
+        except (RuntimeError, httpx.HTTPError) as exc:  # one server's failure: the others' rows still print
+            print(f"[bench] {label} failed: {exc!r}", file=sys.stderr, flush=True)
     baseline = method_flags(args.methods[0])[0]
     print(table(results, baseline))
     print()
     for label, rows in results.items():
         m = rows["metrics"]
+        if not m:  # llama-server: no spec-decode counters read
+            continue
         drafted = m.get("specdec:spec_decode_num_draft_tokens_total", 0)
         accepted = m.get("specdec:spec_decode_num_accepted_tokens_total", 0)
         print(f"{label}: {drafted:.0f} drafted, {accepted:.0f} accepted "

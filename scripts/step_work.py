@@ -22,7 +22,7 @@ import time
 from specdec import row_dist
 from specdec.bench.machine import cpu_info
 from specdec.bench.workloads import load_workload
-from specdec.config import SamplingParams
+from specdec.config import SamplingParams, SpecConfig, parse_spec_types
 from specdec.llm import LLM
 from specdec.model.fused import FusedDecoder
 
@@ -30,13 +30,17 @@ from specdec.model.fused import FusedDecoder
 PARTS = (("target passes", "runners/native.py", "run"), ("verify", "specdec/verify.py", "verify"),
          ("  its rows' p", "specdec/row_dist.py", "row_dist"), ("  draws", "specdec/row_dist.py", "draw"),
          ("drafter propose", "drafters/adaptive.py", "propose"), ("drafter accept", "drafters/adaptive.py", "accept"),
-         ("  dry runs", "drafters/adaptive.py", "_dry_run"))
+         ("  dry runs", "drafters/adaptive.py", "_dry_run"), ("draft model", "drafters/draft_model.py", "propose"),
+         ("  its passes", "drafters/draft_model.py", "_run"), ("  its q rows", "drafters/draft_model.py", "_q"),
+         ("  its draws", "specdec/sampling.py", "sample"))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--spec", default="adaptive")
+    ap.add_argument("--draft-model", default=None, help="the draft model of --spec draft-model (or adaptive's member)")
+    ap.add_argument("--draft-vocab-size", type=int, default=None, help="the draft head's most frequent N tokens")
     ap.add_argument("--workloads", default="math_reasoning")
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--batch", type=int, default=1)
@@ -45,6 +49,7 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--min-p", type=float, default=0.0)
+    ap.add_argument("--top", type=int, default=0, help="also list the N functions with the most own time")
     ap.add_argument("--rows", choices=("head", "verifier", "tensor"), default="head",
                     help="a sampled row's softmax blocks summed by the LM head's sweep (head), by the verifier from "
                          "the logits (verifier), or the row as torch's softmax (tensor: row_dist.TensorDist)")
@@ -53,7 +58,9 @@ def main() -> None:
         row_dist._lib = lambda: None
     if args.rows != "head":
         FusedDecoder.has_blocks = property(lambda self: False)
-    llm = LLM(args.model, spec=args.spec, max_num_seqs=args.batch)
+    spec = SpecConfig(types=parse_spec_types(args.spec), draft_model=args.draft_model,
+                      draft_vocab_size=args.draft_vocab_size)
+    llm = LLM(args.model, spec=spec, max_num_seqs=args.batch)
     prompts = [llm.chat_prompt(c.messages(0, [])) for name in args.workloads.split(",")
                for c in load_workload(name).conversations][: args.prompts]
     drafts = llm.drafts
@@ -92,6 +99,8 @@ def main() -> None:
     for label, suffix, name in PARTS:
         calls, cum = cumulative(suffix, name)
         print(f"{label:16s} {calls:6d} calls  {cum:7.3f} s  {1e3 * cum / steps:6.2f} ms a step")
+    if args.top:
+        pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,12 @@ def test_plain_command():
     assert settings().name == "llama.cpp plain"
 
 
+def test_parallel_slots_share_the_context():
+    # scripts/serve_concurrency.py's peer: -np slots, -c all of theirs (llama-server splits it among them)
+    s = ServerSettings(Path("/opt/llama-server"), Path("/m/model.gguf"), "plain", threads=2, n_ctx=8192, parallel=4)
+    assert s.command(1)[-4:] == ["-c", "8192", "-np", "4"]
+
+
 @pytest.mark.parametrize(("mode", "tail"), [
     ("ngram-simple", ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", "8"]),
     ("ngram-map-k", ["--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-m", "8"]),

@@ -111,6 +111,7 @@ class ServerSettings:
     draft_gguf: Path | None = None  # the draft model of DRAFT_MODE
     cache_type: str | None = None  # its KV cache's (-ctk/-ctv: f32, f16, bf16); None: llama.cpp's default, f16
     repack: bool = True  # llama.cpp's repacked weights (off: --no-repack; see repack_safe)
+    parallel: int = 1  # slots decoded together (-np; n_ctx is all of theirs: llama-server splits it)
 
     def __post_init__(self) -> None:
         if self.mode not in (*MODES, DRAFT_MODE):
@@ -125,7 +126,7 @@ class ServerSettings:
     def command(self, port: int) -> list[str]:
         """The argv, e.g. [bin, -m, x.gguf, --host, 127.0.0.1, --port, 8080, -t, 2, ..., --spec-type, ngram-mod]."""
         cmd = [str(self.binary), "-m", str(self.gguf), "--host", "127.0.0.1", "--port", str(port),
-               "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.n_ctx), "-np", "1"]
+               "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.n_ctx), "-np", str(self.parallel)]
         if self.cache_type is not None:
             cmd += ["-ctk", self.cache_type, "-ctv", self.cache_type]
         if not self.repack:
