@@ -40,6 +40,8 @@ def test_expand_puts_minus_infinity_outside_the_subset():
     assert full.tolist() == [float("-inf"), 2.0, float("-inf"), -1.0, float("-inf")]
     q = torch.softmax(full, dim=-1)
     assert q[[0, 2, 4]].sum() == 0 and torch.isclose(q.sum(), torch.tensor(1.0))
+    # a sampled draft's q over its own [N] row, spread: the same row as expand's softmax
+    assert torch.equal(vocab.spread(torch.softmax(torch.tensor([2.0, -1.0]), dim=-1)), q)
 
 
 def one_pass(runner, tokens: list[int]) -> torch.Tensor:

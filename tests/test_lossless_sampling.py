@@ -38,10 +38,10 @@ from specdec.model.eagle_head import EagleHead, EagleHeadConfig
 from specdec.model.mtp_head import MtpHead, MtpHeadConfig
 from specdec.pass_cost import PassCost
 from specdec.processors import SequenceProcessors
+from specdec.row_dist import TokenDist, row_dist
 from specdec.runners.base import ModelRunner, SeqInput
 from specdec.runners.load import load_runner
 from specdec.sampling import make_generator, probs_from_logits
-from specdec.sampling import sample as draw  # the draft-model drafter's draw, so the memoized chain equals it
 from specdec.tree import DraftTree
 from tests.test_lossless import MergingDrafter, chi2_pvalue
 
@@ -396,21 +396,24 @@ def test_eagle_keeps_the_distribution(micro, topk):
 
 class DraftQ:
     """The draft model's q after a context (one pass over the whole context, under the sequence's
-    temperature/top-k/top-p/min-p, as the draft-model drafter computes it), memoized across a test's
-    sequences: 4000 samples visit a few thousand distinct contexts, so the test drafters below pay
+    temperature/top-k/top-p/min-p, as the draft-model drafter reads it: ``row_dist`` of its row), memoized across
+    a test's sequences: 4000 samples visit a few thousand distinct contexts, so the test drafters below pay
     that many passes instead of one per drafted token (~20000, a minute on 2 cores)."""
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner, self.cache = runner, {}
 
-    def __call__(self, tokens: list[int], params: SamplingParams) -> torch.Tensor:
+    def dist(self, tokens: list[int], params: SamplingParams) -> TokenDist:
         key = (params.temperature, params.top_k, params.top_p, params.min_p, tuple(tokens))
         if key not in self.cache:
             slot = self.runner.allocate()
-            logits = self.runner.run([SeqInput(slot, tokens, all_logits=False)]).logits[0]
+            logits = self.runner.run([SeqInput(slot, tokens, all_logits=False)]).logits[0][-1].clone()
             self.runner.free(slot)
-            self.cache[key] = probs_from_logits(logits, params)[0]
+            self.cache[key] = row_dist(logits, params)
         return self.cache[key]
+
+    def __call__(self, tokens: list[int], params: SamplingParams) -> torch.Tensor:
+        return self.dist(tokens, params).probs()
 
 
 class DraftModelChain(Drafter):
@@ -428,8 +431,9 @@ class DraftModelChain(Drafter):
     def propose(self, context, max_tokens):
         token_ids, qs = [], []
         while len(token_ids) < max_tokens:
-            qs.append(self.q([*context, *token_ids], self.params))
-            token_ids.append(int(draw(qs[-1].unsqueeze(0), self.generator)[0]))
+            dist = self.q.dist([*context, *token_ids], self.params)
+            qs.append(dist.probs())
+            token_ids.append(dist.draw(self.generator))
         return DraftProposal(token_ids, probs=torch.stack(qs)) if token_ids else DraftProposal([])
 
 
@@ -448,8 +452,9 @@ class DraftModelTree(DraftModelChain):
         token_ids, parents, qs = [c.token for c in children], [0] * len(children), [c.q for c in children]
         path = token_ids[:1]
         while len(token_ids) < max_tokens:
-            q = self.q([*context, *path], self.params)
-            token_ids.append(int(draw(q.unsqueeze(0), self.generator)[0]))
+            dist = self.q.dist([*context, *path], self.params)
+            q = dist.probs()
+            token_ids.append(dist.draw(self.generator))
             parents.append(1 if len(path) == 1 else len(token_ids) - 1)
             qs.append(q)
             path.append(token_ids[-1])

@@ -38,6 +38,10 @@ class TokenDist(Protocol):
 
     def draw(self, generator: torch.Generator) -> int: ...
 
+    def probs(self) -> torch.Tensor:
+        """[V] every token's probability (a sampled draft's q, a residual's p)."""
+        ...
+
 
 class TensorDist:
     """A row's probabilities as a [V] tensor (any device, any filter)."""
@@ -61,6 +65,9 @@ class TensorDist:
 
     def draw(self, generator: torch.Generator) -> int:
         return int(sample(self.p.unsqueeze(0), generator)[0])
+
+    def probs(self) -> torch.Tensor:
+        return self.p
 
 
 class BlockDist:
@@ -132,7 +139,7 @@ class BlockDist:
         return out
 
     def probs(self) -> torch.Tensor:
-        """The row's [V] probabilities (float32), for a residual against a sampled draft's q."""
+        """The row's [V] probabilities (float32): a residual against a sampled draft's q, a draft model's q."""
         out = torch.empty(self.row.shape[0], dtype=torch.float32)
         _lib().sd_block_probs(self.row.ctypes.data, self.row.shape[0], len(self.factor), self.inv_t,
                               self.factor.ctypes.data, *self._cuts(), self.total, out.numpy().ctypes.data)

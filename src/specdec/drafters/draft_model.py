@@ -51,6 +51,7 @@ from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters.base import EMPTY, Drafter, DraftProposal
 from specdec.drafters.dynamic_tree import Child, greedy_children, sampled_children
 from specdec.drafters.frequent_vocab import DraftVocab
+from specdec.row_dist import row_dist
 from specdec.runners.base import ModelRunner, SeqInput, shared_start
 from specdec.sampling import make_generator, probs_from_logits, sample
 
@@ -127,9 +128,15 @@ class DraftModelDrafter(Drafter):
                 if i > 0 and self.p_min > 0 and float(torch.softmax(logits.float(), dim=-1).max()) < self.p_min:
                     break
                 token = self._top(logits)
+            elif mask is None:  # sampled: q and the draw from the draft's own row (N columns under a cut head)
+                dist = row_dist(logits, self.params)
+                own = dist.probs()
+                if i > 0 and float(own.max()) < self.p_min:
+                    break
+                token = self._id(dist.draw(self.generator))
+                q_rows.append(own if self.vocab is None else self.vocab.spread(own))
             else:
-                full = self._full(logits)
-                q = self._q(full if mask is None else full.float()[: len(mask)] + mask)
+                q = self._q(self._full(logits).float()[: len(mask)] + mask)
                 if i > 0 and float(q.max()) < self.p_min:
                     break
                 if self.params.greedy:

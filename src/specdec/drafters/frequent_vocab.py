@@ -51,6 +51,12 @@ class DraftVocab:
         full[self.ids.to(logits.device)] = logits.float()
         return full
 
+    def spread(self, probs: torch.Tensor) -> torch.Tensor:
+        """[N] probabilities over ``ids`` -> [size] with 0 elsewhere: what softmax gives ``expand``'s row."""
+        full = torch.zeros(self.size, dtype=probs.dtype, device=probs.device)
+        full[self.ids.to(probs.device)] = probs
+        return full
+
 
 def frequent_tokens(counts: np.ndarray, n: int, keep: Iterable[int] = ()) -> np.ndarray:
     """The ``n`` token ids to draft from, ascending: ``keep`` first, then the most counted. Ties, and the
