@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+import specdec.server.scheduler as scheduler_mod
 from specdec.budget import DraftBudget
 from specdec.config import SamplingParams
 from specdec.drafters.base import Drafter
@@ -204,13 +205,20 @@ def test_a_request_arriving_mid_speculation_gets_its_first_token_in_one_turn(llm
     assert [u.step.num_drafted for e in busy_events for u in e.updates] == [4]  # busy kept drafting
 
 
-def test_a_long_prompt_is_prefilled_in_chunks_between_other_requests_steps(tiny_llama, monkeypatch):
-    """A 1300-token prompt joins a running request: it is cached 512 tokens a turn over three turns,
-    and the running request decodes one step in each of them (it waited for the whole prefill
-    before); the long request's greedy output is that of offline generation."""
-    llm = LLM(str(tiny_llama), spec="none", max_model_len=2048, max_num_seqs=2)
+@pytest.mark.parametrize(("quantization", "prefill_seconds"), [(None, None), ("q8_0", None), (None, 1e-9),
+                                                            ("q8_0", 1e-9)])
+def test_a_long_prompt_is_prefilled_in_chunks_between_other_requests_steps(tiny_llama, monkeypatch, quantization,
+                                                                           prefill_seconds):
+    """A 1300-token prompt joins a running request: it is cached in chunks of 512 tokens, and the running request
+    decodes one step between them (it waited for the whole prefill before); the long request's greedy output is
+    that of offline generation. With ``prefill_seconds``, over GGUF blocks (a prompt's bits the same in any chunks),
+    the chunks after the first timed one are what that fits (here the least, patched to 100 tokens); float weights
+    (BLAS: a row's bits depend on its pass) keep 512."""
+    monkeypatch.setattr(scheduler_mod, "MIN_PREFILL_CHUNK", 100)
+    llm = LLM(str(tiny_llama), spec="none", max_model_len=2048, max_num_seqs=2, quantization=quantization)
     long_prompt = [1000 + (i * 7) % 3000 for i in range(1300)]
     want = llm.generate([long_prompt], SamplingParams(max_new_tokens=4))[0].token_ids
+    llm.forget_prefixes()  # over GGUF blocks its freed slot would serve the whole prompt again
     passes: list[int] = []
     real_run = llm.runner.run
 
@@ -222,7 +230,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_other_requests_steps(tiny_
     events: list[tuple[str, int]] = []
 
     async def main():
-        sched = Scheduler(llm.engine, 2, DraftBudget(0))  # not started: driven turn by turn
+        sched = Scheduler(llm.engine, 2, DraftBudget(0), prefill_seconds=prefill_seconds)  # driven turn by turn
         loop = asyncio.get_running_loop()
         params = SamplingParams(max_new_tokens=40, ignore_eos=True)
         short = sched.submit("short", [llm.new_sequence(llm.encode("Go on:"), params)], loop)
@@ -241,6 +249,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_other_requests_steps(tiny_
         return long
 
     long = asyncio.run(main())
-    assert passes[:2] == [512, 1] and passes[2:4] == [512, 1]  # a chunk, then the short one's step
+    later = 100 if quantization and prefill_seconds else 512
+    assert passes[:2] == [512, 1] and passes[2:4] == [later, 1]  # a chunk, then the short one's step
     assert sorted({t for name, t in events if name == "short"}) == [0, 1, 2]  # it decoded every turn
     assert long.seqs[0].output_ids == want

@@ -61,11 +61,12 @@ def create_app(
     budget: DraftBudget | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     edge: EdgePolicy | None = None,
+    prefill_seconds: float | None = None,
 ):
     """A FastAPI app serving ``llm`` (a specdec.llm.LLM; its ``max_num_seqs`` is the batch limit).
 
     ``edge``: the hosts and origins it answers and whether /metrics and /health need the key
-    (``edge.py``; default: a server bound to 127.0.0.1, as ``specdec serve``).
+    (``edge.py``; default: a server bound to 127.0.0.1, as ``specdec serve``). ``prefill_seconds``: ``Scheduler``'s.
 
     The scheduler thread starts and stops with the app's lifespan; at its end ``llm.close()`` saves
     what drafters learned (--spec-ngram-cache-file).
@@ -77,7 +78,7 @@ def create_app(
     num_seqs = llm.runner.num_slots
     scheduler = Scheduler(
         llm.engine, num_seqs, budget or DraftBudget(llm.spec.draft_n_max),
-        max_queue=max_queue, metrics=metrics,
+        max_queue=max_queue, metrics=metrics, prefill_seconds=prefill_seconds,
     )
     state = ServerState(llm, scheduler, metrics, name, llm.runner.max_seq_len, num_seqs)
 

@@ -51,6 +51,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="most sequences decoded together (one KV cache slot each)")
     g.add_argument("--max-queue", type=int, default=64,
                    help="most sequences waiting for a slot; beyond it requests get 429")
+    g.add_argument("--prefill-seconds", type=float, default=None, metavar="S",
+                   help="while other requests stream, prefill a new prompt about S seconds a step (chunks sized "
+                        "from the last prefill's rate; GGUF weights): their tokens wait less (inter-token latency), "
+                        "the new request's first token and the throughput pay a little (docs/server.md); default: "
+                        "512 prompt tokens a step")
     g.add_argument("--max-request-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES,
                    help="largest request body (413 beyond)")
     g.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
@@ -163,6 +168,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
     if args.max_queue < 0:
         raise UsageError("--max-queue must be >= 0")
+    if args.prefill_seconds is not None and not args.prefill_seconds > 0:
+        raise UsageError(f"--prefill-seconds must be > 0, got {args.prefill_seconds}")
     check_ray_args(args)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"specdec: warning: serving on {args.host} without --api-key: anyone who can reach it can use it",
@@ -182,7 +189,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     llm.warmup()
     app = create_app(llm, served_model_name=args.served_model_name, api_key=args.api_key,
                      max_queue=args.max_queue, budget=budget, max_body_bytes=args.max_request_bytes,
-                     edge=edge)
+                     edge=edge, prefill_seconds=args.prefill_seconds)
     print(f"specdec: serving {args.served_model_name or llm.model_name} on http://{args.host}:{args.port}/v1 "
           f"(batch {args.max_batch_size}, spec {','.join(t.value for t in spec.types)}, "
           f"backend {llm.runner.backend}, KV cache {llm.runner.kv_cache_label} "

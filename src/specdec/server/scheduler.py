@@ -4,9 +4,10 @@ Requests join and leave between steps. Each turn of the loop
 
 1. drops cancelled requests (the client left), freeing their KV cache slots;
 2. admits waiting requests, first come first served, while slots are free, and
-   prefills up to PREFILL_TOKENS_PER_TURN prompt tokens (``engine.prefill``): a
-   longer prompt is cached over several turns, with the running requests' decode
-   step between them, so it never stalls them for its whole prefill. A request
+   prefills up to PREFILL_TOKENS_PER_TURN prompt tokens (``engine.prefill``; about
+   ``prefill_seconds`` of them while other requests decode, where asked): a longer prompt is
+   cached over several turns, with the running requests' decode step between them,
+   so it never stalls them for its whole prefill. A request
    whose prompt is cached at once gets its first token from a pass of its own
    sequences without drafts, so time to first token never includes a verify pass
    of the running batch (vLLM and SGLang likewise emit the first token with the
@@ -49,6 +50,8 @@ logger = get_logger(__name__)
 # several turns, the running requests decoding between them (a float prompt of up to this many
 # tokens still runs as one pass, as offline).
 PREFILL_TOKENS_PER_TURN = 512
+# A turn's least prompt tokens under ``prefill_seconds`` (a few rows a pass already cost about what one does).
+MIN_PREFILL_CHUNK = 16
 
 
 class QueueFullError(Exception):
@@ -121,8 +124,13 @@ class Scheduler:
         budget: DraftBudget | None = None,
         max_queue: int = 64,
         metrics=None,  # specdec.server.metrics.ServerMetrics, or None
+        prefill_seconds: float | None = None,
     ) -> None:
+        """prefill_seconds (``--prefill-seconds``): while other requests decode, a turn prefills what the last
+        prefill's rate fits in this many seconds (each of their next tokens waits for it), where a prompt's bits do
+        not depend on its chunks (``runner.keeps_prefixes``: GGUF blocks); None: PREFILL_TOKENS_PER_TURN always."""
         self.engine = engine
+        self.prefill_seconds = prefill_seconds
         self.max_num_seqs = max_num_seqs
         self.budget = budget or DraftBudget(engine.draft_n_max)
         self.max_queue = max_queue
@@ -131,6 +139,7 @@ class Scheduler:
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._prefilling: list[Request] = []  # running requests whose prompts are not all cached yet
+        self._prefill_token_seconds: float | None = None  # the last timed prefill's seconds a token
         self._num_running_seqs = 0
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -279,25 +288,38 @@ class Scheduler:
         self._prefilling.append(req)
 
     def _prefill_turn(self) -> None:
-        """Prefill up to PREFILL_TOKENS_PER_TURN prompt tokens, first come first served: a long
-        prompt takes several turns, each followed by the running requests' decode step, so it
-        delays them by one chunk's pass at a time instead of its whole prefill."""
-        budget = PREFILL_TOKENS_PER_TURN
+        """Prefill up to ``_prefill_budget()`` prompt tokens, first come first served: a long prompt takes
+        several turns, each followed by the running requests' decode step, so it delays them by one chunk's
+        pass at a time instead of its whole prefill."""
+        budget = self._prefill_budget()
         for req in list(self._prefilling):
             if budget <= 0:
                 break
             before = sum(self.engine.runner.lengths[s.slot] for s in req.seqs)
             try:
-                self.engine.prefill(req.seqs, budget)
+                seconds = self.engine.prefill(req.seqs, budget)
             except Exception as exc:  # noqa: BLE001 - one request's prefill failed; the rest go on
                 logger.exception("prefill failed for request %s", req.id)
                 self._prefilling.remove(req)
                 self._fail(req, f"prefill failed: {type(exc).__name__}: {exc}")
                 continue
-            budget -= sum(self.engine.runner.lengths[s.slot] for s in req.seqs) - before
+            done = sum(self.engine.runner.lengths[s.slot] for s in req.seqs) - before
+            budget -= done
+            if done >= MIN_PREFILL_CHUNK:
+                self._prefill_token_seconds = seconds / done
             if all(self.engine.prefilled(s) for s in req.seqs):
                 self._prefilling.remove(req)
                 self._ready(req)
+
+    def _prefill_budget(self) -> int:
+        """This turn's prompt tokens: PREFILL_TOKENS_PER_TURN, or while other requests decode under
+        ``prefill_seconds`` what the last prefill's rate fits in it, within [MIN_PREFILL_CHUNK,
+        PREFILL_TOKENS_PER_TURN] (PREFILL_TOKENS_PER_TURN until a prefill of MIN_PREFILL_CHUNK tokens is timed)."""
+        decoding = any(r not in self._prefilling for r in self._running)
+        rate = self._prefill_token_seconds
+        if not (decoding and self.prefill_seconds and rate and self.engine.runner.keeps_prefixes):
+            return PREFILL_TOKENS_PER_TURN
+        return max(MIN_PREFILL_CHUNK, min(PREFILL_TOKENS_PER_TURN, int(self.prefill_seconds / rate)))
 
     def _ready(self, req: Request) -> None:
         """A request whose prompts are cached: its first token now (or, scoring only, its answer)."""

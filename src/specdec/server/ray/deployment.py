@@ -74,7 +74,8 @@ class EngineReplica:
         # No API key, host or origin check here: only the ingress is reachable from outside, and it
         # applies the deployment's EdgePolicy (the replicas see no Host: forward.HOP_HEADERS).
         self.app = create_app(llm, served_model_name=s.served_model_name, max_queue=s.max_queue,
-                              budget=s.budget, max_body_bytes=s.max_request_bytes, edge=EdgePolicy.open())
+                              budget=s.budget, max_body_bytes=s.max_request_bytes, edge=EdgePolicy.open(),
+                              prefill_seconds=s.prefill_seconds)
         self.state = self.app.state.specdec
         self.state.scheduler.start()  # what the app's lifespan does under uvicorn
         self.ingress = serve.get_deployment_handle(INGRESS, app_name=context.app_name)

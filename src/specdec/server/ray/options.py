@@ -47,6 +47,7 @@ class ReplicaSettings:
     max_model_len: int = 4096
     max_batch_size: int = 8
     max_queue: int = 64
+    prefill_seconds: float | None = None
     max_request_bytes: int = 16 * 1024 * 1024
     served_model_name: str | None = None
     logprobs_mode: str = "raw_logprobs"
@@ -112,7 +113,7 @@ def check_ray_args(args: argparse.Namespace) -> None:
 def deployment_from_args(args: argparse.Namespace, spec: SpecConfig, budget: DraftBudget) -> RayDeployment:
     replica = ReplicaSettings(
         model=args.model, spec=spec, budget=budget, **model_options(args), max_batch_size=args.max_batch_size,
-        max_queue=args.max_queue, max_request_bytes=args.max_request_bytes,
+        max_queue=args.max_queue, prefill_seconds=args.prefill_seconds, max_request_bytes=args.max_request_bytes,
         served_model_name=args.served_model_name, logprobs_mode=args.logprobs_mode,
     )
     edge = EdgePolicy.for_bind(args.host, args.allowed_hosts, args.allowed_origins, args.metrics_public)
