@@ -168,8 +168,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
     if args.max_queue < 0:
         raise UsageError("--max-queue must be >= 0")
-    if args.prefill_seconds is not None and not args.prefill_seconds > 0:
-        raise UsageError(f"--prefill-seconds must be > 0, got {args.prefill_seconds}")
+    if args.prefill_seconds is not None and not 0 < args.prefill_seconds < float("inf"):
+        raise UsageError(f"--prefill-seconds must be a number of seconds > 0, got {args.prefill_seconds}")
     check_ray_args(args)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"specdec: warning: serving on {args.host} without --api-key: anyone who can reach it can use it",
