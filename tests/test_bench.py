@@ -357,6 +357,17 @@ def test_bench_passes_on_tiny_model(tiny_llama, capsys):
     assert out["machine"]["cores"] >= 1 and out["peak_rss_bytes"] > 0
 
 
+def test_bench_passes_prints_its_tables(tiny_llama, capsys):
+    """Without --json: the CPU, the read floor, a row per width, the prefill and the parts, as docs/performance.md
+    quotes them."""
+    assert main(["bench", "passes", "--model", str(tiny_llama), "--context", "40", "--widths", "1,2",
+                 "--rounds", "2", "--prefill", "16", "--parts"]) == 0
+    out = capsys.readouterr().out
+    assert "CPU " in out and "read floor" in out and "| tokens in the pass | ms per pass |" in out
+    assert "\n| 1 | " in out and "\n| 2 | " in out and "prefill of 16 tokens into an empty cache" in out
+    assert "1-token pass by part" in out and "| rest |" in out
+
+
 def test_a_run_whose_memory_changed_speed_gets_a_table_for_each_speed():
     """Rounds split where the read floor jumps (not where it wanders), each side's ratios taken round by round."""
     from specdec.bench.passes import memory_phases, pass_table

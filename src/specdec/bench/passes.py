@@ -247,18 +247,27 @@ def cmd_passes(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    m = result["machine"]
-    print(f"{result['model']}, {runner.weights_label}, {args.dtype} compute, {result['kv_cache']} KV cache, "
-          f"backend {runner.backend}, "
-          f"{args.context}-token context; "
+    _print_result(result, widths, parts)
+    return 0
+
+
+def _print_result(result: dict, widths: list[int], parts: dict[int, dict[str, float]]) -> None:
+    """``cmd_passes``' tables: the passes by width beside the read floor (one a memory speed), the prefill,
+    llama-bench's, the parts (``parts``: seconds by part, by width)."""
+    m, nbytes, floor = result["machine"], result["weight_bytes"], result["read_floor_ms"] / 1e3
+    print(f"{result['model']}, {result['weights']}, {result['dtype']} compute, {result['kv_cache']} KV cache, "
+          f"backend {result['backend']}, {result['context']}-token context; "
           f"CPU {m.get('cpu', '?')} ({m.get('cores', '?')} cores, {m.get('simd', '?')})")
     lo, hi = result["read_floor_ms_range"]
+    streams = result["read_streams_per_core"]
     print(f"weights {nbytes / 1e6:.0f} MB; read floor {floor * 1e3:.1f} ms ({result['read_gb_per_s']:.1f} GB/s; "
           f"{lo:.1f}-{hi:.1f} ms over the rounds, timed between the passes; "
-          f"{'one stream' if floor_read.streams == 1 else f'{floor_read.streams} streams in turn'} a core)")
+          f"{'one stream' if streams == 1 else f'{streams} streams in turn'} a core)")
     limit = result["model_file_bytes"] + result["kv_bytes"] + 500 * 2**20
-    print(f"peak RSS loading and decoding {model_peak / 2**20:.0f} MiB (before the read floor's own buffer); "
-          + (f"the model file + KV cache + 500 MiB = {limit / 2**20:.0f} MiB" if result["model_file_bytes"] else ""))
+    print(f"peak RSS loading and decoding {result['peak_rss_bytes'] / 2**20:.0f} MiB (before the read floor's own "
+          "buffer); " + (f"the model file + KV cache + 500 MiB = {limit / 2**20:.0f} MiB"
+                         if result["model_file_bytes"] else ""))
+    whole = {k: result[k] for k in ("pass_ms", "vs_one_token", "vs_floor")}
     tables = result["phases"] or [whole]
     if result["phases"]:
         print("the memory changed speed during the run: a table for each speed "
@@ -271,19 +280,19 @@ def cmd_passes(args: argparse.Namespace) -> int:
         print("|---:|---:|---:|---:|")
         for w in widths:
             print(f"| {w} | {table['pass_ms'][w]:.1f} | {table['vs_one_token'][w]:.2f} | {table['vs_floor'][w]:.2f} |")
+    prefill = result["prefill"]
     if prefill is not None:
-        print(f"\nprefill of {args.prefill} tokens into an empty cache: {prefill * 1e3:.1f} ms "
-              f"({args.prefill / prefill:.1f} tokens/s; llama-bench's pp{args.prefill})")
-    if peer is not None:
-        _print_peer(result, peer, widths, get_num_threads())
+        print(f"\nprefill of {prefill['tokens']} tokens into an empty cache: {prefill['ms']:.1f} ms "
+              f"({prefill['tokens_per_s']:.1f} tokens/s; llama-bench's pp{prefill['tokens']})")
+    if result["llama_bench"] is not None:
+        _print_peer(result, result["llama_bench"], widths, get_num_threads())
     for w, p in parts.items():
         print(f"\n{w}-token pass by part (each timed alone; rest = the pass minus the parts):")
         print("| part | ms | share of the pass |")
         print("|---|---:|---:|")
         for name, sec in p.items():
-            print(f"| {name} | {sec * 1e3:.1f} | {sec / costs[w]:.0%} |")
+            print(f"| {name} | {sec * 1e3:.1f} | {sec / (result['pass_ms'][w] / 1e3):.0%} |")
     sys.stdout.flush()
-    return 0
 
 
 def _llama_bench(args: argparse.Namespace) -> tuple[Path, Path] | None:
