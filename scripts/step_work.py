@@ -3,13 +3,16 @@ adaptive's look-up members dry-run: counts and profiles, which a VM's drifting c
 
     python scripts/step_work.py [--model qwen2.5-coder-1.5b] [--spec adaptive] [--workloads math_reasoning]
                                 [--prompts 3] [--batch 1] [--temperature 0.7] [--tokens 64] [--top-k 40] [--top-p 0.95]
-                                [--min-p 0.05] [--rows verifier|tensor]
+                                [--min-p 0.05] [--rows verifier|tensor] [--draft-model M --draft-vocab-size N]
+                                [--top N]
 
 The first ``--prompts`` first-turn prompts of the workloads, in chunks of ``--batch`` sequences (EOS ignored),
 after one warm-up chunk; a fresh drafter state for every chunk. docs/performance.md's twenty-third Zen 4 section:
     python scripts/step_work.py --workloads math_reasoning --prompts 4                 # the sampled verify's rows
     python scripts/step_work.py --model smollm2-135m --workloads creative,mt_bench --prompts 16 --batch 4 \\
         --temperature 1 --tokens 128                                                   # the dry runs at T=1
+    python scripts/step_work.py --spec draft-model --draft-model qwen2.5-coder-0.5b --draft-vocab-size 16384 \
+        --prompts 4                                          # a sampled draft model's work outside its passes
 """
 
 from __future__ import annotations
