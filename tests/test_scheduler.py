@@ -205,6 +205,12 @@ def test_a_request_arriving_mid_speculation_gets_its_first_token_in_one_turn(llm
     assert [u.step.num_drafted for e in busy_events for u in e.updates] == [4]  # busy kept drafting
 
 
+@pytest.mark.parametrize("seconds", [0.0, -1.0, float("inf"), float("nan")])
+def test_prefill_seconds_must_be_a_finite_positive_number(llm, seconds):
+    with pytest.raises(ValueError, match="prefill_seconds"):
+        Scheduler(llm.engine, 1, DraftBudget(0), prefill_seconds=seconds)
+
+
 @pytest.mark.parametrize(("quantization", "prefill_seconds"), [(None, None), ("q8_0", None), (None, 1e-9),
                                                             ("q8_0", 1e-9)])
 def test_a_long_prompt_is_prefilled_in_chunks_between_other_requests_steps(tiny_llama, monkeypatch, quantization,

@@ -53,7 +53,7 @@ from specdec.drafters.dynamic_tree import Child, greedy_children, sampled_childr
 from specdec.drafters.frequent_vocab import DraftVocab
 from specdec.row_dist import row_dist
 from specdec.runners.base import ModelRunner, SeqInput, shared_start
-from specdec.sampling import make_generator, probs_from_logits, sample
+from specdec.sampling import make_generator, sample
 
 STEP_CATCH_UP = 16  # tokens a draft catches up on after one verify step, at most (a draft's budget and the bonus)
 
@@ -163,10 +163,11 @@ class DraftModelDrafter(Drafter):
         return logits if self.vocab is None else self.vocab.expand(logits)
 
     def _q(self, logits: torch.Tensor) -> torch.Tensor:
-        """[V] the draft's distribution: plain softmax under greedy (p-min, p-split read it), else q."""
+        """[V] the draft's distribution: plain softmax under greedy (p-min, p-split read it), else q as ``row_dist``
+        reads it (the chains' too, from their own rows)."""
         if self.params.greedy:
             return torch.softmax(logits.float(), dim=-1)
-        return probs_from_logits(logits.unsqueeze(0), self.params)[0]
+        return row_dist(logits.float(), self.params).probs()
 
     def _pick(self, q: torch.Tensor, k: int) -> list[Child]:
         """k children of one node: the top k (greedy) or k draws without replacement from q."""

@@ -17,6 +17,7 @@ from specdec.cli.args import (
     add_spec_args,
     model_options,
     positive_int,
+    positive_seconds,
     spec_from_args,
 )
 from specdec.config import SpecConfig, SpecType
@@ -51,7 +52,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="most sequences decoded together (one KV cache slot each)")
     g.add_argument("--max-queue", type=int, default=64,
                    help="most sequences waiting for a slot; beyond it requests get 429")
-    g.add_argument("--prefill-seconds", type=float, default=None, metavar="S",
+    g.add_argument("--prefill-seconds", type=positive_seconds, default=None, metavar="S",
                    help="while other requests stream, prefill a new prompt about S seconds a step (chunks sized "
                         "from the last prefill's rate; GGUF weights): their tokens wait less (inter-token latency), "
                         "the new request's first token and the throughput pay a little (docs/server.md); default: "
@@ -168,8 +169,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
     if args.max_queue < 0:
         raise UsageError("--max-queue must be >= 0")
-    if args.prefill_seconds is not None and not 0 < args.prefill_seconds < float("inf"):
-        raise UsageError(f"--prefill-seconds must be a number of seconds > 0, got {args.prefill_seconds}")
     check_ray_args(args)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"specdec: warning: serving on {args.host} without --api-key: anyone who can reach it can use it",

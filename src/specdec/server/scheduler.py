@@ -129,6 +129,8 @@ class Scheduler:
         """prefill_seconds (``--prefill-seconds``): while other requests decode, a turn prefills what the last
         prefill's rate fits in this many seconds (each of their next tokens waits for it), where a prompt's bits do
         not depend on its chunks (``runner.keeps_prefixes``: GGUF blocks); None: PREFILL_TOKENS_PER_TURN always."""
+        if prefill_seconds is not None and not 0.0 < prefill_seconds < float("inf"):
+            raise ValueError(f"prefill_seconds must be a number of seconds > 0, got {prefill_seconds}")
         self.engine = engine
         self.prefill_seconds = prefill_seconds
         self.max_num_seqs = max_num_seqs
@@ -244,7 +246,7 @@ class Scheduler:
             for req in admitted:
                 self._start(req)
             self._prefill_turn()
-            decoding = [r for r in self._running if r not in self._prefilling]
+            decoding = self._decoding()
             if decoding:
                 self._step(decoding)
             self._publish_state()
@@ -311,13 +313,16 @@ class Scheduler:
                 self._prefilling.remove(req)
                 self._ready(req)
 
+    def _decoding(self) -> list[Request]:
+        """The running requests whose prompts are cached: those a step decodes."""
+        return [r for r in self._running if r not in self._prefilling]
+
     def _prefill_budget(self) -> int:
         """This turn's prompt tokens: PREFILL_TOKENS_PER_TURN, or while other requests decode under
         ``prefill_seconds`` what the last prefill's rate fits in it, within [MIN_PREFILL_CHUNK,
         PREFILL_TOKENS_PER_TURN] (PREFILL_TOKENS_PER_TURN until a prefill of MIN_PREFILL_CHUNK tokens is timed)."""
-        decoding = any(r not in self._prefilling for r in self._running)
         rate = self._prefill_token_seconds
-        if not (decoding and self.prefill_seconds and rate and self.engine.runner.keeps_prefixes):
+        if not (self._decoding() and self.prefill_seconds and rate and self.engine.runner.keeps_prefixes):
             return PREFILL_TOKENS_PER_TURN
         return max(MIN_PREFILL_CHUNK, min(PREFILL_TOKENS_PER_TURN, int(self.prefill_seconds / rate)))
 
